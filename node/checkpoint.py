@@ -1,0 +1,120 @@
+"""Atomic checkpoints of a run: adapters (safetensors), optimizer, RNG states and step.
+
+A checkpoint is a folder ``checkpoints/step_000025``. It is written under a temporary name and renamed
+into place only when complete, so a crash never leaves a half-written checkpoint that looks valid. The
+last ``keep`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+logger = logging.getLogger(__name__)
+
+_PREFIX = "step_"
+
+
+@dataclass
+class CheckpointState:
+    step: int
+    trainable: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def capture_rng(task_rng: random.Random, sample_gen: torch.Generator) -> dict[str, Any]:
+    return {
+        "task_rng": task_rng.getstate(),
+        "sample_gen": sample_gen.get_state(),
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(rng: dict[str, Any], task_rng: random.Random, sample_gen: torch.Generator) -> None:
+    task_rng.setstate(_as_state(rng["task_rng"]))
+    sample_gen.set_state(rng["sample_gen"])
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_as_state(rng["python"]))
+
+
+def _as_state(state: Any) -> Any:
+    """``random.Random`` states come back from ``torch.load`` with lists where tuples were."""
+    if isinstance(state, list):
+        return tuple(_as_state(s) for s in state)
+    return state
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: str | Path, keep: int) -> None:
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep = keep
+
+    def _complete(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        dirs = [d for d in self.root.iterdir() if d.is_dir() and d.name.startswith(_PREFIX)
+                and d.name[len(_PREFIX):].isdigit() and (d / "state.json").is_file()]
+        return sorted(dirs, key=lambda d: int(d.name[len(_PREFIX):]))
+
+    def latest(self) -> Path | None:
+        done = self._complete()
+        return done[-1] if done else None
+
+    def save(self, state: CheckpointState) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"{_PREFIX}{state.step:06d}"
+        tmp = self.root / f".tmp-{final.name}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_file(state.trainable, str(tmp / "adapter.safetensors"))
+        torch.save({"optimizer": state.optimizer, "rng": state.rng}, tmp / "trainer.pt")
+        meta = {"step": state.step, "time": time.time(), **state.extra}
+        (tmp / "state.json").write_text(json.dumps(meta, indent=1))
+        for f in tmp.iterdir():  # data on disk before the rename makes it visible
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self._prune()
+        logger.info("checkpoint written: %s", final)
+        return final
+
+    def _prune(self) -> None:
+        for old in self._complete()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def load(self, path: Path) -> CheckpointState:
+        meta = json.loads((path / "state.json").read_text())
+        trainable = load_file(str(path / "adapter.safetensors"))
+        blob = torch.load(path / "trainer.pt", weights_only=False)
+        return CheckpointState(step=int(meta["step"]), trainable=trainable, optimizer=blob["optimizer"],
+                               rng=blob["rng"], extra=meta)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

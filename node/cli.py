@@ -1,0 +1,114 @@
+"""The ``swarm-node`` command line: ``silo``, ``start``, ``keygen``.
+
+User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from node.config import ConfigError, NodeConfig, load_config
+
+logger = logging.getLogger("node")
+
+EXIT_USAGE = 2
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="YAML config (see configs/); defaults apply when omitted")
+    p.add_argument("--run-dir", help="where metrics, checkpoints and the config copy go (overrides run_dir)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (e.g. under a supervisor)")
+    p.add_argument("--log-level", default=os.environ.get("SWARM_NODE_LOG", "INFO"))
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=150 seed=3")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm-node", description="A node of a decentralized RL training swarm.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    silo = sub.add_parser("silo", help="train alone, no network")
+    _add_run_args(silo)
+    start = sub.add_parser("start", help="run a node that joins a swarm")
+    _add_run_args(start)
+    start.add_argument("--initial-peers", nargs="*", default=None,
+                       help="multiaddrs of peers to join (also SWARM_INITIAL_PEERS or swarm.initial_peers)")
+    keygen = sub.add_parser("keygen", help="create an Ed25519 identity file (mode 0600)")
+    keygen.add_argument("--out", default="identity.pem", help="path of the private key file to write")
+    keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> NodeConfig:
+    overrides = list(args.overrides)
+    if args.run_dir:
+        overrides.append(f"run_dir={args.run_dir}")
+    return load_config(args.config, overrides)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def cmd_silo(args: argparse.Namespace) -> int:
+    from node.runner import Node
+
+    cfg = _load(args)
+    _setup_logging(args.log_level)
+    node = Node(cfg, cfg.run_dir, show_progress=not args.no_progress)
+    node.install_signal_handlers()
+    try:
+        node.setup()
+        print(f"swarm-node silo: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        step = node.run()
+    finally:
+        node.close()
+    print(f"swarm-node silo: stopped at step {step}; metrics in {Path(cfg.run_dir) / 'metrics.jsonl'}, "
+          f"checkpoints in {Path(cfg.run_dir) / 'checkpoints'}", flush=True)
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from node.daemon import run_daemon
+
+    cfg = _load(args)
+    _setup_logging(args.log_level)
+    return run_daemon(cfg, initial_peers=args.initial_peers, show_progress=not args.no_progress)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from protocol.identity import Identity
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise ConfigError(f"--out {str(out)!r} already exists; choose another path or pass --force")
+    ident = Identity.generate()
+    ident.save(out)
+    print(f"wrote {out} (peer id {ident.peer_id})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"silo": cmd_silo, "start": cmd_start, "keygen": cmd_keygen}
+    try:
+        return handlers[args.command](args)
+    except ConfigError as exc:
+        print(f"swarm-node: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # user-facing errors from deeper layers are one line too
+        if type(exc).__name__ in ("PolicyError", "TaskError", "IdentityError"):
+            print(f"swarm-node: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+    except KeyboardInterrupt:
+        print("swarm-node: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

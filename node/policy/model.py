@@ -1,0 +1,191 @@
+"""The node's policy: a frozen base causal LM with trainable adapters (peft LoRA or ReMix) and, optionally,
+trainable RMSNorm weights.
+
+The embedded default (``tiny-base``) and a user's model (``Qwen/Qwen2.5-0.5B-Instruct`` or a local folder)
+load through the same ``AutoModelForCausalLM`` / ``AutoTokenizer`` path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from node.config import AdapterConfig, ModelConfig
+from node.policy.tiny import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PolicyError(Exception):
+    """The model or its adapters cannot be built as configured."""
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of the vocabulary and the settings that change token ids: equal fingerprints, equal ids."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    settings = {
+        "cls": type(tokenizer).__name__,
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "vocab": vocab,
+    }
+    blob = json.dumps(settings, sort_keys=True, ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def model_fingerprint(name_or_path: str, model: PreTrainedModel) -> str:
+    """Names the base model: its config (architecture and sizes) and where it came from."""
+    cfg = model.config.to_dict()
+    keep = {k: cfg.get(k) for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")}
+    blob = json.dumps({"name": name_or_path.rstrip("/").split("/")[-1], **keep}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the base model and tokenizer by name or path; the model comes back frozen, in eval mode."""
+    path = resolve_model_path(cfg.name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise PolicyError(
+            f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({exc}); give a local folder "
+            "in save_pretrained format, a model in the local Hugging Face cache, or 'tiny-base'"
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise PolicyError(f"tokenizer of {cfg.name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.requires_grad_(False)
+    model.eval()
+    return model, tokenizer
+
+
+def _norm_module_names(model: nn.Module) -> list[str]:
+    """Leaf names of the RMSNorm-like modules (``input_layernorm``, ``post_attention_layernorm``, ``norm``)."""
+    names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if type(mod).__name__.endswith("RMSNorm")}
+    return sorted(names)
+
+
+def _attach_lora(model: PreTrainedModel, cfg: AdapterConfig) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in cfg.target_modules if t not in present]
+    if missing:
+        raise PolicyError(
+            f"adapter.target_modules {missing} are not modules of this model; it has e.g. "
+            f"{sorted(n for n in present if n.endswith('proj'))[:8]}"
+        )
+    lora = LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        modules_to_save=_norm_module_names(model) if cfg.train_norms else None,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def _attach_remix(model: PreTrainedModel, cfg: AdapterConfig) -> tuple[nn.Module, Any]:
+    from node.policy.remix import attach_remix
+
+    adapter = attach_remix(model, n=cfg.remix.n, k=cfg.remix.k, rank=cfg.rank, scale=cfg.remix.scale, alpha=cfg.alpha)
+    if cfg.train_norms:
+        for name, mod in model.named_modules():
+            if type(mod).__name__.endswith("RMSNorm"):
+                mod.requires_grad_(True)
+                logger.debug("training norm %s", name)
+    return model, adapter
+
+
+@dataclass
+class Policy:
+    """The trainable policy and everything generation and training need to know about it."""
+
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    name_or_path: str
+    tokenizer_fingerprint: str
+    model_fingerprint: str
+    remix: Any = None  # node.policy.remix.RemixAdapter when adapter.kind == "remix"
+    param_groups: dict[str, list[nn.Parameter]] = field(default_factory=dict)
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Every trainable tensor by parameter name: what a checkpoint stores."""
+        return {n: p.detach().cpu().contiguous() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(params) != set(state):
+            missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+            raise PolicyError(
+                f"checkpoint adapters do not match this policy (missing {missing[:3]}, unexpected {extra[:3]}); "
+                "was it written with another adapter config?"
+            )
+        with torch.no_grad():
+            for name, tensor in state.items():
+                if params[name].shape != tensor.shape:
+                    raise PolicyError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected "
+                                      f"{tuple(params[name].shape)}")
+                params[name].copy_(tensor)
+
+
+def build_policy(model_cfg: ModelConfig, adapter_cfg: AdapterConfig, seed: int) -> Policy:
+    """Load the base, attach adapters, split trainable parameters into optimizer groups."""
+    torch.manual_seed(seed)  # adapter initialisation is part of the run's seeded state
+    base, tokenizer = load_base(model_cfg)
+    device = pick_device(model_cfg.device)
+    remix = None
+    if adapter_cfg.kind == "lora":
+        model = _attach_lora(base, adapter_cfg)
+    else:
+        model, remix = _attach_remix(base, adapter_cfg)
+    model.to(device)
+    groups: dict[str, list[nn.Parameter]] = {"adapter": [], "norm": [], "router": []}
+    router_ids = set()
+    if remix is not None:
+        router_ids = {id(p) for p in remix.trainable_parameters()["router"]}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in router_ids:
+            groups["router"].append(p)
+        elif any("norm" in part for part in name.split(".")):
+            groups["norm"].append(p)
+        else:
+            groups["adapter"].append(p)
+    n_train = sum(p.numel() for g in groups.values() for p in g)
+    n_total = sum(p.numel() for p in model.parameters())
+    logger.info("policy %s: %d trainable of %d parameters (%s)", model_cfg.name_or_path, n_train, n_total,
+                {k: sum(p.numel() for p in v) for k, v in groups.items()})
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        name_or_path=model_cfg.name_or_path,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        model_fingerprint=model_fingerprint(model_cfg.name_or_path, base),
+        remix=remix,
+        param_groups={k: v for k, v in groups.items() if v},
+    )

@@ -1,0 +1,215 @@
+"""The node's lifecycle: ``setup()``, ``run()``, ``close()``.
+
+One step: sample local tasks, generate G completions each, score them with the tasks' own verifiers,
+(in swarm mode: publish them and collect peers'), mix I local and J external groups, one trainer step,
+metrics; a checkpoint every ``train.checkpoint_every`` steps. Silo mode is the same loop with no exchange.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from tqdm import tqdm
+
+from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
+from node.config import NodeConfig
+from node.metrics import MetricsWriter
+from node.policy.model import Policy, build_policy
+from node.rollouts import SampledGroup, greedy_accuracy, sample_groups
+from node.tasks import Task, TaskSource, build_task_source
+from node.train.sampler import CandidateGroup, mix
+from node.train.trainer import Trainer, TrainGroup, assign_advantages
+
+logger = logging.getLogger(__name__)
+
+
+class Exchange(Protocol):
+    """What the loop needs from a swarm: hand over our groups, receive verified, re-scored peer groups."""
+
+    def share(self, step: int, groups: list[SampledGroup]) -> None: ...
+
+    def receive(self, step: int) -> list[TrainGroup]: ...
+
+    def current_epoch(self) -> int: ...
+
+    def metrics(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class Node:
+    """A training node. ``exchange`` is None in silo mode."""
+
+    def __init__(self, cfg: NodeConfig, run_dir: str | Path, *, show_progress: bool = True) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.show_progress = show_progress
+        self.stop_requested = False
+        self.step = 0
+        self.exchange: Exchange | None = None
+        self._external_pool: list[TrainGroup] = []
+
+    # ----- setup: ordering matters -- the policy exists before the trainer (its parameters), and the
+    # checkpoint is restored last, over freshly seeded state.
+    def setup(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
+        self.policy = self._build_policy()
+        self.source = self._build_task_source()
+        self.trainer = self._build_trainer()
+        self.task_rng = random.Random(self.cfg.seed)
+        self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
+        self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
+        self._restore()
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        self.eval_tasks: list[Task] = [self.source.task(r) for r in self.source.eval_refs(self.cfg.tasks.eval_size)]
+
+    def _build_policy(self) -> Policy:
+        return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
+
+    def _build_task_source(self) -> TaskSource:
+        t = self.cfg.tasks
+        return build_task_source(t.source, list(t.datasets), t.weights, self.cfg.seed,
+                                 chat_template=self.cfg.model.chat_template)
+
+    def _build_trainer(self) -> Trainer:
+        tc, ac = self.cfg.train, self.cfg.adapter
+        return Trainer(self.policy, lr=tc.lr, norm_lr=ac.norm_lr, router_lr=ac.remix.router_lr,
+                       weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
+                       eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
+                       micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
+                       routings=ac.remix.routings)
+
+    def _restore(self) -> None:
+        path = self.checkpoints.latest()
+        if path is None:
+            return
+        state = self.checkpoints.load(path)
+        self.policy.load_trainable_state(state.trainable)
+        self.trainer.optimizer.load_state_dict(state.optimizer)
+        restore_rng(state.rng, self.task_rng, self.sample_gen)
+        if "routing_gen" in state.rng:
+            self.trainer.routing_generator.set_state(state.rng["routing_gen"])
+        self.step = state.step
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    # ----- run
+    def install_signal_handlers(self) -> None:
+        """SIGINT/SIGTERM: finish the current step, checkpoint, exit cleanly. A second SIGINT aborts."""
+
+        def handler(signum: int, _frame: object) -> None:
+            if self.stop_requested and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            logger.warning("signal %d: stopping after this step", signum)
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def run(self) -> int:
+        """Train until ``train.steps`` (or a stop signal); return the last completed step."""
+        total = self.cfg.train.steps
+        bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
+        try:
+            while self.step < total and not self.stop_requested:
+                record = self.train_step()
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
+                                **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
+                if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
+                    self.save_checkpoint()
+            if self.stop_requested and self.step % self.cfg.train.checkpoint_every != 0:
+                self.save_checkpoint()
+        finally:
+            bar.close()
+        return self.step
+
+    def train_step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        epoch = self.exchange.current_epoch() if self.exchange is not None else 0
+        refs = self.source.sample(cfg.sapo.local_groups, self.task_rng)
+        tasks = [self.source.task(r) for r in refs]
+        g = cfg.generation
+        sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size,
+                                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
+                                batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        t_gen = time.perf_counter()
+        local = [s.group for s in sampled]
+        external: list[TrainGroup] = []
+        if self.exchange is not None:
+            self.exchange.share(self.step, sampled)
+            external = self._select_external(epoch)
+        signal_groups = assign_advantages(local + external, cfg.train.advantage, cfg.train.external_shift)
+        stats = self.trainer.step(signal_groups)
+        self.step += 1
+        dt = time.perf_counter() - t0
+        rewards = [r for grp in local for r in grp.rewards]
+        n_gen_tokens = sum(len(c) for grp in local for c in grp.completions)
+        record: dict[str, Any] = {
+            "step": self.step,
+            "time": time.time(),
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "loss": stats.get("loss", 0.0),
+            "tokens_per_s": (n_gen_tokens + stats.get("n_tokens", 0.0)) / max(dt, 1e-9),
+            "gen_tokens_per_s": n_gen_tokens / max(t_gen - t0, 1e-9),
+            "step_seconds": dt,
+            "n_local_groups": sum(1 for grp in signal_groups if grp.is_local),
+            "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),
+            "grad_norm": stats.get("grad_norm", 0.0),
+        }
+        record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
+        if self.exchange is not None:
+            record.update(self.exchange.metrics())
+        if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
+            record["eval_accuracy"] = self.evaluate()
+        self.metrics.write(record)
+        return record
+
+    def _select_external(self, epoch: int) -> list[TrainGroup]:
+        """Add freshly received peer groups to the pool, drop stale ones, pick up to J (never waits)."""
+        assert self.exchange is not None
+        sapo = self.cfg.sapo
+        self._external_pool.extend(self.exchange.receive(self.step))
+        self._external_pool = [grp for grp in self._external_pool if grp.epoch >= epoch - sapo.staleness_epochs]
+        if sapo.external_groups == 0 or not self._external_pool:
+            return []
+        assign_advantages(self._external_pool, self.cfg.train.advantage, self.cfg.train.external_shift)
+        candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,
+                                     rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp)
+                      for grp in self._external_pool]
+        _, chosen = mix([], candidates, 0, sapo.external_groups, sapo.selection, max_per_peer=sapo.max_per_peer,
+                        current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.task_rng)
+        picked = {id(c.payload) for c in chosen}
+        self._external_pool = [grp for grp in self._external_pool if id(grp) not in picked]  # each used once
+        return [c.payload for c in chosen]
+
+    def evaluate(self) -> float:
+        g = self.cfg.generation
+        return greedy_accuracy(self.policy, self.source, self.eval_tasks, max_new_tokens=g.max_new_tokens,
+                               batch_size=g.batch_size)
+
+    def save_checkpoint(self) -> None:
+        rng = capture_rng(self.task_rng, self.sample_gen)
+        rng["routing_gen"] = self.trainer.routing_generator.get_state()
+        self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
+                                              optimizer=self.trainer.optimizer.state_dict(), rng=rng,
+                                              extra={"model": self.cfg.model.name_or_path}))
+
+    def close(self) -> None:
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+        if self.exchange is not None:
+            self.exchange.close()
+
+
+def _dump_yaml(cfg: NodeConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,148 @@
+"""One optimisation step of off-policy-corrected REINFORCE on a list of scored groups.
+
+The math lives in pure functions (``advantages.py``, ``losses.py``); this module only batches sequences,
+runs forward/backward in micro-batches and steps the optimizer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from node.generation import left_pad, right_pad, sequence_logprobs
+from node.policy.model import Policy
+from node.train.advantages import batch_advantages, nonzero_groups
+from node.train.losses import policy_loss, sequence_surrogate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainGroup:
+    """One task's completions, tokenized for this node's policy.
+
+    ``anchor_logprobs`` are the behaviour log-probs used as the ratio's denominator: the sampler's own
+    when the tokens came from this node or from a peer with our tokenizer, otherwise the node's own
+    log-probs computed when the text was ingested.
+    """
+
+    key: str
+    peer_id: str  # "" for the node's own groups
+    epoch: int
+    prompt_ids: list[int]
+    completions: list[list[int]]
+    anchor_logprobs: list[list[float]]
+    rewards: list[float]
+    advantages: torch.Tensor | None = None
+    routings: list[list[int]] = field(default_factory=list)
+
+    @property
+    def is_local(self) -> bool:
+        return self.peer_id == ""
+
+
+def assign_advantages(groups: list[TrainGroup], kind: str, external_shift: float = 0.0) -> list[TrainGroup]:
+    """Fill ``advantages`` for every group; return only the groups that carry signal (not all zero)."""
+    rewards = [torch.tensor(g.rewards, dtype=torch.float32) for g in groups]
+    shifts = [0.0 if g.is_local else external_shift for g in groups]
+    advs = batch_advantages(rewards, kind, shifts)  # type: ignore[arg-type]
+    for g, a in zip(groups, advs):
+        g.advantages = a
+    keep = set(nonzero_groups(advs))
+    return [g for i, g in enumerate(groups) if i in keep]
+
+
+class Trainer:
+    """Owns the optimizer; ``step(groups)`` does one update on all of their completions."""
+
+    def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
+                 max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
+                 micro_batch_size: int, temperature: float, routings: int = 2) -> None:
+        self.policy = policy
+        lrs = {"adapter": lr, "norm": norm_lr, "router": router_lr}
+        self.optimizer = torch.optim.AdamW(
+            [{"params": ps, "lr": lrs[name], "name": name} for name, ps in policy.param_groups.items()],
+            weight_decay=weight_decay,
+        )
+        self.max_grad_norm = max_grad_norm
+        self.loss_kind = loss
+        self.loss_kwargs = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.routings = routings
+        self.routing_generator = torch.Generator().manual_seed(0)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def step(self, groups: list[TrainGroup]) -> dict[str, float]:
+        """One optimizer step over every completion of ``groups`` (advantages already assigned)."""
+        rows = [
+            (g.prompt_ids, ids, lps, float(a))
+            for g in groups
+            if g.advantages is not None
+            for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
+            if ids
+        ]
+        if not rows:
+            return {"loss": 0.0, "n_sequences": 0.0, "n_tokens": 0.0, "grad_norm": 0.0}
+        model = self.policy.model
+        model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total, sums = len(rows), {"loss": 0.0}
+        n_tokens = 0
+        for start in range(0, total, self.micro_batch_size):
+            chunk = rows[start : start + self.micro_batch_size]
+            stats = self._micro_step(chunk, weight=len(chunk) / total)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
+            n_tokens += sum(len(r[1]) for r in chunk)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        return {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens), "grad_norm": float(grad_norm)}
+
+    def _micro_step(self, rows: list[tuple[list[int], list[int], list[float], float]], weight: float) -> dict[str, float]:
+        device = self.policy.device
+        pad_id = self.policy.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = left_pad([r[0] for r in rows], pad_id)
+        completion_ids, completion_mask = right_pad([r[1] for r in rows], pad_id, torch.long)
+        anchor, _ = right_pad([r[2] for r in rows], 0.0, torch.float32)
+        advantages = torch.tensor([r[3] for r in rows], dtype=torch.float32)
+        tensors = [t.to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages)]
+        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = tensors
+        remix = self.policy.remix
+        if remix is None:
+            logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                         temperature=self.temperature)
+            loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+                                      **self.loss_kwargs)
+            (loss * weight).backward()
+            return {"loss": float(loss.detach()), **stats}
+        return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
+                                      weight)
+
+    def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,
+                          weight: float) -> dict[str, float]:
+        """ReMix: the batch repeated M times (routing-major), one sampled routing per row; LoRA weights get the
+        policy loss averaged over all M routings, the router the RLOO estimator over per-sequence losses."""
+        m = self.routings
+        remix = self.policy.remix
+        rep = [t.repeat(m, *([1] * (t.dim() - 1))) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                                               anchor, advantages)]
+        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = rep
+        remix.sampled(m, self.routing_generator)
+        logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                     temperature=self.temperature, remix=remix)
+        loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+                                  **self.loss_kwargs)
+        per_sequence = sequence_surrogate(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+                                          **self.loss_kwargs)
+        router_loss = remix.router_loss(per_sequence.detach(), m)
+        ((loss + router_loss) * weight).backward()
+        remix.deterministic()
+        return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}
