@@ -1,0 +1,235 @@
+"""The task-source interface: a ``TaskRef`` regenerates exactly one task, which the node scores itself.
+
+Every source splits each dataset's index space in two: even indices are the training split
+(``sample``), odd indices the held-out evaluation split (``eval_refs``). A ref names its own seed, so a
+peer with another seed still names tasks this node can regenerate, as long as the source, the dataset
+and the ``config_hash`` (a hash of everything that decides the generated text) agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
+
+from protocol.taskref import TaskRef
+
+logger = logging.getLogger(__name__)
+
+ChatTemplateMode = Literal["auto", "always", "never"]
+CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
+
+# Most attempts ``sample``/``eval_refs`` make to find an index whose task the source accepts.
+_MAX_DRAWS_PER_REF = 64
+
+
+class TaskError(Exception):
+    """A task cannot be built: bad settings, or a ref this source cannot regenerate."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One regenerated task: ``answer`` is None when the dataset has no single reference answer."""
+
+    ref: TaskRef
+    prompt: str
+    answer: str | None
+    metadata: dict[str, Any]
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    """First 12 hex digits of the sha256 of the canonical JSON of ``settings``."""
+    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def _check_weights(datasets: Sequence[str], weights: Sequence[float] | None) -> list[float]:
+    if weights is None:
+        return [1.0] * len(datasets)
+    if len(weights) != len(datasets):
+        raise TaskError(
+            f"weights has {len(weights)} entries but datasets has {len(datasets)}; give one per dataset"
+        )
+    checked = [float(w) for w in weights]
+    if any(not math.isfinite(w) or w < 0 for w in checked) or sum(checked) <= 0:
+        raise TaskError(f"weights must be finite, >= 0 and not all zero, got {list(weights)}")
+    return checked
+
+
+class TaskSource(ABC):
+    """A family of task generators (``name``) with named datasets, all regenerated from ``TaskRef``s.
+
+    Subclasses set ``name`` and ``known_datasets`` and implement ``_settings``, ``_index_limit``,
+    ``_generate``, ``score`` and ``format_prompt``. ``task`` checks a ref before generating it.
+    """
+
+    name: ClassVar[str]
+    known_datasets: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        datasets: Sequence[str],
+        weights: Sequence[float] | None,
+        seed: int,
+        chat_template: ChatTemplateMode = "auto",
+    ) -> None:
+        if not datasets:
+            raise TaskError(
+                f"source {self.name!r} needs at least one dataset, e.g. {list(self.known_datasets)}"
+            )
+        unknown = [d for d in datasets if d not in self.known_datasets]
+        if unknown:
+            raise TaskError(
+                f"unknown dataset(s) {unknown} for source {self.name!r}; choose from {list(self.known_datasets)}"
+            )
+        if len(set(datasets)) != len(datasets):
+            raise TaskError(f"datasets must not repeat, got {list(datasets)}")
+        if chat_template not in CHAT_TEMPLATE_MODES:
+            raise TaskError(
+                f"chat_template must be one of {list(CHAT_TEMPLATE_MODES)}, got {chat_template!r}"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TaskError(f"seed must be an integer, got {seed!r}")
+        self.datasets: list[str] = list(datasets)
+        self.weights: list[float] = _check_weights(datasets, weights)
+        self.seed = seed
+        self.chat_template: ChatTemplateMode = chat_template
+        self._config_hash: str | None = None
+
+    @property
+    def config_hash(self) -> str:
+        """Short stable hash of every setting that decides what a ref regenerates."""
+        if self._config_hash is None:
+            self._config_hash = settings_hash({"source": self.name, **self._settings()})
+        return self._config_hash
+
+    # ----------------------------------------------------------------------------------- subclass API
+
+    @abstractmethod
+    def _settings(self) -> dict[str, Any]:
+        """JSON-able settings that decide generation (library versions included); hashed once."""
+
+    @abstractmethod
+    def _index_limit(self, dataset: str) -> int:
+        """Indices of ``dataset`` are in ``[0, limit)``: even ones train, odd ones evaluate."""
+
+    @abstractmethod
+    def _generate(self, ref: TaskRef) -> Task:
+        """Build the task of an already checked ref; raise ``TaskError`` if this source refuses it."""
+
+    @abstractmethod
+    def score(self, task: Task, completion: str) -> float:
+        """Reward in [0, 1] from this node's own verifier; uses only ``task.ref`` and ``completion``."""
+
+    @abstractmethod
+    def format_prompt(self, task: Task, tokenizer: Any) -> str:
+        """The text the model is conditioned on for ``task``."""
+
+    # ----------------------------------------------------------------------------------- public API
+
+    def task(self, ref: TaskRef) -> Task:
+        """Regenerate exactly the task ``ref`` names; raise ``TaskError`` when it is not ours to make."""
+        self.check_ref(ref)
+        return self._generate(ref)
+
+    def check_ref(self, ref: TaskRef) -> None:
+        """Raise ``TaskError`` naming the first field of ``ref`` this source cannot regenerate."""
+        if ref.source != self.name:
+            raise TaskError(f"task ref {ref.key()} is for source {ref.source!r}, not {self.name!r}")
+        if ref.config_hash != self.config_hash:
+            raise TaskError(
+                f"task ref {ref.key()} has config hash {ref.config_hash!r}, this source has {self.config_hash!r}"
+            )
+        if ref.dataset not in self.known_datasets:
+            raise TaskError(
+                f"task ref {ref.key()} names unknown dataset {ref.dataset!r} of source {self.name!r}"
+            )
+        for field, value in (("seed", ref.seed), ("index", ref.index)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TaskError(f"task ref {ref.key()} has a non-integer {field}")
+        if not 0 <= ref.index < self._index_limit(ref.dataset):
+            raise TaskError(
+                f"task ref {ref.key()} has index {ref.index} outside [0, {self._index_limit(ref.dataset)})"
+            )
+
+    def make_ref(self, dataset: str, index: int, seed: int | None = None) -> TaskRef:
+        """The ref of item ``index`` of ``dataset`` under this source's settings (and seed by default)."""
+        return TaskRef(self.name, dataset, self.config_hash, self.seed if seed is None else seed, index)
+
+    def sample(self, n: int, rng: random.Random) -> list[TaskRef]:
+        """``n`` training refs, datasets drawn by weight and indices uniformly from the even indices."""
+        refs: list[TaskRef] = []
+        for _ in range(n):
+            dataset = rng.choices(self.datasets, weights=self.weights)[0]
+            slots = (self._index_limit(dataset) + 1) // 2
+
+            def draw(slots: int = slots) -> int:
+                return 2 * rng.randrange(slots)
+
+            refs.append(self._first_accepted(dataset, draw))
+        return refs
+
+    def eval_refs(self, n: int) -> list[TaskRef]:
+        """A fixed held-out set of ``n`` refs: odd indices, datasets with weight > 0 in turn."""
+        active = [d for d, w in zip(self.datasets, self.weights) if w > 0]
+        next_slot = dict.fromkeys(active, 0)
+        refs: list[TaskRef] = []
+        for i in range(n):
+            dataset = active[i % len(active)]
+
+            def draw(dataset: str = dataset) -> int:
+                index = 2 * next_slot[dataset] + 1
+                next_slot[dataset] += 1
+                if index >= self._index_limit(dataset):
+                    raise TaskError(f"dataset {dataset!r} has too few held-out tasks for {n} eval refs")
+                return index
+
+            refs.append(self._first_accepted(dataset, draw))
+        return refs
+
+    def _first_accepted(self, dataset: str, draw_index: Callable[[], int]) -> TaskRef:
+        """First ref from ``draw_index()`` whose task this source accepts (e.g. prompt not too long)."""
+        last_error: TaskError | None = None
+        for _ in range(_MAX_DRAWS_PER_REF):
+            ref = self.make_ref(dataset, draw_index())
+            try:
+                self._generate(ref)
+            except TaskError as error:
+                last_error = error
+                continue
+            return ref
+        raise TaskError(f"no acceptable task of {dataset!r} in {_MAX_DRAWS_PER_REF} draws: {last_error}")
+
+
+def build_task_source(
+    source: str,
+    datasets: list[str],
+    weights: list[float] | None,
+    seed: int,
+    **options: Any,
+) -> TaskSource:
+    """Build the task source named ``source`` (``arith`` or ``reasoning_gym``) with its options."""
+    # Imported on demand: the reasoning-gym library takes over a second to import.
+    cls: type[TaskSource]
+    if source == "arith":
+        from node.tasks.arith import ArithTaskSource
+
+        cls = ArithTaskSource
+    elif source == "reasoning_gym":
+        from node.tasks.reasoning_gym import ReasoningGymTaskSource
+
+        cls = ReasoningGymTaskSource
+    else:
+        raise TaskError(f"unknown task source {source!r}; choose from ['arith', 'reasoning_gym']")
+    try:
+        built = cls(datasets, weights, seed, **options)
+    except TypeError as error:
+        raise TaskError(f"bad options for task source {source!r}: {error}") from error
+    logger.info("task source %s (config %s): datasets %s", source, built.config_hash, built.datasets)
+    return built

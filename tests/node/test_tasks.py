@@ -1,0 +1,246 @@
+"""Task sources: the interface, the ``arith`` source, prompt formatting and answer extraction."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from node.tasks import Task, TaskError, build_task_source
+from node.tasks.arith import ArithTaskSource, problem_order, score_digits
+from node.tasks.base import settings_hash
+from node.tasks.cache import LRUCache
+from node.tasks.prompting import extract_answer, format_for_model
+
+ARITH_DATASETS = ["add", "sub", "mul"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+NO_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+    "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+)
+
+
+def _arith(seed: int = 7, weights: list[float] | None = None) -> ArithTaskSource:
+    source = build_task_source("arith", ARITH_DATASETS, weights, seed)
+    assert isinstance(source, ArithTaskSource)
+    return source
+
+
+def _tiny_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    vocab = {"[UNK]": 0, "<eos>": 1, "Question": 2}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>")  # type: ignore[no-untyped-call]
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------ arith
+
+
+def test_arith_ref_regenerates_identically_across_sources() -> None:
+    first, second = _arith(), _arith()
+    refs = first.sample(300, random.Random(1)) + first.eval_refs(60)
+    assert {ref.dataset for ref in refs} == set(ARITH_DATASETS)
+    for ref in refs:
+        assert first.task(ref) == second.task(ref)
+
+
+def test_arith_task_matches_its_operands() -> None:
+    source = _arith()
+    for ref in source.sample(200, random.Random(2)):
+        task = source.task(ref)
+        a, b = task.metadata["a"], task.metadata["b"]
+        op = {"add": "+", "sub": "-", "mul": "*"}[ref.dataset]
+        value = {"add": a + b, "sub": a - b, "mul": a * b}[ref.dataset]
+        assert task.prompt == f"{a:02d}{op}{b:02d}="
+        assert int(task.answer or "x") == value
+        assert len(task.answer or "") == {"add": 3, "sub": 2, "mul": 4}[ref.dataset]
+
+
+def test_arith_order_is_a_permutation_of_all_problems() -> None:
+    add = problem_order(7, "add")
+    sub = problem_order(7, "sub")
+    assert len(add) == 10_000 and len(set(add)) == 10_000
+    assert len(sub) == 5_050 and all(a >= b for a, b in sub) and len(set(sub)) == 5_050
+    assert problem_order(8, "add") != add  # the seed decides the order
+    assert problem_order(7, "add") == add
+
+
+def test_arith_train_and_eval_are_disjoint_problems() -> None:
+    source = _arith()
+    eval_refs = source.eval_refs(600)
+    train_refs = source.sample(3000, random.Random(3))
+    assert all(ref.index % 2 == 1 for ref in eval_refs)
+    assert all(ref.index % 2 == 0 for ref in train_refs)
+    eval_prompts = {source.task(ref).prompt for ref in eval_refs}
+    train_prompts = {source.task(ref).prompt for ref in train_refs}
+    assert len(eval_prompts) == 600
+    assert not eval_prompts & train_prompts
+
+
+def test_eval_refs_are_fixed_and_round_robin() -> None:
+    source = _arith()
+    refs = source.eval_refs(9)
+    assert refs == _arith().eval_refs(9)
+    assert refs[:4] == source.eval_refs(4)
+    assert [ref.dataset for ref in refs] == ARITH_DATASETS * 3
+    assert [ref.index for ref in refs] == [1, 1, 1, 3, 3, 3, 5, 5, 5]
+
+
+def test_sample_is_deterministic_and_respects_weights() -> None:
+    source = _arith(weights=[0.6, 0.4, 0.0])
+    refs = source.sample(4000, random.Random(11))
+    assert refs == source.sample(4000, random.Random(11))
+    assert refs != source.sample(4000, random.Random(12))
+    counts = Counter(ref.dataset for ref in refs)
+    assert counts["mul"] == 0
+    assert abs(counts["add"] / 4000 - 0.6) < 0.03
+    assert all(ref.seed == 7 and ref.config_hash == source.config_hash for ref in refs)
+
+
+def test_peer_seed_regenerates_on_any_source() -> None:
+    mine, peer = _arith(seed=1), _arith(seed=2)
+    ref = peer.sample(1, random.Random(0))[0]
+    assert ref.seed == 2
+    assert mine.task(ref) == peer.task(ref)
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("042", 1.0),
+        ("042\n", 1.0),
+        ("  042  ", 1.0),
+        ("\n 042\nmore text", 1.0),
+        ("42", 0.0),
+        ("0420", 0.0),
+        ("04 2", 0.0),
+        ("043", 0.0),
+        ("", 0.0),
+        ("x\n042", 0.0),
+    ],
+)
+def test_score_digits(completion: str, expected: float) -> None:
+    assert score_digits("042", completion) == expected
+
+
+def test_arith_score_uses_regenerated_answer_not_the_claimed_one() -> None:
+    source = _arith()
+    task = source.task(source.eval_refs(1)[0])
+    answer = task.answer or ""
+    assert source.score(task, answer + "\n") == 1.0
+    forged = replace(task, answer="999")
+    assert source.score(forged, "999") == 0.0
+    assert source.score(forged, answer) == 1.0
+
+
+def test_arith_format_prompt_is_raw_even_with_chat_template() -> None:
+    source = _arith()
+    task = source.task(source.eval_refs(1)[0])
+    assert source.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE)) == task.prompt
+    assert source.format_prompt(task, None) == task.prompt
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+
+def test_ref_checks_raise_task_error() -> None:
+    source = _arith()
+    good = source.eval_refs(1)[0]
+    source.task(good)
+    bad_refs = [
+        replace(good, config_hash="000000000000"),
+        replace(good, source="reasoning_gym"),
+        replace(good, dataset="div"),
+        replace(good, index=-1),
+        replace(good, index=10_000),
+        replace(good, dataset="sub", index=5_050),
+    ]
+    for ref in bad_refs:
+        with pytest.raises(TaskError):
+            source.task(ref)
+    with pytest.raises(TaskError, match="config hash"):
+        source.score(Task(bad_refs[0], "x", "1", {}), "1")
+
+
+def test_bad_settings_raise_task_error() -> None:
+    with pytest.raises(TaskError, match="unknown dataset"):
+        build_task_source("arith", ["add", "div"], None, 0)
+    with pytest.raises(TaskError, match="weights"):
+        build_task_source("arith", ["add", "sub"], [1.0], 0)
+    with pytest.raises(TaskError, match="weights"):
+        build_task_source("arith", ["add", "sub"], [0.0, 0.0], 0)
+    with pytest.raises(TaskError, match="unknown task source"):
+        build_task_source("gsm8k", ["main"], None, 0)
+    with pytest.raises(TaskError, match="bad options"):
+        build_task_source("arith", ["add"], None, 0, temperature=1.0)
+    with pytest.raises(TaskError, match="chat_template"):
+        build_task_source("arith", ["add"], None, 0, chat_template="sometimes")
+    with pytest.raises(TaskError, match="at least one"):
+        build_task_source("arith", [], None, 0)
+
+
+def test_config_hash_is_short_stable_and_seed_independent() -> None:
+    assert _arith(seed=1).config_hash == _arith(seed=2).config_hash
+    assert len(_arith().config_hash) == 12
+    assert settings_hash({"b": 1, "a": [1, 2]}) == hashlib.sha256(b'{"a":[1,2],"b":1}').hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------------------ prompting
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("think <answer>1</answer> more <answer> 2 </answer> tail", "2"),
+        ("<ANSWER>x</ANSWER>", "x"),
+        ("<answer>1 0\n0 1</answer>", "1 0\n0 1"),
+        ("reasoning\n<answer> 17", "17"),
+        ("so the Answer: 12\n", "12"),
+        ("first line\nlast line\n\n", "last line"),
+        ("   \n", None),
+        ("", None),
+    ],
+)
+def test_extract_answer(completion: str, expected: str | None) -> None:
+    assert extract_answer(completion) == expected
+
+
+def test_chat_template_formatting() -> None:
+    tokenizer = _tiny_tokenizer(CHAT_TEMPLATE)
+    text = format_for_model("What is 2+2?", tokenizer, "auto", "Be brief.")
+    assert text == "<|system|>Be brief.\n<|user|>What is 2+2?\n<|assistant|>"
+    assert format_for_model("Q?", tokenizer, "always", None) == "<|user|>Q?\n<|assistant|>"
+    assert format_for_model("Q?", tokenizer, "never", "S") == "Question: Q?\nAnswer:"
+
+
+def test_template_without_system_role_gets_it_merged() -> None:
+    tokenizer = _tiny_tokenizer(NO_SYSTEM_TEMPLATE)
+    assert format_for_model("Q?", tokenizer, "auto", "S.") == "[S.\n\nQ?]"
+
+
+def test_plain_formatting_without_chat_template() -> None:
+    tokenizer = _tiny_tokenizer(None)
+    assert format_for_model("Q?", tokenizer, "auto", "S") == "Question: Q?\nAnswer:"
+    assert format_for_model("Q?", None, "auto", "S") == "Question: Q?\nAnswer:"
+    with pytest.raises(TaskError, match="always"):
+        format_for_model("Q?", tokenizer, "always", "S")
+
+
+def test_lru_cache_evicts_least_recently_used() -> None:
+    cache: LRUCache[str, int] = LRUCache(2)
+    assert cache.get_or_create("a", lambda: 1) == 1
+    assert cache.get_or_create("b", lambda: 2) == 2
+    assert cache.get_or_create("a", lambda: -1) == 1  # hit, "a" is now the most recent
+    assert cache.get_or_create("c", lambda: 3) == 3  # evicts "b"
+    assert cache.get_or_create("b", lambda: 4) == 4
+    assert (cache.hits, cache.misses, len(cache)) == (1, 4, 2)

@@ -1,0 +1,240 @@
+"""The ``reasoning_gym`` task source: regeneration, splits, scoring with reasoning-gym's own scorers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.tasks import Task, TaskError, build_task_source
+from node.tasks.arith import ArithTaskSource
+from node.tasks.base import TaskSource
+from node.tasks.prompting import ANSWER_INSTRUCTION
+from node.tasks.reasoning_gym import INDEX_LIMIT, SAPO_DATASETS, ReasoningGymTaskSource
+from protocol.taskref import TaskRef
+from tests.node.test_tasks import CHAT_TEMPLATE, _tiny_tokenizer
+
+WITH_ANSWER = [d for d in SAPO_DATASETS if d != "propositional_logic"]
+PER_DATASET = 12
+
+
+def _rg(seed: int = 5, **options: Any) -> ReasoningGymTaskSource:
+    source = build_task_source("reasoning_gym", list(SAPO_DATASETS), None, seed, **options)
+    assert isinstance(source, ReasoningGymTaskSource)
+    return source
+
+
+@pytest.fixture(scope="module")
+def rg_source() -> ReasoningGymTaskSource:
+    return _rg()
+
+
+def _refs(source: TaskSource, dataset: str, n: int = PER_DATASET) -> list[TaskRef]:
+    return [ref for ref in source.eval_refs(n * len(source.datasets)) if ref.dataset == dataset]
+
+
+def _as_json(task: Task) -> str:
+    body = {"ref": task.ref.key(), "prompt": task.prompt, "answer": task.answer, "metadata": task.metadata}
+    return json.dumps(body, sort_keys=True, default=repr)
+
+
+# Run in a fresh interpreter with another hash seed: prints the JSON of every given ref's task.
+_CHILD = """
+import json, sys
+from node.tasks import build_task_source
+from protocol.taskref import TaskRef
+from tests.node.test_tasks import CHAT_TEMPLATE, _tiny_tokenizer
+sources = {name: build_task_source(name, datasets, None, 0) for name, datasets in json.loads(sys.argv[1]).items()}
+out = []
+for fields in json.loads(sys.stdin.read()):
+    task = sources[fields[0]].task(TaskRef(*fields))
+    body = {"ref": task.ref.key(), "prompt": task.prompt, "answer": task.answer, "metadata": task.metadata}
+    out.append(json.dumps(body, sort_keys=True, default=repr))
+print(json.dumps(out))
+"""
+
+
+def test_regeneration_identical_across_sources_and_processes(rg_source: ReasoningGymTaskSource) -> None:
+    other = _rg(seed=99)  # another node: its own seed, same settings
+    arith = build_task_source("arith", ["add", "sub", "mul"], None, 5)
+    refs = rg_source.sample(60, random.Random(0)) + rg_source.eval_refs(2 * len(SAPO_DATASETS))
+    refs += arith.sample(6, random.Random(0)) + arith.eval_refs(3)
+    assert {ref.dataset for ref in refs} >= set(SAPO_DATASETS)
+    tasks = [(rg_source if ref.source == "reasoning_gym" else arith).task(ref) for ref in refs]
+    for ref, task in zip(refs, tasks):
+        if ref.source == "reasoning_gym":
+            assert other.task(ref) == task
+
+    datasets = {"reasoning_gym": list(SAPO_DATASETS), "arith": ["add", "sub", "mul"]}
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "OMP_NUM_THREADS": "1"}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(datasets)],
+        input=json.dumps([[r.source, r.dataset, r.config_hash, r.seed, r.index] for r in refs]),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(child.stdout) == [_as_json(task) for task in tasks]
+
+
+def test_far_index_is_generated_directly_and_cached(rg_source: ReasoningGymTaskSource) -> None:
+    ref = rg_source.make_ref("basic_arithmetic", INDEX_LIMIT - 1)
+    started = time.perf_counter()
+    first = rg_source.task(ref)
+    assert time.perf_counter() - started < 1.0
+    hits = rg_source._entries.hits
+    assert rg_source.task(ref) == first
+    assert rg_source._entries.hits == hits + 1
+    with pytest.raises(TaskError, match="outside"):
+        rg_source.task(replace(ref, index=INDEX_LIMIT))
+
+
+def test_prompt_asks_for_answer_tags(rg_source: ReasoningGymTaskSource) -> None:
+    for ref in rg_source.eval_refs(len(SAPO_DATASETS)):
+        task = rg_source.task(ref)
+        assert task.prompt.endswith(ANSWER_INSTRUCTION)
+        assert task.metadata["source_dataset"] == ref.dataset
+
+
+def test_train_and_eval_splits_are_disjoint(rg_source: ReasoningGymTaskSource) -> None:
+    eval_refs = rg_source.eval_refs(90)
+    train_refs = rg_source.sample(400, random.Random(4))
+    assert all(ref.index % 2 == 1 for ref in eval_refs)
+    assert all(ref.index % 2 == 0 for ref in train_refs)
+    assert not set(eval_refs) & set(train_refs)
+    assert eval_refs == _rg().eval_refs(90)
+
+
+def test_sample_deterministic_and_weighted() -> None:
+    source = build_task_source("reasoning_gym", ["basic_arithmetic", "bf"], [3.0, 1.0], 1)
+    refs = source.sample(400, random.Random(8))
+    assert refs == source.sample(400, random.Random(8))
+    share = sum(ref.dataset == "basic_arithmetic" for ref in refs) / len(refs)
+    assert 0.68 < share < 0.82
+
+
+@pytest.mark.parametrize("dataset", WITH_ANSWER)
+def test_reference_answer_scores_one_and_wrong_less(rg_source: ReasoningGymTaskSource, dataset: str) -> None:
+    for ref in _refs(rg_source, dataset):
+        task = rg_source.task(ref)
+        assert task.answer
+        assert rg_source.score(task, f"Let me work it out.\n<answer>{task.answer}</answer>") == 1.0
+        assert rg_source.score(task, f"<answer>{task.answer}") == 1.0  # generation stopped at the tag
+        wrong = ["<answer>definitely wrong</answer>", "<answer></answer>", ""]
+        with contextlib.suppress(ValueError):
+            wrong.append(f"<answer>{float(task.answer) + 1}</answer>")
+        for completion in wrong:
+            assert 0.0 <= rg_source.score(task, completion) < 1.0, completion
+
+
+def test_binary_matrix_scorer_never_evals_peer_text(
+    rg_source: ReasoningGymTaskSource, tmp_path: Path
+) -> None:
+    task = rg_source.task(_refs(rg_source, "binary_matrix", 1)[0])
+    marker = tmp_path / "pwned"
+    assert rg_source.score(task, f"<answer>open({str(marker)!r}, 'w')</answer>") == 0.0
+    assert not marker.exists()
+    rows = [[int(x) for x in row.split()] for row in (task.answer or "").split("\n")]
+    assert rg_source.score(task, f"<answer>{rows}</answer>") == 0.1  # its partial credit for a list literal
+
+
+def test_propositional_logic_scorer_checks_the_conclusion(rg_source: ReasoningGymTaskSource) -> None:
+    full_marks = 0
+    refs = _refs(rg_source, "propositional_logic", 20)
+    for ref in refs:
+        task = rg_source.task(ref)
+        assert task.answer is None
+        # The conjunction of all premises follows from them; it is non-trivial unless they are tautologies.
+        conjunction = " ∧ ".join(f"({p})" for p in task.metadata["premises"])
+        score = rg_source.score(task, f"<answer>{conjunction}</answer>")
+        assert score >= 0.25
+        full_marks += score == 1.0
+        for garbage in ["<answer>Z ∧ ¬Z</answer>", "<answer>(((</answer>", "no idea", ""]:
+            assert rg_source.score(task, garbage) < 1.0
+    assert full_marks >= 18
+
+
+def test_propositional_logic_rejects_a_non_consequence(rg_source: ReasoningGymTaskSource) -> None:
+    checked = 0
+    for ref in _refs(rg_source, "propositional_logic", 20):
+        task = rg_source.task(ref)
+        premises = task.metadata["premises"]
+        # "¬(premise 1)" cannot follow unless the premises are contradictory (then anything follows).
+        negation = f"¬({premises[0]})"
+        if rg_source.score(task, "<answer>(P ∧ ¬P)</answer>") == 1.0:
+            continue  # contradictory premises
+        assert rg_source.score(task, f"<answer>{negation}</answer>") < 1.0
+        checked += 1
+    assert checked >= 10
+
+
+def test_config_hash_covers_settings_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = _rg().config_hash
+    assert _rg(seed=1).config_hash == base
+    assert _rg(chat_template="never").config_hash == base  # formatting does not change the task
+    assert _rg(dataset_configs={"bf": {"difficulty": 2}}).config_hash != base
+    assert _rg(max_prompt_chars=500).config_hash != base
+    monkeypatch.setattr("node.tasks.reasoning_gym.reasoning_gym_version", lambda: "9.9.9")
+    assert _rg().config_hash != base
+
+
+def test_dataset_config_overrides_apply_and_are_checked() -> None:
+    source = _rg(dataset_configs={"bf": {"difficulty": 2}})
+    ref = source.eval_refs(len(SAPO_DATASETS))[SAPO_DATASETS.index("bf")]
+    assert source.task(ref).metadata["difficulty"] == {"difficulty": 2}
+    with pytest.raises(TaskError, match="dataset_configs"):
+        _rg(dataset_configs={"bf": {"difficulty": 9}})
+    with pytest.raises(TaskError, match="dataset_configs"):
+        _rg(dataset_configs={"bf": {"seed": 1}})
+    with pytest.raises(TaskError, match="dataset_configs"):
+        _rg(dataset_configs={"gsm8k": {}})
+
+
+def test_mismatched_refs_raise(rg_source: ReasoningGymTaskSource) -> None:
+    ref = rg_source.eval_refs(1)[0]
+    with pytest.raises(TaskError, match="config hash"):
+        rg_source.task(replace(ref, config_hash="ffffffffffff"))
+    with pytest.raises(TaskError, match="unknown dataset"):
+        rg_source.task(replace(ref, dataset="gsm_symbolic"))
+    with pytest.raises(TaskError, match="source"):
+        rg_source.task(replace(ref, source="arith"))
+    arith = build_task_source("arith", ["add"], None, 0)
+    assert isinstance(arith, ArithTaskSource)
+    with pytest.raises(TaskError):
+        arith.task(ref)
+
+
+def test_prompt_cap_skips_long_tasks() -> None:
+    capped = build_task_source("reasoning_gym", ["arc_1d"], None, 0, max_prompt_chars=800)
+    uncapped = build_task_source("reasoning_gym", ["arc_1d"], None, 0)
+    refs = capped.eval_refs(20) + capped.sample(20, random.Random(0))
+    assert all(len(capped.task(ref).prompt) <= 800 for ref in refs)
+    long_refs = [uncapped.make_ref("arc_1d", i) for i in range(100)]
+    long_refs = [ref for ref in long_refs if len(uncapped.task(ref).prompt) > 800]
+    assert long_refs  # default arc_1d prompts run to about 900 characters
+    with pytest.raises(TaskError, match="max_prompt_chars"):
+        capped.task(replace(long_refs[0], config_hash=capped.config_hash))
+
+
+def test_format_prompt_modes(rg_source: ReasoningGymTaskSource) -> None:
+    task = rg_source.task(rg_source.eval_refs(1)[0])
+    chat = rg_source.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE))
+    assert chat.startswith("<|system|>") and f"<|user|>{task.prompt}\n<|assistant|>" in chat
+    assert rg_source.format_prompt(task, _tiny_tokenizer(None)) == f"Question: {task.prompt}\nAnswer:"
+    never = _rg(chat_template="never")
+    assert never.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE)) == f"Question: {task.prompt}\nAnswer:"
+    quiet = _rg(system_prompt=None)
+    assert (
+        quiet.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE)) == f"<|user|>{task.prompt}\n<|assistant|>"
+    )
