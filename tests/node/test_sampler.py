@@ -1,0 +1,191 @@
+"""SAPO mixing: I, J, the per-peer cap, the staleness window, never blocking, each policy's order."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+from node.train.advantages import rloo_advantages
+from node.train.sampler import LOCAL_PEER_ID, CandidateGroup, mix, select_external
+
+SIGNAL = [1.0, 0.0]  # RLOO advantages [1, -1]
+NO_SIGNAL = [1.0, 1.0]  # RLOO advantages [0, 0]
+
+
+def group(
+    key: str, peer: str = "peer-a", epoch: int = 10, rewards: list[float] | None = None
+) -> CandidateGroup:
+    r = torch.tensor(SIGNAL if rewards is None else rewards)
+    return CandidateGroup(
+        key=key, peer_id=peer, epoch=epoch, rewards=r, advantages=rloo_advantages(r), payload=key
+    )
+
+
+def keys(groups: list[CandidateGroup]) -> list[str]:
+    return [g.key for g in groups]
+
+
+def select(
+    candidates: list[CandidateGroup], j: int, policy: str = "uniform", **kw: object
+) -> list[CandidateGroup]:
+    args: dict[str, Any] = {
+        "max_per_peer": None,
+        "current_epoch": 10,
+        "staleness_epochs": 2,
+        "rng": random.Random(0),
+    }
+    args.update(kw)
+    return select_external(candidates, j, policy, **args)  # type: ignore[arg-type]
+
+
+def test_candidate_group_helpers() -> None:
+    g = CandidateGroup("k", "p", 1, rewards=[1.0, 0.0, 0.5], advantages=[0.0, 0.0, 0.0])
+    assert g.mean_reward == pytest.approx(0.5) and not g.has_signal()
+    assert group("x").has_signal() and not group("y", rewards=NO_SIGNAL).has_signal()
+
+
+@pytest.mark.parametrize("policy", ["uniform", "highest_reward", "round_robin"])
+def test_staleness_window_and_zero_advantage_groups_are_dropped(policy: str) -> None:
+    # current 10, window 2: epochs 8, 9, 10 (and a clock-skewed 11) kept; 7 and 3 dropped.
+    candidates = [
+        group("e3", epoch=3),
+        group("e7", epoch=7),
+        group("e8", epoch=8),
+        group("e9", epoch=9, peer="peer-b"),
+        group("e10", epoch=10, peer="peer-c"),
+        group("e11", epoch=11),
+        group("flat", epoch=10, rewards=NO_SIGNAL),
+        group("zero", epoch=10, rewards=[0.0, 0.0, 0.0]),
+    ]
+    chosen = select(candidates, 10, policy)
+    assert sorted(keys(chosen)) == ["e10", "e11", "e8", "e9"]
+    assert sorted(keys(select(candidates, 10, policy, staleness_epochs=0))) == ["e10", "e11"]
+
+
+@pytest.mark.parametrize("policy", ["uniform", "highest_reward", "round_robin"])
+def test_j_limit_and_never_blocks(policy: str) -> None:
+    candidates = [group(f"g{n}", peer=f"p{n % 3}") for n in range(7)]
+    assert len(select(candidates, 4, policy)) == 4
+    assert len(set(keys(select(candidates, 7, policy)))) == 7
+    assert len(select(candidates, 20, policy)) == 7  # fewer than J: what there is
+    assert select(candidates, 0, policy) == []
+    assert select([], 5, policy) == []
+    assert select([group("stale", epoch=0)], 5, policy) == []
+
+
+@pytest.mark.parametrize("policy", ["uniform", "highest_reward", "round_robin"])
+def test_per_peer_cap(policy: str) -> None:
+    # 3 peers x 5 groups, cap 2: at most 6 groups, 2 from each.
+    candidates = [group(f"{p}{n}", peer=p, rewards=[1.0, 0.1 * n]) for p in "abc" for n in range(5)]
+    chosen = select(candidates, 10, policy, max_per_peer=2)
+    assert Counter(g.peer_id for g in chosen) == {"a": 2, "b": 2, "c": 2}
+    chosen = select(candidates, 4, policy, max_per_peer=2)
+    assert len(chosen) == 4 and max(Counter(g.peer_id for g in chosen).values()) <= 2
+    assert select(candidates, 4, policy, max_per_peer=0) == []
+
+
+@pytest.mark.parametrize("policy", ["uniform", "highest_reward", "round_robin"])
+def test_deterministic_with_seeded_rng(policy: str) -> None:
+    candidates = [group(f"g{n}", peer=f"p{n % 4}", rewards=[1.0, 0.0, float(n % 3)]) for n in range(12)]
+    runs = [keys(select(candidates, 5, policy, rng=random.Random(42))) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_uniform_is_uniform() -> None:
+    # 4 candidates, J = 1, 4000 seeded draws: each chosen ~1000 times (binomial sd ~27).
+    candidates = [group(f"g{n}", peer=f"p{n}") for n in range(4)]
+    rng = random.Random(7)
+    counts = Counter(keys(select(candidates, 1, rng=rng))[0] for _ in range(4000))
+    assert set(counts) == {"g0", "g1", "g2", "g3"}
+    assert all(880 <= c <= 1120 for c in counts.values()), counts
+    # Different seeds give different orders (not just a fixed prefix of the input).
+    orders = {tuple(keys(select(candidates, 4, rng=random.Random(s)))) for s in range(10)}
+    assert len(orders) > 1
+
+
+def test_highest_reward_order() -> None:
+    # Means: lo 0.25, mid 0.5, hi 2/3, top 0.75 -> order top, hi, mid, lo.
+    candidates = [
+        group("mid", rewards=[1.0, 0.0]),
+        group("lo", rewards=[1.0, 0.0, 0.0, 0.0]),
+        group("top", rewards=[1.0, 1.0, 1.0, 0.0]),
+        group("hi", rewards=[1.0, 1.0, 0.0]),
+    ]
+    assert keys(select(candidates, 4, "highest_reward")) == ["top", "hi", "mid", "lo"]
+    assert keys(select(candidates, 2, "highest_reward")) == ["top", "hi"]
+    # With a cap of 1 per peer the best group of each peer wins.
+    capped = [group("a-best", "a", rewards=[1.0, 1.0, 0.0]), group("a-2", "a"), group("b-1", "b")]
+    assert keys(select(capped, 3, "highest_reward", max_per_peer=1)) == ["a-best", "b-1"]
+
+
+def test_round_robin_order() -> None:
+    # Peers a (3 groups), b (1), c (2); each peer's groups newest first.
+    candidates = [
+        group("a8", "a", 8),
+        group("a10", "a", 10),
+        group("a9", "a", 9),
+        group("b9", "b", 9),
+        group("c8", "c", 8),
+        group("c10", "c", 10),
+    ]
+    # Cycling in sorted order from a random start peer:
+    expected = {
+        "a": ["a10", "b9", "c10", "a9", "c8", "a8"],
+        "b": ["b9", "c10", "a10", "c8", "a9", "a8"],
+        "c": ["c10", "a10", "b9", "c8", "a9", "a8"],
+    }
+    starts = set()
+    for seed in range(12):
+        chosen = keys(select(candidates, 6, "round_robin", rng=random.Random(seed)))
+        assert chosen == expected[chosen[0][0]]
+        starts.add(chosen[0][0])
+        # J = 4 takes a prefix of the same cycle.
+        assert keys(select(candidates, 4, "round_robin", rng=random.Random(seed))) == chosen[:4]
+    assert starts == {"a", "b", "c"}
+
+
+def test_mix_takes_i_local_and_j_external() -> None:
+    local = [
+        group("l0", LOCAL_PEER_ID),
+        group("l-flat", LOCAL_PEER_ID, rewards=NO_SIGNAL),
+        group("l1", LOCAL_PEER_ID, epoch=0),  # local groups are not filtered by epoch
+        group("l2", LOCAL_PEER_ID),
+    ]
+    external = [group(f"x{n}", peer=f"p{n}") for n in range(5)]
+    kw: dict[str, Any] = {"max_per_peer": 1, "current_epoch": 10, "staleness_epochs": 2}
+    chosen_local, chosen_external = mix(local, external, 2, 3, "uniform", rng=random.Random(1), **kw)
+    assert keys(chosen_local) == ["l0", "l1"]
+    assert len(chosen_external) == 3 and set(keys(chosen_external)) <= {f"x{n}" for n in range(5)}
+    # Silo (J = 0) and too few of both: never blocks.
+    assert mix(local, external, 8, 0, "uniform", rng=random.Random(1), **kw) == (
+        [local[0], local[2], local[3]],
+        [],
+    )
+    few_local, few_external = mix(local[:1], external[:2], 4, 4, "round_robin", rng=random.Random(1), **kw)
+    assert keys(few_local) == ["l0"] and len(few_external) == 2
+
+
+def test_bad_arguments_raise() -> None:
+    candidates = [group("g")]
+    with pytest.raises(ValueError, match="unknown selection policy"):
+        select(candidates, 1, "best")
+    with pytest.raises(ValueError):
+        select(candidates, -1)
+    with pytest.raises(ValueError):
+        select(candidates, 1, max_per_peer=-1)
+    with pytest.raises(ValueError):
+        mix(
+            [],
+            candidates,
+            -1,
+            1,
+            "uniform",
+            max_per_peer=None,
+            current_epoch=10,
+            staleness_epochs=2,
+            rng=random.Random(0),
+        )
