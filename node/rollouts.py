@@ -73,6 +73,67 @@ def sample_groups(policy: Policy, source: TaskSource, tasks: list[Task], *, grou
     return groups
 
 
+def _downsample(chunk: list[int], rewards: list[float], n: int, rng: torch.Generator) -> list[int]:
+    """Up to ``n`` of the indices ``chunk``: half positive and half negative where possible."""
+    order = [chunk[i] for i in torch.randperm(len(chunk), generator=rng).tolist()]
+    pos = [i for i in order if rewards[i] > 0.5]
+    neg = [i for i in order if rewards[i] <= 0.5]
+    take_pos = min(len(pos), max(n // 2, n - len(neg)))
+    take_neg = min(len(neg), n - take_pos)
+    return sorted(pos[:take_pos] + neg[:take_neg])
+
+
+def sample_groups_adaptive(policy: Policy, source: TaskSource, tasks: list[Task], *, group_size: int,
+                           round_size: int, max_rounds: int, mode: str, max_new_tokens: int, temperature: float,
+                           top_p: float, batch_size: int, generator: torch.Generator,
+                           epoch: int = 0) -> list[SampledGroup]:
+    """Reinforce-Ada: draw ``round_size`` completions per active task per round, up to ``max_rounds``; a task
+    leaves the active set once it has ``group_size/2`` positives and negatives (``ada_balanced``) or one
+    positive (``ada_positive``). Each task is downsampled to ``group_size`` completions, balanced where
+    possible; ``all_rewards`` keeps every reward drawn, for the global baseline."""
+    pools: list[list[SampledGroup]] = [[] for _ in tasks]
+    active = list(range(len(tasks)))
+    for _ in range(max_rounds):
+        if not active:
+            break
+        drawn = sample_groups(policy, source, [tasks[i] for i in active], group_size=round_size,
+                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              batch_size=batch_size, generator=generator, epoch=epoch)
+        still = []
+        for i, sg in zip(active, drawn):
+            pools[i].append(sg)
+            rewards = [r for part in pools[i] for r in part.group.rewards]
+            n_pos = sum(r > 0.5 for r in rewards)
+            done = n_pos >= 1 if mode == "ada_positive" else (
+                n_pos >= group_size / 2 and len(rewards) - n_pos >= group_size / 2)
+            if not done:
+                still.append(i)
+        active = still
+    return [_merge_pool(parts, group_size, generator) for parts in pools]
+
+
+def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator) -> SampledGroup:
+    first = parts[0]
+    g = TrainGroup(key=first.group.key, peer_id="", epoch=first.group.epoch, prompt_ids=first.group.prompt_ids,
+                   completions=[], anchor_logprobs=[], rewards=[])
+    texts: list[str] = []
+    reasons: list[str] = []
+    for p in parts:
+        g.completions += p.group.completions
+        g.anchor_logprobs += p.group.anchor_logprobs
+        g.rewards += p.group.rewards
+        g.routings += p.group.routings
+        texts += p.texts
+        reasons += p.finish_reasons
+    keep = _downsample(list(range(len(g.rewards))), g.rewards, n, rng)
+    out = TrainGroup(key=g.key, peer_id="", epoch=g.epoch, prompt_ids=g.prompt_ids,
+                     completions=[g.completions[i] for i in keep], anchor_logprobs=[g.anchor_logprobs[i] for i in keep],
+                     rewards=[g.rewards[i] for i in keep], routings=[g.routings[i] for i in keep if g.routings],
+                     all_rewards=list(g.rewards))
+    return SampledGroup(task=first.task, group=out, texts=[texts[i] for i in keep],
+                        finish_reasons=[reasons[i] for i in keep])
+
+
 def greedy_accuracy(policy: Policy, source: TaskSource, tasks: list[Task], *, max_new_tokens: int,
                     batch_size: int) -> float:
     """Mean score of one greedy completion per task (the evaluation metric)."""

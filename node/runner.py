@@ -21,7 +21,7 @@ from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, res
 from node.config import NodeConfig
 from node.metrics import MetricsWriter
 from node.policy.model import Policy, build_policy
-from node.rollouts import SampledGroup, greedy_accuracy, sample_groups
+from node.rollouts import SampledGroup, greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.sampler import CandidateGroup, mix
 from node.train.trainer import Trainer, TrainGroup, assign_advantages
@@ -137,9 +137,14 @@ class Node:
         refs = self.source.sample(cfg.sapo.local_groups, self.task_rng)
         tasks = [self.source.task(r) for r in refs]
         g = cfg.generation
-        sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size,
-                                max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                                batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        common = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
+                      batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        if cfg.sampling.mode == "standard":
+            sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size, **common)
+        else:
+            sampled = sample_groups_adaptive(self.policy, self.source, tasks, group_size=g.group_size,
+                                             round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
+                                             mode=cfg.sampling.mode, **common)
         t_gen = time.perf_counter()
         local = [s.group for s in sampled]
         external: list[TrainGroup] = []

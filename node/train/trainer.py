@@ -13,8 +13,8 @@ import torch
 
 from node.generation import left_pad, right_pad, sequence_logprobs
 from node.policy.model import Policy
-from node.train.advantages import batch_advantages, nonzero_groups
-from node.train.losses import policy_loss, sequence_surrogate
+from node.train.advantages import group_advantages, nonzero_groups
+from node.train.losses import policy_loss, sequence_values
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class TrainGroup:
     rewards: list[float]
     advantages: torch.Tensor | None = None
     routings: list[list[int]] = field(default_factory=list)
+    all_rewards: list[float] | None = None  # Reinforce-Ada: every reward drawn for the task (global baseline)
 
     @property
     def is_local(self) -> bool:
@@ -45,11 +46,12 @@ class TrainGroup:
 
 def assign_advantages(groups: list[TrainGroup], kind: str, external_shift: float = 0.0) -> list[TrainGroup]:
     """Fill ``advantages`` for every group; return only the groups that carry signal (not all zero)."""
-    rewards = [torch.tensor(g.rewards, dtype=torch.float32) for g in groups]
-    shifts = [0.0 if g.is_local else external_shift for g in groups]
-    advs = batch_advantages(rewards, kind, shifts)  # type: ignore[arg-type]
-    for g, a in zip(groups, advs):
-        g.advantages = a
+    advs = []
+    for g in groups:
+        everything = torch.tensor(g.all_rewards) if (kind == "global" and g.all_rewards) else None
+        g.advantages = group_advantages(torch.tensor(g.rewards, dtype=torch.float32), kind,  # type: ignore[arg-type]
+                                        shift=0.0 if g.is_local else external_shift, all_rewards=everything)
+        advs.append(g.advantages)
     keep = set(nonzero_groups(advs))
     return [g for i, g in enumerate(groups) if i in keep]
 
@@ -140,9 +142,10 @@ class Trainer:
                                      temperature=self.temperature, remix=remix)
         loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
                                   **self.loss_kwargs)
-        per_sequence = sequence_surrogate(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
-                                          **self.loss_kwargs)
-        router_loss = remix.router_loss(per_sequence.detach(), m)
+        # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).
+        per_sequence = sequence_values(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+                                       **self.loss_kwargs)
+        router_loss = remix.router_loss(per_sequence, m)
         ((loss + router_loss) * weight).backward()
         remix.deterministic()
         return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}

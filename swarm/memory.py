@@ -1,0 +1,68 @@
+"""An in-process hub that carries the same ``RolloutBatch`` records as the hivemind transport.
+
+For experiments that isolate learning from the network (``scripts/bench_sapo.py``) and for tests of the
+node's exchange logic: every batch a member publishes is delivered to every other member's inbox, with
+no loss and no delay. Epochs are advanced by the caller (``hub.epoch``), not by a clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from protocol.records import RolloutBatch
+
+
+class InMemoryHub:
+    """Connects ``InMemoryTransport``s; ``epoch`` is shared by all members."""
+
+    def __init__(self) -> None:
+        self.members: list[InMemoryTransport] = []
+        self.epoch = 0
+
+    def join(self) -> InMemoryTransport:
+        member = InMemoryTransport(self)
+        self.members.append(member)
+        return member
+
+    def _deliver(self, sender: InMemoryTransport, batch: RolloutBatch) -> None:
+        for member in self.members:
+            if member is not sender and not member.closed:
+                member.inbox.append(batch)
+
+
+class InMemoryTransport:
+    """The ``BatchTransport`` interface of the node's exchange, over an ``InMemoryHub``."""
+
+    def __init__(self, hub: InMemoryHub) -> None:
+        self.hub = hub
+        self.inbox: deque[RolloutBatch] = deque()
+        self.closed = False
+        self.published = 0
+        self.accepted = 0
+
+    def publish(self, batch: RolloutBatch) -> str | None:
+        self.published += 1
+        self.hub._deliver(self, batch)
+        return None
+
+    def collect(self) -> list[RolloutBatch]:
+        out = list(self.inbox)
+        self.inbox.clear()
+        self.accepted += len(out)
+        return out
+
+    def current_epoch(self) -> int:
+        return self.hub.epoch
+
+    def stats(self) -> dict[str, int | float | dict[str, int]]:
+        return {"peers_seen": len(self.hub.members) - 1, "batches_published": self.published,
+                "batches_accepted": self.accepted, "batches_rejected": {}}
+
+    def is_alive(self) -> bool:
+        return not self.closed
+
+    def restart(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,33 @@
+"""Shared fixtures for node tests: small, fast configs on the embedded tiny model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from node.config import NodeConfig, load_config
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+FAST = [
+    "sapo.local_groups=4",
+    "generation.group_size=4",
+    "generation.max_new_tokens=5",
+    "tasks.eval_size=16",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+]
+
+
+def make_config(run_dir: str, *overrides: str) -> NodeConfig:
+    return load_config("configs/tiny-silo.yaml", [*FAST, f"run_dir={run_dir}", *overrides])
+
+
+@pytest.fixture
+def fast_config(tmp_path):
+    def build(*overrides: str) -> NodeConfig:
+        return make_config(str(tmp_path / "run"), *overrides)
+
+    return build

@@ -1,0 +1,127 @@
+"""End to end on the embedded tiny model: training changes adapters and norms only, checkpoints resume
+exactly, a SIGKILLed run resumes and finishes, SIGTERM stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.metrics import read_metrics
+from node.runner import Node
+from tests.node.conftest import FAST
+
+
+def _run(cfg, steps=None):
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    try:
+        node.run()
+    finally:
+        node.close()
+    return node
+
+
+def test_training_changes_adapters_and_norms_but_not_the_base(fast_config):
+    cfg = fast_config("train.steps=3")
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    before = {n: p.detach().clone() for n, p in node.policy.model.named_parameters()}
+    trainable = {n for n, p in node.policy.model.named_parameters() if p.requires_grad}
+    node.run()
+    node.close()
+    after = dict(node.policy.model.named_parameters())
+    changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert changed, "no parameter changed"
+    assert changed <= trainable, f"frozen parameters changed: {sorted(changed - trainable)[:3]}"
+    assert any("lora_B" in n for n in changed), "LoRA weights did not change"
+    assert any("norm" in n for n in changed), "trainable norms did not change"
+    base_names = {n for n in before if n not in trainable}
+    assert base_names and all(torch.equal(before[n], after[n].detach()) for n in base_names)
+
+
+def test_metrics_lines_have_the_required_fields(fast_config):
+    cfg = fast_config("train.steps=2")
+    _run(cfg)
+    rows = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("step", "time", "reward_mean", "loss", "tokens_per_s", "n_local_groups", "n_peer_groups"):
+        assert key in rows[0]
+    assert 0.0 <= rows[1]["eval_accuracy"] <= 1.0
+
+
+def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(tmp_path):
+    from tests.node.conftest import make_config
+
+    straight = make_config(str(tmp_path / "a"), "train.steps=4")
+    _run(straight)
+    first_half = make_config(str(tmp_path / "b"), "train.steps=2")
+    _run(first_half)
+    resumed = make_config(str(tmp_path / "b"), "train.steps=4")
+    node = _run(resumed)
+    assert node.step == 4
+    a = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        assert ra["reward_mean"] == rb["reward_mean"]
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-6)
+        assert ra.get("eval_accuracy") == rb.get("eval_accuracy")
+
+
+def _cli(run_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "node.cli", "silo", "-c", "configs/tiny-silo.yaml", "--run-dir", str(run_dir),
+            "--no-progress", *FAST, *overrides]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited early: {proc.stderr.read() if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{path} did not appear")
+        time.sleep(0.1)
+
+
+def test_sigkill_after_a_checkpoint_resumes_at_that_step_and_finishes(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(_cli(run, "train.steps=6"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for(run / "checkpoints" / "step_000002" / "state.json", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    steps_done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+    assert 2 <= max(steps_done) < 6
+    done = subprocess.run(_cli(run, "train.steps=6"), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    latest = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert latest[-1] == "step_000006"
+    resumed_at = [ln for ln in done.stderr.splitlines() if "resumed from" in ln]
+    assert resumed_at and "at step" in resumed_at[0]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(_cli(run, "train.steps=1000", "train.checkpoint_every=1000"), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(run / "metrics.jsonl", proc)
+    while not read_metrics(run / "metrics.jsonl"):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+    ckpts = sorted((run / "checkpoints").iterdir())
+    assert ckpts and ckpts[-1].name == f"step_{steps[-1]:06d}"
+    assert "stopped at step" in out
