@@ -68,6 +68,7 @@ class TasksConfig(_Section):
     datasets: list[str] = Field(default_factory=lambda: ["add"])
     weights: list[float] | None = None
     eval_size: int = Field(128, ge=1)
+    eval_datasets: list[str] | None = Field(None, description="held-out evaluation datasets (default: datasets)")
 
     @model_validator(mode="after")
     def _weights_match(self) -> TasksConfig:
@@ -104,6 +105,9 @@ class TrainConfig(_Section):
     eps_low: float = Field(0.2, ge=0)
     eps_high: float = Field(0.28, ge=0)
     external_shift: float = Field(0.0, ge=0, description="AsymRE baseline shift for external groups")
+    off_policy_correction: bool = Field(
+        True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
+    )
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
@@ -113,6 +117,9 @@ class TrainConfig(_Section):
 class SapoConfig(_Section):
     local_groups: int = Field(32, ge=1, description="I: local task groups a step")
     external_groups: int = Field(0, ge=0, description="J: external groups a step")
+    generated_groups: int | None = Field(
+        None, ge=1, description="groups generated (and shared) a step; default I. Train uses I of them"
+    )
     selection: SelectionPolicy = "uniform"
     max_per_peer: int | None = Field(None, ge=1)
     staleness_epochs: int = Field(2, ge=0)

@@ -28,6 +28,8 @@ from node.train.trainer import Trainer, TrainGroup, assign_advantages
 
 logger = logging.getLogger(__name__)
 
+_MAX_POOL_PER_J = 64  # peer groups held for selection, per external group trained on a step
+
 
 class Exchange(Protocol):
     """What the loop needs from a swarm: hand over our groups, receive verified, re-scored peer groups."""
@@ -68,7 +70,7 @@ class Node:
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
-        self.eval_tasks: list[Task] = [self.source.task(r) for r in self.source.eval_refs(self.cfg.tasks.eval_size)]
+        self.eval_tasks: list[Task] = self._build_eval_tasks()
 
     def _build_policy(self) -> Policy:
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
@@ -78,13 +80,21 @@ class Node:
         return build_task_source(t.source, list(t.datasets), t.weights, self.cfg.seed,
                                  chat_template=self.cfg.model.chat_template)
 
+    def _build_eval_tasks(self) -> list[Task]:
+        t = self.cfg.tasks
+        source = self.source
+        if t.eval_datasets:
+            source = build_task_source(t.source, list(t.eval_datasets), None, self.cfg.seed,
+                                       chat_template=self.cfg.model.chat_template)
+        return [source.task(r) for r in source.eval_refs(t.eval_size)]
+
     def _build_trainer(self) -> Trainer:
         tc, ac = self.cfg.train, self.cfg.adapter
         return Trainer(self.policy, lr=tc.lr, norm_lr=ac.norm_lr, router_lr=ac.remix.router_lr,
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
-                       routings=ac.remix.routings)
+                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction)
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()
@@ -134,7 +144,7 @@ class Node:
         t0 = time.perf_counter()
         cfg = self.cfg
         epoch = self.exchange.current_epoch() if self.exchange is not None else 0
-        refs = self.source.sample(cfg.sapo.local_groups, self.task_rng)
+        refs = self.source.sample(cfg.sapo.generated_groups or cfg.sapo.local_groups, self.task_rng)
         tasks = [self.source.task(r) for r in refs]
         g = cfg.generation
         common = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
@@ -151,7 +161,9 @@ class Node:
         if self.exchange is not None:
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch)
-        signal_groups = assign_advantages(local + external, cfg.train.advantage, cfg.train.external_shift)
+        # I local groups with signal (all of them when no more were generated), then the J external ones.
+        local_signal = assign_advantages(local, cfg.train.advantage)[: cfg.sapo.local_groups]
+        signal_groups = local_signal + external
         stats = self.trainer.step(signal_groups)
         self.step += 1
         dt = time.perf_counter() - t0
@@ -179,10 +191,12 @@ class Node:
 
     def _select_external(self, epoch: int) -> list[TrainGroup]:
         """Add freshly received peer groups to the pool, drop stale ones, pick up to J (never waits)."""
-        assert self.exchange is not None
+        if self.exchange is None:
+            return []
         sapo = self.cfg.sapo
         self._external_pool.extend(self.exchange.receive(self.step))
-        self._external_pool = [grp for grp in self._external_pool if grp.epoch >= epoch - sapo.staleness_epochs]
+        fresh = [grp for grp in self._external_pool if grp.epoch >= epoch - sapo.staleness_epochs]
+        self._external_pool = fresh[-_MAX_POOL_PER_J * max(sapo.external_groups, 1) :]  # newest kept
         if sapo.external_groups == 0 or not self._external_pool:
             return []
         assign_advantages(self._external_pool, self.cfg.train.advantage, self.cfg.train.external_shift)

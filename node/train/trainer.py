@@ -61,7 +61,8 @@ class Trainer:
 
     def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
-                 micro_batch_size: int, temperature: float, routings: int = 2) -> None:
+                 micro_batch_size: int, temperature: float, routings: int = 2,
+                 off_policy_correction: bool = True) -> None:
         self.policy = policy
         lrs = {"adapter": lr, "norm": norm_lr, "router": router_lr}
         self.optimizer = torch.optim.AdamW(
@@ -74,6 +75,7 @@ class Trainer:
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.routings = routings
+        self.off_policy_correction = off_policy_correction
         self.routing_generator = torch.Generator().manual_seed(0)
 
     def _params(self) -> list[torch.nn.Parameter]:
@@ -120,6 +122,8 @@ class Trainer:
         if remix is None:
             logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                          temperature=self.temperature)
+            if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
+                anchor = logprobs.detach()
             loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
                                       **self.loss_kwargs)
             (loss * weight).backward()
@@ -140,6 +144,8 @@ class Trainer:
         remix.sampled(m, self.routing_generator)
         logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                      temperature=self.temperature, remix=remix)
+        if not self.off_policy_correction:
+            anchor = logprobs.detach()
         loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
                                   **self.loss_kwargs)
         # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+from node.cli import main
+from protocol.identity import Identity
+
+
+def test_keygen_writes_a_private_key_readable_only_by_its_owner(tmp_path, capsys):
+    out = tmp_path / "id.pem"
+    assert main(["keygen", "--out", str(out)]) == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    ident = Identity.load(out)
+    assert ident.peer_id in capsys.readouterr().out
+
+
+def test_keygen_refuses_to_overwrite_without_force(tmp_path, capsys):
+    out = tmp_path / "id.pem"
+    assert main(["keygen", "--out", str(out)]) == 0
+    first = Identity.load(out).peer_id
+    assert main(["keygen", "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert Identity.load(out).peer_id == first
+    assert main(["keygen", "--out", str(out), "--force"]) == 0
+    assert Identity.load(out).peer_id != first
+
+
+def test_unknown_model_path_is_a_one_line_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "node.cli", "silo", "--run-dir", str(tmp_path), "--no-progress",
+         f"model.name_or_path={tmp_path / 'no-such-model'}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "model.name_or_path" in errors[0]
+
+
+def test_silo_runs_a_reasoning_gym_source_end_to_end(tmp_path):
+    """The reasoning-gym path (prompt formatting, answer extraction, scoring) through the real CLI."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "node.cli", "silo", "-c", "configs/tiny-silo.yaml", "--run-dir", str(tmp_path),
+         "--no-progress", "tasks.source=reasoning_gym", "tasks.datasets=[basic_arithmetic]", "train.steps=1",
+         "sapo.local_groups=2", "generation.group_size=2", "tasks.eval_size=2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
