@@ -1,0 +1,19 @@
+"""swarm: who talks to whom. Rollout batches shared over a hivemind DHT and direct libp2p streams.
+
+Imports ``protocol`` and hivemind, never ``node``. Async lives here only; the node's loop uses the
+synchronous facade ``SwarmTransport``.
+
+Modules, top to bottom:
+
+- ``transport``  ``SwarmTransport``: the thread-safe synchronous facade (start, publish, collect, peers,
+  stats, restart, close) over one network thread with its own asyncio loop.
+- ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
+  health loops and the ``rpc_get_batch`` handler that serves signed batches by id.
+- ``validator``  ``ManifestValidator``: hivemind record validator binding subkeys to manifest authors.
+- ``peer_book``  ``PeerBook``: quotas, staleness window, dedup, bans with backoff, counters (pure).
+- ``keys``       epochs, DHT keys, shards and owner-bound subkeys (pure).
+- ``state``      ``SharedState``: what the network thread and callers share, behind one lock.
+- ``watchdog``   kills an orphaned p2pd if this process dies without cleaning up.
+- ``settings``   ``SwarmSettings`` (pydantic) and ``SWARM_INITIAL_PEERS`` parsing.
+- ``errors``     ``SwarmError`` root.
+"""

@@ -55,8 +55,12 @@ class InMemoryTransport:
         return self.hub.epoch
 
     def stats(self) -> dict[str, int | float | dict[str, int]]:
-        return {"peers_seen": len(self.hub.members) - 1, "batches_published": self.published,
-                "batches_accepted": self.accepted, "batches_rejected": {}}
+        return {
+            "peers_seen": len(self.hub.members) - 1,
+            "batches_published": self.published,
+            "batches_accepted": self.accepted,
+            "batches_rejected": {},
+        }
 
     def is_alive(self) -> bool:
         return not self.closed

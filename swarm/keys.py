@@ -1,0 +1,66 @@
+"""Where manifests live in the DHT: epochs, keys and owner-bound subkeys (pure functions).
+
+A manifest of epoch ``e`` by author ``p`` is stored under the key ``<swarm>/rollouts/e<e>/s<shard(p)>``
+and the subkey ``<p>/<seq mod SLOTS_PER_AUTHOR>``. hivemind returns everything under one key in a single
+reply of at most about 4 MiB, so both factors are bounded here, the same on every node:
+
+* each author holds at most ``SLOTS_PER_AUTHOR`` subkeys per key (a later batch reuses a slot);
+* authors are spread over ``KEY_SHARDS`` keys per epoch by a hash of their peer id.
+
+With manifests of at most 8 KiB, a key's reply stays under 4 MiB up to 64 authors per shard (256 per
+epoch) even if every manifest were of maximal size; real manifests are well under 1 KiB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+__all__ = [
+    "KEY_SHARDS",
+    "SLOTS_PER_AUTHOR",
+    "epoch_at",
+    "epochs_to_read",
+    "manifest_key",
+    "manifest_subkey",
+    "shard_of",
+    "split_subkey",
+]
+
+KEY_SHARDS = 4
+SLOTS_PER_AUTHOR = 8
+
+
+def epoch_at(dht_time: float, epoch_seconds: float) -> int:
+    """``floor(dht_time / epoch_seconds)``."""
+    return math.floor(dht_time / epoch_seconds)
+
+
+def epochs_to_read(current: int, staleness_epochs: int) -> list[int]:
+    """The current epoch and the ``staleness_epochs - 1`` before it, newest first, never negative."""
+    return [e for e in range(current, current - staleness_epochs, -1) if e >= 0]
+
+
+def shard_of(peer_id: str) -> int:
+    """The key shard an author's manifests go to."""
+    digest = hashlib.sha256(peer_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % KEY_SHARDS
+
+
+def manifest_key(swarm_id: str, epoch: int, shard: int) -> str:
+    """The DHT key holding one shard of one epoch's manifests."""
+    return f"{swarm_id}/rollouts/e{epoch}/s{shard}"
+
+
+def manifest_subkey(peer_id: str, seq: int) -> str:
+    """The owner-bound subkey of an author's manifest with sequence number ``seq``."""
+    return f"{peer_id}/{seq % SLOTS_PER_AUTHOR}"
+
+
+def split_subkey(subkey: str) -> tuple[str, int] | None:
+    """``(peer_id, slot)`` of a well-formed subkey, else None."""
+    peer_id, sep, slot = subkey.rpartition("/")
+    if not sep or not peer_id or not slot.isdigit() or len(slot) > 3:
+        return None
+    value = int(slot)
+    return (peer_id, value) if value < SLOTS_PER_AUTHOR else None

@@ -1,0 +1,137 @@
+"""``SwarmSettings``: everything the transport needs to join a swarm, typed and checked up front."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["INITIAL_PEERS_ENV", "SwarmSettings", "initial_peers_from_env", "parse_initial_peers"]
+
+INITIAL_PEERS_ENV = "SWARM_INITIAL_PEERS"
+_SWARM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MIB = 1024 * 1024
+
+
+def parse_initial_peers(text: str) -> list[str]:
+    """Split a comma- and/or whitespace-separated list of multiaddrs (empty entries dropped)."""
+    return [item for item in re.split(r"[\s,]+", text) if item]
+
+
+def initial_peers_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The initial peers named by ``$SWARM_INITIAL_PEERS`` (empty list when unset or blank)."""
+    env = os.environ if environ is None else environ
+    return parse_initial_peers(env.get(INITIAL_PEERS_ENV, ""))
+
+
+def _check_maddr(field: str, maddr: str, *, need_peer_id: bool = False, explicit_port: bool = False) -> None:
+    if not maddr.startswith("/"):
+        raise ValueError(f"{field}: {maddr!r} is not a multiaddr (expected e.g. /ip4/127.0.0.1/tcp/31337)")
+    parts = maddr.strip("/").split("/")
+    if need_peer_id and (len(parts) < 2 or parts[-2] != "p2p" or not parts[-1]):
+        raise ValueError(
+            f"{field}: {maddr!r} has no peer id; use the full address a node prints, ending in /p2p/<peer id>"
+        )
+    if explicit_port and any(a in ("tcp", "udp") and b == "0" for a, b in zip(parts, parts[1:])):
+        raise ValueError(f"{field}: {maddr!r} uses port 0; announce the explicit port others can reach")
+
+
+class SwarmSettings(BaseModel):
+    """How one node joins and talks to a swarm. Durations are seconds; sizes bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    swarm_id: str = "swarm-node-dev"
+    """Namespace of every DHT key and P2P handler: nodes with different ids never see each other's data."""
+    initial_peers: list[str] = Field(default_factory=list)
+    """Full multiaddrs (``.../p2p/<id>``) of running peers; empty for the first node of a swarm."""
+    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"])
+    """Where to listen. Use ``/ip4/0.0.0.0/tcp/<port>`` to accept peers from other hosts."""
+    announce_maddrs: list[str] = Field(default_factory=list)
+    """Addresses others should dial (e.g. a public IP behind a port forward); explicit ports only."""
+    client_mode: bool = False
+    """Behind NAT: take part without answering DHT requests (others cannot dial in)."""
+    identity_path: str = "identity.pem"
+    """The node's Ed25519 key file, relative to the run dir (loaded by the daemon, not by ``swarm``)."""
+    p2p_identity_path: str | None = None
+    """Optional libp2p key file: keeps this node's multiaddr stable across restarts."""
+    startup_timeout: float = Field(default=60.0, gt=0)
+    """How long p2pd may take to start, and how long ``start(wait=True)`` waits for the DHT."""
+    epoch_seconds: float = Field(default=60.0, gt=0)
+    staleness_epochs: int = Field(default=2, ge=1, le=16)
+    """How many epochs are read: the current one and ``staleness_epochs - 1`` before it."""
+    max_batches_per_peer_epoch: int = Field(default=16, ge=1)
+    max_bytes_per_peer_epoch: int = Field(default=64 * _MIB, ge=1)
+    ban_seconds: float = Field(default=30.0, gt=0)
+    """First ban of a peer that sent invalid data; each further offence multiplies it by ``ban_backoff``."""
+    ban_backoff: float = Field(default=2.0, ge=1.0)
+    max_ban_seconds: float = Field(default=3600.0, gt=0)
+    publish_timeout: float = Field(default=10.0, gt=0)
+    """Bound on storing one manifest in the DHT (``publish`` itself only queues)."""
+    request_timeout: float = Field(default=5.0, gt=0)
+    """Bound on each DHT read, peer dial and batch pull."""
+    collect_interval: float = Field(default=0.25, gt=0)
+    """How often the DHT is polled for new manifests."""
+    manifest_ttl: float = Field(default=180.0, gt=0)
+    """How long a published manifest stays in the DHT."""
+    max_manifest_ttl: float = Field(default=600.0, gt=0)
+    """Ceiling on any record's remaining lifetime; longer-lived records from peers are rejected."""
+    join_retry_seconds: float = Field(default=1.0, gt=0)
+    join_retry_max_seconds: float = Field(default=30.0, gt=0)
+    max_concurrent_pulls: int = Field(default=8, ge=1)
+    max_pull_attempts: int = Field(default=3, ge=1)
+    max_inbox_batches: int = Field(default=256, ge=1)
+    """Collected batches waiting for ``collect()``; the oldest are dropped (and counted) beyond this."""
+    max_publish_queue: int = Field(default=32, ge=1)
+    max_held_batches: int = Field(default=512, ge=1)
+    """Signed batches kept in memory to serve to peers (own and collected)."""
+
+    @field_validator("swarm_id")
+    @classmethod
+    def _check_swarm_id(cls, value: str) -> str:
+        if not _SWARM_ID_RE.fullmatch(value):
+            raise ValueError(
+                f"swarm_id {value!r} must be 1-64 chars of letters, digits, '.', '_' or '-' "
+                "(starting with a letter or digit)"
+            )
+        return value
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _check_initial_peers(cls, value: list[str]) -> list[str]:
+        for maddr in value:
+            _check_maddr("initial_peers", maddr, need_peer_id=True)
+        return value
+
+    @field_validator("host_maddrs")
+    @classmethod
+    def _check_host_maddrs(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("host_maddrs: give at least one listen address, e.g. /ip4/127.0.0.1/tcp/0")
+        for maddr in value:
+            _check_maddr("host_maddrs", maddr)
+        return value
+
+    @field_validator("announce_maddrs")
+    @classmethod
+    def _check_announce_maddrs(cls, value: list[str]) -> list[str]:
+        for maddr in value:
+            _check_maddr("announce_maddrs", maddr, explicit_port=True)
+        return value
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> SwarmSettings:
+        problems = []
+        if self.manifest_ttl > self.max_manifest_ttl:
+            problems.append(
+                f"manifest_ttl ({self.manifest_ttl}) must not exceed max_manifest_ttl ({self.max_manifest_ttl})"
+            )
+        if self.join_retry_max_seconds < self.join_retry_seconds:
+            problems.append("join_retry_max_seconds must be >= join_retry_seconds")
+        if self.max_ban_seconds < self.ban_seconds:
+            problems.append("max_ban_seconds must be >= ban_seconds")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,309 @@
+"""``SwarmTransport``: the synchronous facade the node's training loop talks to.
+
+All network work happens in one daemon thread with its own asyncio loop (``swarm.core.SwarmCore``: one
+p2pd and one hivemind ``DHTNode``, no child process and no pipe). Every public method is thread-safe and
+returns quickly: ``publish`` signs in the caller's thread and hands the bytes to the loop without
+waiting; ``collect`` drains what the loop has already verified. A network that is down, or bootstrap
+peers that do not answer, never raise here: the loop keeps retrying in the background and ``stats()``
+says so. If the network side dies (p2pd exited), ``is_alive()`` turns False and ``restart()`` brings up a
+fresh one; counters, dedup state and bans survive the restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.utils import get_dht_time
+
+from protocol.codec import encode_batch, encode_manifest, make_manifest
+from protocol.errors import ProtocolError
+from protocol.identity import Identity
+from protocol.limits import DEFAULT_LIMITS, Limits
+from protocol.records import RolloutBatch
+from swarm.core import PublishItem, SwarmCore
+from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.settings import SwarmSettings
+from swarm.state import SharedState
+from swarm.validator import ManifestValidator
+from swarm.watchdog import kill_process
+
+__all__ = ["SwarmTransport"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_START_ERRORS = (P2PDaemonError, OSError, asyncio.TimeoutError, ValueError)
+StatValue = int | float | dict[str, int]
+
+
+class SwarmTransport:
+    """One node's connection to a swarm: ``start``, ``publish``, ``collect``, ``stats``, ``close``."""
+
+    def __init__(self, settings: SwarmSettings, identity: Identity, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.limits = limits
+        self._shared = SharedState.from_settings(settings)
+        self._validator = ManifestValidator(
+            settings.swarm_id,
+            epoch_seconds=settings.epoch_seconds,
+            max_ttl=settings.max_manifest_ttl,
+            limits=limits,
+        )
+        self._lifecycle = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._core: SwarmCore | None = None
+        self._seq = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self, wait: bool = False) -> None:
+        """Start the network thread (idempotent). Never raises because peers are unreachable.
+
+        With ``wait=True``, waits up to ``settings.startup_timeout`` for the network to be up (DHT
+        running and, if initial peers are configured, joined); returns either way (see ``stats()``).
+        """
+        with self._lifecycle:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            ready = threading.Event()
+            thread = threading.Thread(
+                target=self._thread_main,
+                args=(ready,),
+                name=f"swarm-net-{self.identity.peer_id[:8]}",
+                daemon=True,
+            )
+            thread.start()
+            ready.wait(timeout=10.0)
+            self._thread = thread
+        if wait and not self.wait_until_up(self.settings.startup_timeout):
+            logger.warning(
+                "swarm network not up after %.0f s; retrying in the background", self.settings.startup_timeout
+            )
+
+    def wait_until_up(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until the network is up; returns whether it is."""
+        return self._shared.up_event.wait(timeout)
+
+    def is_alive(self) -> bool:
+        """True while the network thread runs (even if it is still joining)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def restart(self) -> None:
+        """Stop the network side (if any) and start a fresh one; counters and bans are kept."""
+        self._stop_network()
+        self.start()
+
+    def close(self) -> None:
+        """Shut the DHT node and p2pd down and stop the thread (bounded; idempotent)."""
+        self._stop_network()
+
+    def _stop_network(self) -> None:
+        with self._lifecycle:
+            thread, loop, stop, core = self._thread, self._loop, self._stop, self._core
+            self._thread = None
+        if thread is None:
+            return
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed: nothing to signal
+                loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=3 * self.settings.request_timeout + 10.0)
+        if thread.is_alive():
+            logger.error("swarm network thread did not stop in time; killing p2pd")
+            child = getattr(core.p2p, "_child", None) if core is not None else None
+            if child is not None:
+                kill_process(child.pid)
+        self._shared.set_network(up=False, dht_peers=[])
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+        self._loop, self._stop = loop, stop
+        ready.set()
+        try:
+            loop.run_until_complete(self._network_main(stop))
+        except Exception:
+            logger.exception("swarm network thread crashed")
+        finally:
+            self._shared.set_network(up=False, dht_peers=[])
+            _cancel_leftovers(loop)
+            loop.close()
+
+    async def _network_main(self, stop: asyncio.Event) -> None:
+        """Start the core (retrying with backoff until it starts or ``stop``), run it, shut it down."""
+        delay = self.settings.join_retry_seconds
+        while not stop.is_set():
+            try:
+                core = await asyncio.wait_for(
+                    SwarmCore.create(
+                        self.settings, self.identity, self.limits, self._shared, self._validator
+                    ),
+                    self.settings.startup_timeout + 2 * self.settings.request_timeout,
+                )
+            except _START_ERRORS as exc:
+                self._shared.add("start_failures")
+                logger.warning("could not start the swarm network (%r); retrying in %.1f s", exc, delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(2 * delay, self.settings.join_retry_max_seconds)
+                continue
+            self._core = core
+            try:
+                await core.run(stop)
+            finally:
+                await core.shutdown()
+                self._core = None
+            return
+
+    def _call_on_loop(self, fn: Callable[[SwarmCore], _T], timeout: float = 10.0) -> _T:
+        """Run ``fn(core)`` on the network loop and return its result (for tests and tools)."""
+        loop, core = self._loop, self._core
+        if loop is None or core is None:
+            raise RuntimeError("the swarm network is not running")
+
+        async def call() -> _T:
+            return fn(core)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)
+
+    def _await_on_loop(self, fn: Callable[[SwarmCore], Awaitable[_T]], timeout: float = 30.0) -> _T:
+        """Await ``fn(core)`` on the network loop and return its result (for tests and tools)."""
+        loop, core = self._loop, self._core
+        if loop is None or core is None:
+            raise RuntimeError("the swarm network is not running")
+
+        async def call() -> _T:
+            return await fn(core)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)
+
+    # -- the training loop's calls ------------------------------------------------------------------
+
+    def current_epoch(self) -> int:
+        """``floor(dht_time / epoch_seconds)``."""
+        return epoch_at(get_dht_time(), self.settings.epoch_seconds)
+
+    def publish(self, batch: RolloutBatch) -> str | None:
+        """Sign and share a batch of this node's rollouts; returns its batch id without waiting.
+
+        Fills ``swarm_id``, ``address``, ``epoch``, ``seq`` and ``created_at``; ``batch.author`` must
+        be this node's public key. Returns None (and logs why) if the network is not running yet or the
+        batch is one peers would reject (too large); the manifest is stored in the background (bounded
+        by ``publish_timeout``) and the batch is served to peers from memory.
+        """
+        loop, core = self._loop, self._core
+        with self._shared.lock:
+            maddrs = list(self._shared.visible_maddrs)
+        if loop is None or core is None or not maddrs:
+            self._shared.add("publish_skipped")
+            logger.info("swarm network not running; batch not published")
+            return None
+        item = self._prepare(batch, maddrs)
+        if item is None:
+            return None
+        try:
+            loop.call_soon_threadsafe(core.enqueue_publish, item)
+        except RuntimeError:  # the loop closed between the check and the call
+            self._shared.add("publish_skipped")
+            return None
+        return item.batch_id
+
+    def _prepare(self, batch: RolloutBatch, maddrs: list[str]) -> PublishItem | None:
+        now = get_dht_time()
+        with self._lifecycle:
+            self._seq = max(self._seq + 1, int(now * 1000))  # increases across restarts too
+            seq = self._seq
+        batch = replace(
+            batch,
+            swarm_id=self.settings.swarm_id,
+            address=tuple(maddrs[: self.limits.max_addresses]),
+            epoch=epoch_at(now, self.settings.epoch_seconds),
+            seq=seq,
+            created_at=now,
+        )
+        try:
+            data = encode_batch(batch, self.identity, self.limits)
+            manifest = make_manifest(batch, data, expires_at=now + self.settings.manifest_ttl)
+            manifest_data = encode_manifest(manifest, self.identity, self.limits)
+        except ProtocolError as exc:
+            self._shared.add("publish_invalid")
+            logger.warning("not publishing a batch peers would reject: %s", exc)
+            return None
+        return PublishItem(
+            batch_id=manifest.batch_id,
+            data=data,
+            manifest_data=manifest_data,
+            key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id)),
+            subkey=manifest_subkey(self.identity.peer_id, seq),
+            expires_at=manifest.expires_at,
+        )
+
+    def collect(self) -> list[RolloutBatch]:
+        """Peers' batches verified since the last call (signature, hash, limits, quotas, dedup)."""
+        return self._shared.drain()
+
+    def peers(self) -> list[str]:
+        """libp2p ids of this node's current DHT neighbours."""
+        with self._shared.lock:
+            return list(self._shared.dht_peers)
+
+    def visible_multiaddrs(self) -> list[str]:
+        """Full multiaddrs (with ``/p2p/<id>``) other nodes can use as initial peers; empty until up."""
+        with self._shared.lock:
+            return list(self._shared.visible_maddrs)
+
+    def stats(self) -> dict[str, StatValue]:
+        """A snapshot of counters; ``batches_rejected`` maps reason to count (DHT records: ``record_*``)."""
+        shared = self._shared
+        records = self._validator.snapshot()
+        with shared.lock:
+            book = shared.peer_book
+            rejected = dict(book.rejected)
+            for reason, n in records.items():
+                rejected[reason] = rejected.get(reason, 0) + n
+            counters = shared.counters
+            return {
+                "network_up": int(shared.network_up),
+                "network_alive": int(self.is_alive()),
+                "peers_connected": len(shared.dht_peers),
+                "peers_seen": book.authors_seen(),
+                "peers_banned": len(book.banned(time.monotonic())),
+                "batches_published": counters["batches_published"],
+                "publish_failed": counters["publish_failed"],
+                "publish_dropped": counters["publish_dropped"],
+                "publish_skipped": counters["publish_skipped"] + counters["publish_invalid"],
+                "batches_accepted": book.accepted,
+                "batches_rejected": rejected,
+                "batches_served": counters["batches_served"],
+                "bytes_in": counters["bytes_in"],
+                "bytes_out": counters["bytes_out"],
+                "inbox": len(shared.inbox),
+                "join_attempts": counters["join_attempts"],
+                "join_failures": counters["join_failures"],
+                "start_failures": counters["start_failures"],
+                "epoch": self.current_epoch(),
+            }
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what hivemind left running on the loop (DHT traversals, timers) and let it unwind."""
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    with contextlib.suppress(RuntimeError, asyncio.TimeoutError):
+        if pending:
+            gather = asyncio.gather(*pending, return_exceptions=True)
+            loop.run_until_complete(asyncio.wait_for(gather, 5.0))
+        loop.run_until_complete(loop.shutdown_asyncgens())
