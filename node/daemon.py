@@ -18,6 +18,8 @@ from protocol.identity import Identity
 
 logger = logging.getLogger(__name__)
 
+_ADDRESS_WAIT_SECONDS = 5.0
+
 
 def resolve_initial_peers(cfg: NodeConfig, cli_peers: list[str] | None) -> list[str]:
     """CLI flag, then ``SWARM_INITIAL_PEERS``, then the config, first non-empty wins."""
@@ -62,12 +64,16 @@ def run_daemon(cfg: NodeConfig, *, initial_peers: list[str] | None = None, show_
         exchange = node.exchange
         if not isinstance(exchange, SwarmExchange):
             raise RuntimeError("swarm node built without its exchange")
-        addrs = exchange.transport.visible_multiaddrs()  # type: ignore[attr-defined]
+        transport = exchange.transport
+        # A short wait so the address can be printed; training starts either way.
+        transport.wait_until_up(min(_ADDRESS_WAIT_SECONDS, cfg.swarm.startup_timeout))  # type: ignore[attr-defined]
+        addrs = transport.visible_multiaddrs()  # type: ignore[attr-defined]
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
         if addrs:
             print("swarm-node: others can join with --initial-peers " + " ".join(addrs), flush=True)
         else:
-            print("swarm-node: network still starting; training locally meanwhile", flush=True)
+            print("swarm-node: network not up yet (peers unreachable?); training locally and retrying to join "
+                  "in the background", flush=True)
         print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()}", flush=True)
         step = node.run()
         print(f"swarm-node: stopped at step {step}", file=sys.stderr, flush=True)

@@ -91,7 +91,8 @@ def generate(
     ids, attn = left_pad(prompts, pad_id)
     ids, attn = ids.to(device), attn.to(device)
     batch = ids.shape[0]
-    if remix is not None:
+    if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
+        remix.deterministic()
         remix.set_prompt_mask(attn.bool())
     was_training = model.training
     model.eval()

@@ -182,6 +182,8 @@ class Node:
             "grad_norm": stats.get("grad_norm", 0.0),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
+        if self.policy.remix is not None:
+            record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
             record.update(self.exchange.metrics())
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:

@@ -125,3 +125,27 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path):
     ckpts = sorted((run / "checkpoints").iterdir())
     assert ckpts and ckpts[-1].name == f"step_{steps[-1]:06d}"
     assert "stopped at step" in out
+
+
+def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
+    from tests.node.conftest import make_config
+
+    cfg = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
+                      "adapter.remix.k=2", "train.steps=2")
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    before = {n: p.detach().clone() for n, p in node.policy.model.named_parameters()}
+    node.run()
+    node.close()
+    after = {n: p.detach() for n, p in node.policy.model.named_parameters()}
+    trainable = {n for n, p in node.policy.model.named_parameters() if p.requires_grad}
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed <= trainable
+    assert any("lora_B" in n for n in changed) and any("router" in n for n in changed)
+    rows = read_metrics(tmp_path / "rx" / "metrics.jsonl")
+    assert all(0.0 <= r["router_entropy"] for r in rows)
+    resumed = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
+                          "adapter.remix.k=2", "train.steps=3")
+    node2 = _run(resumed)
+    assert node2.step == 3
+    assert [r["step"] for r in read_metrics(tmp_path / "rx" / "metrics.jsonl")] == [1, 2, 3]

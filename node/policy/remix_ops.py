@@ -1,0 +1,169 @@
+"""The pieces of a ReMix adapter that know nothing of decoder layers: routing math and the adapted linear.
+
+- :func:`gumbel_topk` draws an ordered k-of-n routing without replacement (Gumbel-top-k).
+- :func:`plackett_luce_logprob` scores an ordered routing under the Plackett-Luce model of the router.
+- :class:`RemixLinear` wraps a frozen ``nn.Linear`` with n stacked LoRAs and adds, per sequence, the
+  k LoRAs its decoder layer's router selected, each with the same fixed weight ``omega``.
+
+Shapes: ``R`` rows (sequences, or sequence x routing in training), ``T`` tokens, ``n`` LoRAs, ``k`` active.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class RemixError(ValueError):
+    """A ReMix adapter is used wrongly (missing prompt mask, mismatched shapes, bad checkpoint)."""
+
+
+def gumbel_topk(logits: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw k of n indices per row without replacement, in Plackett-Luce order (Gumbel-top-k).
+
+    Args:
+        logits: ``[R, n]`` unnormalised router scores.
+        k: how many indices per row, ``1 <= k <= n``.
+        generator: on ``logits.device``; ``None`` uses the global generator.
+
+    Returns:
+        ``LongTensor[R, k]``: column ``j`` is the j-th draw, so the order is the sampling order.
+    """
+    if not 1 <= k <= logits.shape[-1]:
+        raise RemixError(f"k={k} must be between 1 and n={logits.shape[-1]}")
+    exponential = torch.empty_like(logits, dtype=torch.float32).exponential_(generator=generator)
+    gumbel = -torch.log(exponential)  # -log(Exp(1)) is Gumbel(0, 1)
+    return torch.topk(logits.detach().float() + gumbel, k, dim=-1).indices
+
+
+def plackett_luce_logprob(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Log-probability of an ordered routing: ``sum_j [logit_{idx_j} - logsumexp(logits not yet drawn)]``.
+
+    Args:
+        logits: ``[R, n]`` router scores (differentiable).
+        idx: ``LongTensor[R, k]`` distinct indices per row, in drawing order.
+
+    Returns:
+        ``[R]`` log-probabilities, differentiable w.r.t. ``logits``.
+    """
+    n = logits.shape[-1]
+    chosen = logits.gather(-1, idx)  # [R, k]
+    one_hot = F.one_hot(idx, n).to(torch.bool)  # [R, k, n]
+    # Position j excludes the indices drawn before it: an exclusive cumulative "or" over the draws.
+    drawn_before = (one_hot.cumsum(dim=1) - one_hot.long()).to(torch.bool)
+    remaining = logits.unsqueeze(1).masked_fill(drawn_before, float("-inf"))  # [R, k, n]
+    return (chosen - torch.logsumexp(remaining, dim=-1)).sum(dim=-1)
+
+
+def lora_omega(k: int, rank: int, alpha: float, scale: str) -> float:
+    """The fixed weight of each active LoRA: ``(alpha / r) / k`` ("lora") or ``alpha / sqrt(r) / k`` ("rslora")."""
+    if scale == "lora":
+        return alpha / rank / k
+    if scale == "rslora":
+        return alpha / math.sqrt(rank) / k
+    raise RemixError(f"scale={scale!r} is not one of 'lora', 'rslora'")
+
+
+@dataclass
+class LayerRouting:
+    """The routing of one decoder layer for the current batch, shared by its adapted linears.
+
+    Attributes:
+        x_pool: ``[R, D]`` float32, the layer input averaged over prompt tokens (detached).
+        indices: ``LongTensor[R, k]`` the selected LoRAs per row, in drawing order.
+        selected: ``[R, n]`` 1.0 where a LoRA is selected for the row, else 0.0 (float32).
+    """
+
+    x_pool: torch.Tensor | None = None
+    indices: torch.Tensor | None = None
+    selected: torch.Tensor | None = None
+
+    def set(self, x_pool: torch.Tensor, indices: torch.Tensor, n: int) -> None:
+        self.x_pool = x_pool
+        self.indices = indices
+        self.selected = torch.zeros(indices.shape[0], n, device=indices.device).scatter_(1, indices, 1.0)
+
+    def clear(self) -> None:
+        self.x_pool = None
+        self.indices = None
+        self.selected = None
+
+
+class RemixLinear(nn.Module):
+    """``y = W x + omega * sum_{i in S} B_i A_i x`` with ``S`` the k LoRAs routed to each row.
+
+    The base linear is kept (frozen) as ``self.base``. ``lora_A`` is ``[n, r, D_in]`` (Kaiming-uniform,
+    like peft), ``lora_B`` is ``[n, D_out, r]`` (zeros, so a fresh adapter leaves the model unchanged).
+    Adapter parameters are float32 when the base is half precision; inputs are cast to them and the
+    update is cast back to the base output's dtype.
+
+    Two exact evaluations of the same sum, picked by ``n <= dense_max_ratio * k``:
+
+    - dense-masked: two plain matmuls through all n LoRAs with the non-selected ones multiplied by 0
+      (their gradients are exactly 0); cheapest when n/k is small, as in the paper's n=8, k=2..4.
+    - gathered: per row, gather the k selected LoRAs into one rank-(k*r) LoRA and use batched matmuls;
+      the LoRA FLOPs scale with k, not n.
+    """
+
+    lora_A: nn.Parameter
+    lora_B: nn.Parameter
+    dense_max_ratio: float = 4.0
+
+    def __init__(self, base: nn.Linear, n: int, rank: int, omega: float, routing: LayerRouting) -> None:
+        super().__init__()
+        self.base = base
+        self.omega = omega
+        self.routing = routing
+        weight = base.weight
+        dtype = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
+        a = torch.empty(n, rank, base.in_features, device=weight.device, dtype=dtype)
+        for i in range(n):  # init only: the same Kaiming-uniform rule as nn.Linear / peft per LoRA
+            nn.init.kaiming_uniform_(a[i], a=math.sqrt(5))
+        self.lora_A = nn.Parameter(a)
+        self.lora_B = nn.Parameter(torch.zeros(n, base.out_features, rank, device=weight.device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[R, ..., D_in]`` -> ``[R, ..., D_out]``; row ``b`` uses ``routing.indices[b]``."""
+        y: torch.Tensor = self.base(x)
+        idx, selected = self.routing.indices, self.routing.selected
+        if idx is None or selected is None:
+            raise RemixError(
+                "no routing for this batch: call adapter.set_prompt_mask(...) before the forward"
+            )
+        rows = x.shape[0]
+        if idx.shape[0] != rows:
+            raise RemixError(f"batch has {rows} rows but the routing has {idx.shape[0]}")
+        flat = x.reshape(rows, -1, x.shape[-1]).to(self.lora_A.dtype)  # [R, T, D_in]
+        if self.lora_A.shape[0] <= self.dense_max_ratio * idx.shape[1]:
+            update = self._dense_update(flat, selected)
+        else:
+            update = self._gathered_update(flat, idx)
+        return y + update.reshape(y.shape).to(y.dtype)
+
+    def _dense_update(self, flat: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+        """``[R, T, D_in]``, ``[R, n]`` 0/1 -> ``[R, T, D_out]`` through all n LoRAs, masked."""
+        n, rank, d_in = self.lora_A.shape
+        scale = (selected.to(flat.dtype) * self.omega).repeat_interleave(rank, dim=1)  # [R, n*r]
+        hidden = F.linear(flat, self.lora_A.reshape(n * rank, d_in)) * scale.unsqueeze(1)  # [R, T, n*r]
+        b_all = self.lora_B.permute(1, 0, 2).reshape(-1, n * rank)  # [D_out, n*r]
+        return F.linear(hidden, b_all)
+
+    def _gathered_update(self, flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``[R, T, D_in]``, ``[R, k]`` -> ``[R, T, D_out]``: the k selected LoRAs as one rank-(k*r) LoRA."""
+        rows, k = idx.shape
+        _, rank, d_in = self.lora_A.shape
+        a_sel = self.lora_A[idx].reshape(rows, k * rank, d_in)  # [R, k*r, D_in]
+        b_sel = self.lora_B[idx].transpose(1, 2).reshape(rows, -1, k * rank)  # [R, D_out, k*r]
+        hidden = torch.bmm(flat, a_sel.transpose(1, 2)) * self.omega  # [R, T, k*r]
+        return torch.bmm(hidden, b_sel.transpose(1, 2))
+
+    def extra_repr(self) -> str:
+        n, rank, _ = self.lora_A.shape
+        return f"n={n}, rank={rank}, omega={self.omega:.4g}"

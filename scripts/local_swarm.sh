@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Start N swarm nodes on 127.0.0.1, each with its own run dir; the first bootstraps the rest.
+# Ctrl-C (or SIGTERM) stops them all: each finishes its step, checkpoints and shuts its network down.
+# Usage: scripts/local_swarm.sh N [key=value ...]     e.g. scripts/local_swarm.sh 3 train.steps=100
+set -euo pipefail
+N="${1:?usage: scripts/local_swarm.sh N [key=value ...]}"
+shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/_venv.sh" ""
+cd "$ROOT"
+BASE="${SWARM_RUNS:-runs/local-swarm}"
+mkdir -p "$BASE"
+pids=()
+stop() {
+  trap - INT TERM
+  echo "stopping ${#pids[@]} nodes"
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait || true
+}
+trap stop INT TERM
+"$VENV/bin/swarm-node" start -c configs/tiny-swarm.yaml --run-dir "$BASE/node0" --no-progress seed=0 "$@" \
+  >"$BASE/node0.log" 2>&1 &
+pids+=($!)
+addr=""
+for _ in $(seq 1 300); do
+  addr=$(grep -o -m1 -- '--initial-peers .*' "$BASE/node0.log" 2>/dev/null | cut -d' ' -f2 || true)
+  [ -n "$addr" ] && break
+  kill -0 "${pids[0]}" 2>/dev/null || { echo "node0 exited:"; tail -5 "$BASE/node0.log"; exit 1; }
+  sleep 0.5
+done
+[ -n "$addr" ] || { echo "node0 printed no address; see $BASE/node0.log"; stop; exit 1; }
+echo "node0 at $addr"
+for i in $(seq 1 $((N - 1))); do
+  "$VENV/bin/swarm-node" start -c configs/tiny-swarm.yaml --run-dir "$BASE/node$i" --no-progress \
+    --initial-peers "$addr" "seed=$i" "$@" >"$BASE/node$i.log" 2>&1 &
+  pids+=($!)
+done
+echo "$N nodes running; logs and metrics under $BASE/ (Ctrl-C stops them all)"
+wait

@@ -1,0 +1,97 @@
+"""``swarm-node start`` as real processes with real hivemind peers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from node.metrics import read_metrics
+from tests.node.conftest import FAST
+from tests.node.test_exchange import _permuted_tiny_model
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _start(run_dir: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "node.cli", "start", "-c", "configs/tiny-swarm.yaml", "--run-dir", str(run_dir),
+           "--no-progress", *FAST, "sapo.local_groups=4", "sapo.external_groups=4", "sapo.generated_groups=4",
+           "swarm.epoch_seconds=5", *args]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _read_address(proc: subprocess.Popen, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        m = re.search(r"--initial-peers (\S+)", line)
+        if m:
+            return m.group(1)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise AssertionError("node printed no address")
+
+
+def _children_p2pd(pid: int) -> list[psutil.Process]:
+    try:
+        return [c for c in psutil.Process(pid).children(recursive=True) if "p2pd" in c.name()]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    p2pd = _children_p2pd(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    gone, alive = psutil.wait_procs(p2pd, timeout=15)
+    assert not alive, f"p2pd left behind: {alive}"
+    return rc
+
+
+def test_node_with_unreachable_bootstrap_peers_keeps_training(tmp_path):
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+    run = tmp_path / "lonely"
+    proc = _start(run, "train.steps=3", "--initial-peers", dead)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["n_peer_groups"] == 0 and r["n_local_groups"] > 0 for r in rows)
+    assert "locally" in out  # the node says it trains alone while it retries
+
+
+@pytest.fixture(scope="module")
+def permuted_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("perm") / "tiny-permuted"
+    _permuted_tiny_model(folder)
+    return folder
+
+
+def test_two_daemons_with_different_tokenizers_share_and_train(tmp_path, permuted_model):
+    a = _start(tmp_path / "a", "train.steps=100000", "train.checkpoint_every=100000")
+    try:
+        addr = _read_address(a)
+        b = _start(tmp_path / "b", "train.steps=25", f"model.name_or_path={permuted_model}", "seed=1",
+                   "--initial-peers", addr)
+        out_b, _ = b.communicate(timeout=400)
+        assert b.returncode == 0, out_b[-3000:]
+    finally:
+        rc_a = _stop(a)
+    assert rc_a == 0
+    for name in ("a", "b"):
+        rows = read_metrics(tmp_path / name / "metrics.jsonl")
+        assert sum(r["n_peer_groups"] for r in rows) > 0, f"node {name} trained on no peer group"
+        assert rows[-1]["batches_accepted"] > 0 and rows[-1]["ingest_retokenized"] > 0
+        assert (tmp_path / name / "checkpoints").is_dir()
