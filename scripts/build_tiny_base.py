@@ -1,0 +1,244 @@
+"""Pretrain the embedded tiny base model on zero-padded 2-digit arithmetic and save it into the package.
+
+    python scripts/build_tiny_base.py [--out DIR] [--seed 0] [--target-acc 0.5]
+
+A tiny Llama (hidden 128, 2 layers, 4 heads, tied embeddings) with the character tokenizer of
+``node.policy.tiny`` learns ``bos + prompt + answer + eos`` texts (loss on the answer and eos only), mostly
+addition with a little subtraction and multiplication. Training stops at the first evaluation whose greedy
+addition accuracy reaches ``--target-acc``: an imperfect base, as a real base model is before RL.
+Deterministic for a given seed and machine (fixed seeds, deterministic algorithms, fixed thread count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# Idle OpenMP threads sleep instead of spinning: on a shared, oversubscribed CPU spinning threads slow
+# every step several-fold. Must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+from node.policy.tiny import build_char_tokenizer, tiny_base_path  # noqa: E402
+from node.tasks.arith_format import make_problem  # noqa: E402
+
+OP_MIX: dict[str, float] = {"add": 0.8, "sub": 0.1, "mul": 0.1}
+BATCH_SIZE = 128
+LEARNING_RATE = 3e-3
+WARMUP_STEPS = 50
+MAX_STEPS = 6000
+EVAL_EVERY = 25
+EVAL_PROBLEMS = 500
+MAX_NEW_TOKENS = 5
+SEQ_LEN = 12  # bos + 6 prompt chars + up to 4 answer chars + eos
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=tiny_base_path(), help="output folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--target-acc", type=float, default=0.5, help="stop at the first eval at or above this"
+    )
+    parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this size on a busy CPU)"
+    )
+    return parser.parse_args(argv)
+
+
+def set_determinism(seed: int, threads: int) -> None:
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def sample_problems(n: int, gen: torch.Generator, op_mix: dict[str, float]) -> list[tuple[str, str]]:
+    """Draw ``n`` (prompt, answer) pairs: operation by ``op_mix``, operands uniform in [0, 99]."""
+    ops = list(op_mix)
+    weights = torch.tensor([op_mix[op] for op in ops], dtype=torch.float)
+    op_ids = torch.multinomial(weights, n, replacement=True, generator=gen).tolist()
+    operands = torch.randint(0, 100, (n, 2), generator=gen).tolist()
+    return [make_problem(ops[i], a, b) for i, (a, b) in zip(op_ids, operands)]
+
+
+def make_batch(
+    problems: list[tuple[str, str]], tokenizer: PreTrainedTokenizerFast
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` ([B, SEQ_LEN]); labels only on answer+eos."""
+    pad, bos, eos = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    input_ids = torch.full((len(problems), SEQ_LEN), pad, dtype=torch.long)
+    labels = torch.full((len(problems), SEQ_LEN), -100, dtype=torch.long)
+    for row, (prompt, answer) in enumerate(problems):
+        prompt_ids = [bos, *tokenizer.encode(prompt)]
+        answer_ids = [*tokenizer.encode(answer), eos]
+        ids = prompt_ids + answer_ids
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, len(prompt_ids) : len(ids)] = torch.tensor(answer_ids)
+    return input_ids, (input_ids != pad).long(), labels
+
+
+@torch.no_grad()
+def accuracy(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    problems: list[tuple[str, str]],
+    temperature: float = 0.0,
+    gen: torch.Generator | None = None,
+) -> float:
+    """Fraction of same-length prompts whose completion (up to eos, at most 5 tokens) equals the answer.
+
+    ``temperature`` 0 is greedy; otherwise tokens are sampled from softmax(logits / temperature).
+    """
+    model.eval()  # type: ignore[no-untyped-call]
+    ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer.encode(p)] for p, _ in problems])
+    prompt_len = ids.shape[1]
+    for _ in range(MAX_NEW_TOKENS):
+        logits = model(input_ids=ids).logits[:, -1, :].float()
+        if temperature == 0.0:
+            next_ids = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            next_ids = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        ids = torch.cat([ids, next_ids[:, None]], dim=1)
+    model.train()
+    correct = 0
+    for row, (_, answer) in enumerate(problems):
+        completion = ids[row, prompt_len:].tolist()
+        if tokenizer.eos_token_id in completion:
+            completion = completion[: completion.index(tokenizer.eos_token_id)]
+        correct += int(tokenizer.decode(completion) == answer)
+    return correct / len(problems)
+
+
+def lr_at(step: int) -> float:
+    return LEARNING_RATE * min(1.0, (step + 1) / WARMUP_STEPS)
+
+
+def train(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    eval_problems: list[tuple[str, str]],
+    args: argparse.Namespace,
+) -> tuple[int, float]:
+    """Train until greedy eval accuracy reaches the target; return (steps, greedy accuracy)."""
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
+    model.train()
+    acc = 0.0
+    for step in range(1, args.max_steps + 1):
+        input_ids, attention_mask, labels = make_batch(sample_problems(BATCH_SIZE, gen, OP_MIX), tokenizer)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % EVAL_EVERY == 0:
+            acc = accuracy(model, tokenizer, eval_problems)
+            print(f"step {step:5d}  loss {loss.item():.4f}  greedy add acc {acc:.3f}", flush=True)
+            if acc >= args.target_acc:
+                return step, acc
+    return args.max_steps, acc
+
+
+def save(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path, info: dict[str, object]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.do_sample = False
+    model.generation_config.max_new_tokens = MAX_NEW_TOKENS
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600; the file ships in the package
+    tokenizer.save_pretrained(out)
+    # Name the generic fast class (transformers 5 writes its own alias) so transformers 4 loads it too.
+    config_path = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+    (out / "build_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    set_determinism(args.seed, args.threads)
+    tokenizer = build_char_tokenizer()
+    model = build_model(tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"tiny base: {n_params} parameters, vocab {len(tokenizer)}, seed {args.seed}", flush=True)
+
+    eval_problems = sample_problems(
+        EVAL_PROBLEMS, torch.Generator().manual_seed(10_000 + args.seed), {"add": 1.0}
+    )
+    steps, greedy_acc = train(model, tokenizer, eval_problems, args)
+    train_seconds = time.perf_counter() - started
+    sampled_acc = accuracy(
+        model, tokenizer, eval_problems, temperature=1.0, gen=torch.Generator().manual_seed(args.seed + 2)
+    )
+    other_ops = {
+        f"greedy_{op}_accuracy": accuracy(
+            model,
+            tokenizer,
+            sample_problems(200, torch.Generator().manual_seed(20_000 + args.seed), {op: 1.0}),
+        )
+        for op in ("sub", "mul")
+    }
+    reached = greedy_acc >= args.target_acc
+    info: dict[str, object] = {
+        "seed": args.seed,
+        "steps": steps,
+        "batch_size": BATCH_SIZE,
+        "learning_rate": LEARNING_RATE,
+        "op_mix": OP_MIX,
+        "target_acc": args.target_acc,
+        "reached_target": reached,
+        "eval_problems": EVAL_PROBLEMS,
+        "greedy_add_accuracy": greedy_acc,
+        "sampled_add_accuracy_t1": sampled_acc,
+        **other_ops,
+        "parameters": n_params,
+        "train_seconds": round(train_seconds, 1),
+        "threads": args.threads,
+        "torch_version": torch.__version__,
+    }
+    save(model, tokenizer, args.out, info)
+    print(
+        f"saved {args.out}: {steps} steps, greedy {greedy_acc:.3f}, sampled(T=1) {sampled_acc:.3f}, "
+        f"{train_seconds:.1f}s",
+        flush=True,
+    )
+    if not reached:
+        print(f"warning: target accuracy {args.target_acc} not reached in {steps} steps", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
