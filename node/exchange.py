@@ -67,6 +67,7 @@ class SwarmExchange:
     def _ensure_alive(self) -> bool:
         if self.transport.is_alive():
             self._failures = 0
+            self._next_restart = 0.0
             return True
         now = time.monotonic()
         if now < self._next_restart:

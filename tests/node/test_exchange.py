@@ -136,3 +136,27 @@ def test_unknown_tasks_are_rejected_and_counted(tmp_path):
     assert b.exchange.ingestor.rejected["unknown_task"] == 1
     a.close()
     b.close()
+
+
+def test_a_dead_transport_is_restarted_with_backoff_and_training_goes_on(tmp_path):
+    hub = InMemoryHub()
+    a = _node(tmp_path / "a", hub)
+    transport = a.exchange.transport
+    transport.close()  # the network side dies
+    a.exchange.restart_backoff = 3600.0
+    calls = []
+    real_restart = transport.restart
+
+    def counting_restart():
+        calls.append(1)
+        real_restart()
+
+    transport.restart = counting_restart
+    rec = a.train_step()  # restarts it, then publishes
+    assert calls == [1] and transport.is_alive() and rec["network_up"]
+    transport.close()
+    transport.restart = lambda: calls.append(1)  # a restart that fails to bring it back
+    rec = a.train_step()
+    rec = a.train_step()  # within the backoff: no second attempt, still trains locally
+    assert calls == [1, 1] and not rec["network_up"] and rec["n_local_groups"] > 0
+    a.close()
