@@ -2,13 +2,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from node.config import ConfigError, NodeConfig, apply_overrides, load_config
 
 
-def test_shipped_configs_validate():
+@pytest.mark.parametrize("path", sorted(str(p) for p in Path("configs").glob("*.yaml")))
+def test_every_shipped_config_validates(path):
+    load_config(path)
+
+
+def test_tiny_silo_defaults():
     cfg = load_config("configs/tiny-silo.yaml")
     assert cfg.model.name_or_path == "tiny-base"
     assert cfg.train.loss == "topr" and cfg.train.advantage == "rloo"
