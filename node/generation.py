@@ -6,7 +6,9 @@ actually drawn from (after temperature and top-p), and a mask that ends at (and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,7 +43,7 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
-def right_pad(sequences: list[list[int]], pad_value: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(sequences: Sequence[Sequence[float]], pad_value: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, L]`` values and mask, each row left-aligned."""
     width = max((len(s) for s in sequences), default=0)
     values = torch.full((len(sequences), width), pad_value, dtype=dtype)
@@ -82,7 +84,7 @@ def generate(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
-    remix: object | None = None,
+    remix: Any = None,
 ) -> Completions:
     """Sample one completion per prompt (token-id lists, already formatted and with BOS if any)."""
     device = device or torch.device("cpu")
@@ -146,7 +148,7 @@ def sequence_logprobs(
     completion_mask: torch.Tensor,
     *,
     temperature: float = 1.0,
-    remix: object | None = None,
+    remix: Any = None,
 ) -> torch.Tensor:
     """Per-token log-probs ``[B, Tc]`` of the completion tokens under ``model`` (left-padded prompts
     ``[B, Tp]``, right-padded completions ``[B, Tc]``). Differentiable when grad is enabled."""

@@ -34,7 +34,7 @@ def to_rollout_groups(policy: Policy, groups: list[SampledGroup], *, policy_step
     sampling = SamplingParams(temperature=temperature, top_p=top_p)
     out = []
     for sg in groups:
-        prompt_text = policy.tokenizer.decode(sg.group.prompt_ids, skip_special_tokens=True)
+        prompt_text = str(policy.tokenizer.decode(sg.group.prompt_ids, skip_special_tokens=True))
         rollouts = tuple(
             Rollout(task=sg.task.ref, prompt=prompt_text, completion=text, completion_ids=tuple(ids),
                     tokenizer_fingerprint=policy.tokenizer_fingerprint, behavior_logprobs=tuple(lps),

@@ -26,7 +26,7 @@ def encode_prompt(policy: Policy, text: str) -> list[int]:
 
 
 def decode_completion(policy: Policy, ids: list[int]) -> str:
-    return policy.tokenizer.decode(ids, skip_special_tokens=True)
+    return str(policy.tokenizer.decode(ids, skip_special_tokens=True))
 
 
 @dataclass

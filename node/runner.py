@@ -94,7 +94,7 @@ class Node:
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
-                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction)
+                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed)
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()
@@ -147,8 +147,8 @@ class Node:
         refs = self.source.sample(cfg.sapo.generated_groups or cfg.sapo.local_groups, self.task_rng)
         tasks = [self.source.task(r) for r in refs]
         g = cfg.generation
-        common = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                      batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        common: dict[str, Any] = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
+                                      batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
         if cfg.sampling.mode == "standard":
             sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size, **common)
         else:
@@ -204,7 +204,7 @@ class Node:
         assign_advantages(self._external_pool, self.cfg.train.advantage, self.cfg.train.external_shift)
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,
                                      rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp)
-                      for grp in self._external_pool]
+                      for grp in self._external_pool if grp.advantages is not None]
         _, chosen = mix([], candidates, 0, sapo.external_groups, sapo.selection, max_per_peer=sapo.max_per_peer,
                         current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.task_rng)
         picked = {id(c.payload) for c in chosen}

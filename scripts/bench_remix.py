@@ -2,6 +2,8 @@
 
 Usage: python scripts/bench_remix.py [--n 8] [--k 2] [--rank 4] [--routings 2] [--batch 32] [--tokens 16]
                                      [--reps 30] [--threads 2] [--profile]
+       python scripts/bench_remix.py --rewards [--steps 150] [--seeds 3] [--local-groups 16] [--group-size 8]
+                                     [--alpha 16] [--threads 1] [--out runs/bench_remix] [--extra k=v ...]
 
 One training step = forward + backward + AdamW step on the tiny Llama shape of ``tiny-base`` (hidden 128,
 intermediate 384, 2 layers), adapters on gate/up/down of every MLP. The contenders see the same tokens:
@@ -14,8 +16,9 @@ intermediate 384, 2 layers), adapters on gate/up/down of every MLP. The contende
 Steps are interleaved (one of each per repetition, order rotating) so drift in machine load hits all
 contenders alike; the median over repetitions is reported. Goal: remix / peft <= 1.25.
 
-The reward-curve half of the benchmark (ReMix vs LoRA of equal active parameters on the tiny task) needs
-the full node and is not in this script.
+``--rewards`` runs the reward-curve half instead (``remix_curves.py``): the real node loop on the tiny
+addition task, ReMix (n=8, k=2, r=4, M=2) against a peft LoRA of rank 8 on the same MLP projections, several
+seeds; prints a table and writes ``rewards.json`` and ``rewards.png`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -33,6 +38,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from node.policy.remix import MLP_PROJECTIONS, attach_remix
 from node.policy.tiny import char_vocab
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 Step = Callable[[], None]
 
@@ -161,8 +168,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="print a torch profile of the remix step")
+    rewards = parser.add_argument_group("reward curves (--rewards)")
+    rewards.add_argument("--rewards", action="store_true", help="run the reward-curve half instead of the timing")
+    rewards.add_argument("--steps", type=int, default=150)
+    rewards.add_argument("--seeds", type=int, default=3)
+    rewards.add_argument("--local-groups", type=int, default=16, help="sapo.local_groups, tasks a step")
+    rewards.add_argument("--group-size", type=int, default=8, help="generation.group_size, completions a task")
+    rewards.add_argument("--alpha", type=float, default=16.0, help="adapter.alpha of both arms (same scale)")
+    rewards.add_argument("--eval-every", type=int, default=25)
+    rewards.add_argument("--window", type=int, default=25, help="last steps for the final reward and selections")
+    rewards.add_argument("--arms", nargs="+", default=["remix", "lora"], choices=["remix", "lora"])
+    rewards.add_argument("--extra", nargs="*", default=[], help="more config overrides for both arms (a.b=v)")
+    rewards.add_argument("--out", default="runs/bench_remix")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.rewards:
+        from remix_curves import run as run_reward_curves
+
+        run_reward_curves(args)
+        return
 
     base = build_base(seed=0)
     gen = torch.Generator().manual_seed(1)

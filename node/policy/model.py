@@ -96,7 +96,7 @@ def _attach_lora(model: PreTrainedModel, cfg: AdapterConfig) -> nn.Module:
         )
     lora = LoraConfig(
         r=cfg.rank,
-        lora_alpha=cfg.alpha,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft accepts floats
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
         modules_to_save=_norm_module_names(model) if cfg.train_norms else None,

@@ -61,7 +61,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     model = models.BPE(vocab=char_vocab(), merges=[], unk_token=UNK_TOKEN)
     backend = Tokenizer(model)
     backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ class Trainer:
     def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
                  micro_batch_size: int, temperature: float, routings: int = 2,
-                 off_policy_correction: bool = True) -> None:
+                 off_policy_correction: bool = True, seed: int = 0) -> None:
         self.policy = policy
         lrs = {"adapter": lr, "norm": norm_lr, "router": router_lr}
         self.optimizer = torch.optim.AdamW(
@@ -71,19 +72,19 @@ class Trainer:
         )
         self.max_grad_norm = max_grad_norm
         self.loss_kind = loss
-        self.loss_kwargs = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
+        self.loss_kwargs: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.routings = routings
         self.off_policy_correction = off_policy_correction
-        self.routing_generator = torch.Generator().manual_seed(0)
+        self.routing_generator = torch.Generator().manual_seed(seed)  # ReMix routings sampled in training
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         """One optimizer step over every completion of ``groups`` (advantages already assigned)."""
-        rows = [
+        rows: list[tuple[list[int], list[int], list[float], float]] = [
             (g.prompt_ids, ids, lps, float(a))
             for g in groups
             if g.advantages is not None
