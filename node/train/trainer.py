@@ -77,7 +77,7 @@ class Trainer:
         self.temperature = temperature
         self.routings = routings
         self.off_policy_correction = off_policy_correction
-        self.routing_generator = torch.Generator().manual_seed(seed)  # ReMix routings sampled in training
+        self.routing_generator = torch.Generator(device=policy.device).manual_seed(seed)  # ReMix routings sampled in training
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from node.exchange import SwarmExchange
-from node.runner import Node
 from node.policy.tiny import tiny_base_path
+from node.runner import Node
 from protocol.identity import Identity
 from protocol.records import RolloutBatch
 from swarm.memory import InMemoryHub

@@ -143,7 +143,7 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     assert changed <= trainable
     assert any("lora_B" in n for n in changed) and any("router" in n for n in changed)
     rows = read_metrics(tmp_path / "rx" / "metrics.jsonl")
-    assert all(0.0 <= r["router_entropy"] for r in rows)
+    assert all(r["router_entropy"] >= 0.0 for r in rows)
     resumed = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
                           "adapter.remix.k=2", "train.steps=3")
     node2 = _run(resumed)
