@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(silo)
     start = sub.add_parser("start", help="run a node that joins a swarm")
     _add_run_args(start)
-    start.add_argument("--initial-peers", nargs="*", default=None,
-                       help="multiaddrs of peers to join (also SWARM_INITIAL_PEERS or swarm.initial_peers)")
+    start.add_argument("--initial-peers", action="append", default=None, metavar="MADDR",
+                       help="multiaddr of a peer to join (repeat, or separate with commas); "
+                            "also SWARM_INITIAL_PEERS or swarm.initial_peers")
     keygen = sub.add_parser("keygen", help="create an Ed25519 identity file (mode 0600)")
     keygen.add_argument("--out", default="identity.pem", help="path of the private key file to write")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -76,7 +77,10 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     _setup_logging(args.log_level)
-    return run_daemon(cfg, initial_peers=args.initial_peers, show_progress=not args.no_progress)
+    from swarm.settings import parse_initial_peers
+
+    peers = [p for item in (args.initial_peers or []) for p in parse_initial_peers(item)]
+    return run_daemon(cfg, initial_peers=peers or None, show_progress=not args.no_progress)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

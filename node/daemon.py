@@ -11,6 +11,8 @@ import logging
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from node.config import ConfigError, NodeConfig
 from node.exchange import SwarmExchange
 from node.runner import Node
@@ -39,8 +41,9 @@ def build_swarm_node(cfg: NodeConfig, *, initial_peers: list[str] | None = None,
     peers = resolve_initial_peers(cfg, initial_peers)
     try:
         settings = SwarmSettings.model_validate({**cfg.swarm.model_dump(), "initial_peers": peers})
-    except ValueError as exc:
-        raise ConfigError(f"swarm: {exc}") from None
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise ConfigError(f"swarm: {reasons}") from None
     node = Node(cfg, cfg.run_dir, show_progress=show_progress)
     node.setup()
     identity_path = Path(settings.identity_path)
@@ -70,7 +73,7 @@ def run_daemon(cfg: NodeConfig, *, initial_peers: list[str] | None = None, show_
         addrs = transport.visible_multiaddrs()  # type: ignore[attr-defined]
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
         if addrs:
-            print("swarm-node: others can join with --initial-peers " + " ".join(addrs), flush=True)
+            print("swarm-node: others can join with --initial-peers " + ",".join(addrs), flush=True)
         else:
             print("swarm-node: network not up yet (peers unreachable?); training locally and retrying to join "
                   "in the background", flush=True)
