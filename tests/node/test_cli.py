@@ -49,3 +49,36 @@ def test_silo_runs_a_reasoning_gym_source_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_a_locally_saved_qwen2_model_with_a_chat_template_runs(tmp_path):
+    """The path a user's instruct model takes: another architecture, loaded from a folder by
+    AutoModelForCausalLM/AutoTokenizer, prompts formatted with its chat template."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from node.policy.tiny import build_char_tokenizer
+
+    folder = tmp_path / "tiny-qwen2-instruct"
+    tok = build_char_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    Qwen2ForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    assert AutoTokenizer.from_pretrained(folder).chat_template
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "node.cli", "silo", "-c", "configs/qwen-reasoning-gym.yaml", "--run-dir", str(run),
+         "--no-progress", f"model.name_or_path={folder}", "model.dtype=float32", "model.device=cpu",
+         "model.chat_template=always", "tasks.datasets=[basic_arithmetic]", "train.steps=1", "sapo.local_groups=2",
+         "sapo.external_groups=0", "generation.group_size=2", "generation.max_new_tokens=4", "tasks.eval_size=2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run / "metrics.jsonl").read_text().count("\n") == 1
