@@ -125,9 +125,15 @@ class SapoConfig(_Section):
     staleness_epochs: int = Field(2, ge=0)
 
 
+class MetricsConfig(_Section):
+    prometheus_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here; None: off")
+    prometheus_host: str = "127.0.0.1"
+
+
 class NodeConfig(_Section):
     seed: int = 0
     run_dir: str = "runs/node"
+    metrics: MetricsConfig = MetricsConfig()
     model: ModelConfig = ModelConfig()
     adapter: AdapterConfig = AdapterConfig()
     tasks: TasksConfig = TasksConfig()

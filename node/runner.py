@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
 from node.config import NodeConfig
-from node.metrics import MetricsWriter
+from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy
 from node.rollouts import SampledGroup, greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.tasks import Task, TaskSource, build_task_source
@@ -69,8 +69,17 @@ class Node:
         self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
+                                     prometheus=self._build_prometheus())
         self.eval_tasks: list[Task] = self._build_eval_tasks()
+
+    def _build_prometheus(self) -> PrometheusExporter | None:
+        mc = self.cfg.metrics
+        if mc.prometheus_port is None:
+            return None
+        exporter = PrometheusExporter(mc.prometheus_host, mc.prometheus_port)
+        logger.info("Prometheus metrics on http://%s:%d/metrics", mc.prometheus_host, exporter.port)
+        return exporter
 
     def _build_policy(self) -> Policy:
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
