@@ -46,14 +46,21 @@ class TrainGroup:
 
 
 def assign_advantages(groups: list[TrainGroup], kind: str, external_shift: float = 0.0) -> list[TrainGroup]:
-    """Fill ``advantages`` for every group; return only the groups that carry signal (not all zero)."""
-    advs = []
+    """Fill ``advantages`` for every group; return only the groups that carry signal.
+
+    Signal is judged before the AsymRE shift of external groups: a group whose unshifted advantages are
+    all zero (e.g. every completion wrong) is dropped, so the shift never reinforces uniform failures.
+    """
+    unshifted = []
     for g in groups:
         everything = torch.tensor(g.all_rewards) if (kind == "global" and g.all_rewards) else None
-        g.advantages = group_advantages(torch.tensor(g.rewards, dtype=torch.float32), kind,  # type: ignore[arg-type]
-                                        shift=0.0 if g.is_local else external_shift, all_rewards=everything)
-        advs.append(g.advantages)
-    keep = set(nonzero_groups(advs))
+        rewards = torch.tensor(g.rewards, dtype=torch.float32)
+        base = group_advantages(rewards, kind, all_rewards=everything)  # type: ignore[arg-type]
+        shift = 0.0 if g.is_local else external_shift
+        g.advantages = base if shift == 0.0 else group_advantages(rewards, kind, shift=shift,  # type: ignore[arg-type]
+                                                                  all_rewards=everything)
+        unshifted.append(base)
+    keep = set(nonzero_groups(unshifted))
     return [g for i, g in enumerate(groups) if i in keep]
 
 
