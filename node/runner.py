@@ -176,7 +176,7 @@ class Node:
         stats = self.trainer.step(signal_groups)
         self.step += 1
         dt = time.perf_counter() - t0
-        rewards = [r for grp in local for r in grp.rewards]
+        rewards = [r for grp in local for r in (grp.all_rewards or grp.rewards)]  # everything sampled
         n_gen_tokens = sum(len(c) for grp in local for c in grp.completions)
         record: dict[str, Any] = {
             "step": self.step,

@@ -1,0 +1,51 @@
+"""Reinforce-Ada adaptive sampling: rounds until a task is balanced (or has a positive), then downsampling."""
+
+from __future__ import annotations
+
+import torch
+
+from node.rollouts import _downsample, sample_groups_adaptive
+from node.runner import Node
+
+
+def test_downsample_takes_half_positives_and_half_negatives_where_possible():
+    gen = torch.Generator().manual_seed(0)
+    rewards = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    kept = _downsample(list(range(10)), rewards, 4, gen)
+    assert len(kept) == 4 and sum(rewards[i] for i in kept) == 2.0
+    # Only one negative available: the rest are positives.
+    kept = _downsample([0, 1, 2, 3, 5], rewards, 4, gen)
+    assert len(kept) == 4 and [rewards[i] for i in kept].count(0.0) == 1
+
+
+def test_adaptive_groups_have_group_size_completions_and_remember_every_reward(fast_config):
+    cfg = fast_config("sampling.mode=ada_balanced", "sampling.round_size=4", "sampling.max_rounds=3",
+                      "generation.group_size=4")
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    tasks = [node.source.task(r) for r in node.source.sample(6, node.task_rng)]
+    groups = sample_groups_adaptive(node.policy, node.source, tasks, group_size=4, round_size=4, max_rounds=3,
+                                    mode="ada_balanced", max_new_tokens=5, temperature=1.0, top_p=1.0,
+                                    batch_size=64, generator=node.sample_gen)
+    node.close()
+    assert len(groups) == 6
+    for sg in groups:
+        g = sg.group
+        assert len(g.completions) == len(g.rewards) == len(sg.texts) == 4
+        drawn = g.all_rewards
+        assert drawn is not None and len(drawn) in (4, 8, 12)  # whole rounds of 4
+        n_pos = sum(r > 0.5 for r in drawn)
+        balanced = n_pos >= 2 and len(drawn) - n_pos >= 2
+        # A task stops drawing as soon as it is balanced, so only the last round may have balanced it.
+        assert balanced or len(drawn) == 12
+        if balanced:
+            assert sum(r > 0.5 for r in g.rewards) == 2
+
+
+def test_a_node_step_runs_with_positive_focused_sampling(fast_config):
+    cfg = fast_config("sampling.mode=ada_positive", "train.steps=1", "train.advantage=global")
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    record = node.train_step()
+    node.close()
+    assert record["n_local_groups"] > 0 and 0.0 <= record["reward_mean"] <= 1.0
