@@ -4,6 +4,7 @@ Pure: the standard library plus cryptography, msgpack, zstandard and pydantic. N
 no network I/O; the only I/O is reading and writing a key file.
 
 - ``taskref``: ``TaskRef``, the reference that regenerates exactly one task on any machine.
+- ``samples``: realistic sample batches for benchmarks and tests.
 - ``errors``: ``ProtocolError``, the layer's error root, and its subclasses (malformed, too large, bad
   signature, unsupported version, identity).
 - ``limits``: ``Limits``, every bound a receiver enforces on peer input, and ``DEFAULT_LIMITS``.

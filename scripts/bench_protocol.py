@@ -14,76 +14,17 @@ import dataclasses
 import json
 import os
 import platform
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 from protocol import (
     Identity,
-    Rollout,
     RolloutBatch,
-    RolloutGroup,
-    SamplingParams,
-    TaskRef,
     decode_batch,
     encode_batch,
 )
-
-WORDS = (
-    "so",
-    "the",
-    "sum",
-    "of",
-    "and",
-    "then",
-    "we",
-    "carry",
-    "one",
-    "to",
-    "get",
-    "total",
-    "answer",
-    "is",
-    "step",
-)
-
-
-def make_batch(author: bytes, n_groups: int, n_completions: int, n_tokens: int, seed: int) -> RolloutBatch:
-    rng = random.Random(seed)
-    groups = []
-    for g in range(n_groups):
-        task = TaskRef("arith", "add_sub", "c0ffee12", seed, g)
-        a, b = rng.randrange(10**6), rng.randrange(10**6)
-        prompt = f"Solve the problem and give the final answer in <answer></answer> tags.\nWhat is {a} + {b}?"
-        rollouts = []
-        for _ in range(n_completions):
-            text = " ".join(rng.choice(WORDS) for _ in range(n_tokens - 4))
-            rollouts.append(
-                Rollout(
-                    task=task,
-                    prompt=prompt,
-                    completion=f"{text} <answer>{a + b + rng.choice([0, 0, 1, -10])}</answer>",
-                    completion_ids=tuple(rng.randrange(151_000) for _ in range(n_tokens)),
-                    tokenizer_fingerprint="sha256:3f9a1c0d5e7b2a4c",
-                    behavior_logprobs=tuple(-rng.expovariate(2.0) for _ in range(n_tokens)),
-                    sampling=SamplingParams(temperature=1.0, top_p=0.95),
-                    model_fingerprint="Qwen2.5-0.5B-Instruct+lora:8f2e",
-                    policy_step=1234,
-                    finish_reason="eos",
-                    reward=float(rng.random() < 0.5),
-                )
-            )
-        groups.append(RolloutGroup(task, tuple(rollouts)))
-    return RolloutBatch(
-        swarm_id="swarm-bench",
-        author=author,
-        address=("/ip4/10.0.0.7/tcp/31337/p2p/QmPeer",),
-        epoch=4242,
-        seq=17,
-        created_at=1_700_000_000.25,
-        groups=tuple(groups),
-    )
+from protocol.samples import realistic_batch
 
 
 def to_json(batch: RolloutBatch) -> bytes:
@@ -118,7 +59,7 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
     identity = Identity.generate()
-    batch = make_batch(identity.public_key, args.groups, args.completions, args.tokens, seed=0)
+    batch = realistic_batch(identity.public_key, args.groups, args.completions, args.tokens, seed=0)
     n = batch.n_rollouts
     data = encode_batch(batch, identity)
     if decode_batch(data) != batch:

@@ -36,7 +36,8 @@ from protocol import (
     verify_signature,
 )
 from protocol._wire import KIND_BATCH, KIND_MANIFEST, seal
-from tests.protocol.strategies import batches, realistic_batch
+from protocol.samples import realistic_batch
+from tests.protocol.strategies import batches
 
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

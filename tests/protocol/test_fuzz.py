@@ -28,7 +28,7 @@ from protocol import (
     make_manifest,
 )
 from protocol._wire import KIND_BATCH, KIND_MANIFEST, seal
-from tests.protocol.strategies import realistic_batch
+from protocol.samples import realistic_batch
 
 SIGNER = Identity.generate()
 BATCH = realistic_batch(SIGNER.public_key, n_groups=2, n_completions=3, n_tokens=12, seed=1)
