@@ -115,6 +115,10 @@ class Ingestor:
             if any(i >= self._vocab_size for i in ids):
                 self._reject("bad_token_id", f"id >= vocab size {self._vocab_size}")
                 return None, None
+            # We score the text but train on the ids: they must say the same thing.
+            if self.policy.tokenizer.decode(ids, skip_special_tokens=True) != rollout.completion:
+                self._reject("text_mismatch", "completion ids do not decode to the completion text")
+                return None, None
             lps = list(rollout.behavior_logprobs)
             if not all(math.isfinite(x) and x <= 0.0 for x in lps):
                 self._reject("bad_logprobs", "non-finite or positive log-prob")

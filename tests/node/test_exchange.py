@@ -160,3 +160,22 @@ def test_a_dead_transport_is_restarted_with_backoff_and_training_goes_on(tmp_pat
     rec = a.train_step()  # within the backoff: no second attempt, still trains locally
     assert calls == [1, 1] and not rec["network_up"] and rec["n_local_groups"] > 0
     a.close()
+
+
+def test_ids_that_do_not_spell_the_scored_text_are_rejected(tmp_path):
+    """A peer cannot get reward for a correct text while training us on other tokens."""
+    hub = InMemoryHub()
+    a = _node(tmp_path / "a", hub)
+    b = _node(tmp_path / "b", hub)
+    a.train_step()
+    (batch,) = b.exchange.transport.inbox
+    g0 = batch.groups[0]
+    task = b.source.task(g0.task)
+    wrong_ids = tuple(b.policy.tokenizer("999", add_special_tokens=False)["input_ids"])
+    forged_rollout = dataclasses.replace(g0.rollouts[0], completion=task.answer, completion_ids=wrong_ids,
+                                         behavior_logprobs=(-0.1,) * len(wrong_ids))
+    forged = dataclasses.replace(batch, groups=(dataclasses.replace(g0, rollouts=(forged_rollout,)),))
+    assert b.exchange.ingestor.ingest(forged) == []
+    assert b.exchange.ingestor.rejected["text_mismatch"] == 1
+    a.close()
+    b.close()
