@@ -1,0 +1,14 @@
+"""The node daemon: it composes ``protocol/`` and ``swarm/`` with a policy, tasks and a trainer.
+
+- ``config``: the typed configuration (YAML plus ``a.b=value`` overrides) and ``ConfigError``.
+- ``cli``: the ``swarm-node`` command (``silo``, ``start``, ``keygen``).
+- ``runner``: ``Node``, the lifecycle (``setup``, ``run``, ``close``) and one training step.
+- ``daemon``: ``swarm-node start``: a ``Node`` joined to a swarm.
+- ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, re-scored and
+  re-tokenized for our policy.
+- ``rollouts`` / ``generation``: tasks to scored groups; batched sampling with behaviour log-probs.
+- ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL, optional Prometheus).
+- ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.
+- ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.
+- ``train/``: advantages, losses and the SAPO sampler (pure functions) and the ``Trainer``.
+"""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from typing import Any, Protocol
 
 from node.ingest import Ingestor, to_rollout_groups
@@ -59,7 +58,6 @@ class SwarmExchange:
         self._next_restart = 0.0
         self._failures = 0
         self.peers_seen: set[str] = set()
-        self.received_by_peer: dict[str, int] = defaultdict(int)
 
     def current_epoch(self) -> int:
         return self.transport.current_epoch()
@@ -112,7 +110,6 @@ class SwarmExchange:
             new = self.ingestor.ingest(batch)
             if new:
                 self.peers_seen.add(new[0].peer_id)
-                self.received_by_peer[new[0].peer_id] += len(new)
             groups.extend(new)
         return groups
 
