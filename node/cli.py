@@ -104,11 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"swarm-node: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:  # user-facing errors from deeper layers are one line too
-        if type(exc).__name__ in ("PolicyError", "TaskError", "IdentityError"):
-            print(f"swarm-node: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
     except KeyboardInterrupt:
         print("swarm-node: interrupted", file=sys.stderr)
         return 130

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from node.config import ConfigError, NodeConfig
 from node.exchange import SwarmExchange
 from node.runner import Node
+from protocol.errors import IdentityError
 from protocol.identity import Identity
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,10 @@ def build_swarm_node(cfg: NodeConfig, *, initial_peers: list[str] | None = None,
     identity_path = Path(settings.identity_path)
     if not identity_path.is_absolute():
         identity_path = Path(cfg.run_dir) / identity_path
-    identity = Identity.load_or_create(identity_path)
+    try:
+        identity = Identity.load_or_create(identity_path)
+    except IdentityError as exc:
+        raise ConfigError(f"swarm.identity_path: {exc}") from None
     transport = SwarmTransport(settings, identity)
     transport.start(wait=False)
     g = cfg.generation

@@ -6,6 +6,7 @@ Used by the node loop for its own groups and by evaluation (greedy, one completi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -113,25 +114,23 @@ def sample_groups_adaptive(policy: Policy, source: TaskSource, tasks: list[Task]
 
 
 def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator) -> SampledGroup:
-    first = parts[0]
-    g = TrainGroup(key=first.group.key, peer_id="", epoch=first.group.epoch, prompt_ids=first.group.prompt_ids,
-                   completions=[], anchor_logprobs=[], rewards=[])
-    texts: list[str] = []
-    reasons: list[str] = []
-    for p in parts:
-        g.completions += p.group.completions
-        g.anchor_logprobs += p.group.anchor_logprobs
-        g.rewards += p.group.rewards
-        g.routings += p.group.routings
-        texts += p.texts
-        reasons += p.finish_reasons
-    keep = _downsample(list(range(len(g.rewards))), g.rewards, n, rng)
-    out = TrainGroup(key=g.key, peer_id="", epoch=g.epoch, prompt_ids=g.prompt_ids,
-                     completions=[g.completions[i] for i in keep], anchor_logprobs=[g.anchor_logprobs[i] for i in keep],
-                     rewards=[g.rewards[i] for i in keep], routings=[g.routings[i] for i in keep if g.routings],
-                     all_rewards=list(g.rewards))
-    return SampledGroup(task=first.task, group=out, texts=[texts[i] for i in keep],
-                        finish_reasons=[reasons[i] for i in keep])
+    """One task's rounds as one group of up to ``n`` completions; ``all_rewards`` keeps every draw."""
+    first = parts[0].group
+    rewards = [r for p in parts for r in p.group.rewards]
+    keep = _downsample(list(range(len(rewards))), rewards, n, rng)
+
+    def kept(values: list[Any]) -> list[Any]:
+        return [values[i] for i in keep] if values else []
+
+    completions = [c for p in parts for c in p.group.completions]
+    anchors = [a for p in parts for a in p.group.anchor_logprobs]
+    routings = [r for p in parts for r in p.group.routings]
+    group = TrainGroup(key=first.key, peer_id="", epoch=first.epoch, prompt_ids=first.prompt_ids,
+                       completions=kept(completions), anchor_logprobs=kept(anchors), rewards=kept(rewards),
+                       routings=kept(routings), all_rewards=rewards)
+    texts = [t for p in parts for t in p.texts]
+    reasons = [r for p in parts for r in p.finish_reasons]
+    return SampledGroup(task=parts[0].task, group=group, texts=kept(texts), finish_reasons=kept(reasons))
 
 
 def greedy_accuracy(policy: Policy, source: TaskSource, tasks: list[Task], *, max_new_tokens: int,

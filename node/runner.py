@@ -18,11 +18,11 @@ import torch
 from tqdm import tqdm
 
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
-from node.config import NodeConfig
+from node.config import ConfigError, NodeConfig
 from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy
 from node.rollouts import SampledGroup, greedy_accuracy, sample_groups, sample_groups_adaptive
-from node.tasks import Task, TaskSource, build_task_source
+from node.tasks import Task, TaskError, TaskSource, build_task_source
 from node.train.sampler import CandidateGroup, mix
 from node.train.trainer import Trainer, TrainGroup, assign_advantages
 
@@ -86,16 +86,25 @@ class Node:
 
     def _build_task_source(self) -> TaskSource:
         t = self.cfg.tasks
-        return build_task_source(t.source, list(t.datasets), t.weights, self.cfg.seed,
-                                 chat_template=self.cfg.model.chat_template)
+        try:
+            return build_task_source(t.source, list(t.datasets), t.weights, self.cfg.seed,
+                                     chat_template=self.cfg.model.chat_template)
+        except TaskError as exc:
+            raise ConfigError(f"tasks: {exc}") from None
 
     def _build_eval_tasks(self) -> list[Task]:
+        """The held-out tasks; formatting one now makes a prompt-format mistake fail at start-up."""
         t = self.cfg.tasks
-        source = self.source
-        if t.eval_datasets:
-            source = build_task_source(t.source, list(t.eval_datasets), None, self.cfg.seed,
-                                       chat_template=self.cfg.model.chat_template)
-        return [source.task(r) for r in source.eval_refs(t.eval_size)]
+        try:
+            source = self.source
+            if t.eval_datasets:
+                source = build_task_source(t.source, list(t.eval_datasets), None, self.cfg.seed,
+                                           chat_template=self.cfg.model.chat_template)
+            tasks = [source.task(r) for r in source.eval_refs(t.eval_size)]
+            source.format_prompt(tasks[0], self.policy.tokenizer)
+        except TaskError as exc:
+            raise ConfigError(f"tasks: {exc}") from None
+        return tasks
 
     def _build_trainer(self) -> Trainer:
         tc, ac = self.cfg.train, self.cfg.adapter
@@ -205,12 +214,13 @@ class Node:
         if self.exchange is None:
             return []
         sapo = self.cfg.sapo
-        self._external_pool.extend(self.exchange.receive(self.step))
-        fresh = [grp for grp in self._external_pool if grp.epoch >= epoch - sapo.staleness_epochs]
+        # Advantages once, on arrival; a group without signal never gains any, so it is not kept.
+        arrived = assign_advantages(self.exchange.receive(self.step), self.cfg.train.advantage,
+                                    self.cfg.train.external_shift)
+        fresh = [grp for grp in self._external_pool + arrived if grp.epoch >= epoch - sapo.staleness_epochs]
         self._external_pool = fresh[-_MAX_POOL_PER_J * max(sapo.external_groups, 1) :]  # newest kept
         if sapo.external_groups == 0 or not self._external_pool:
             return []
-        assign_advantages(self._external_pool, self.cfg.train.advantage, self.cfg.train.external_shift)
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,
                                      rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp)
                       for grp in self._external_pool if grp.advantages is not None]

@@ -77,5 +77,5 @@ def format_for_model(prompt: str, tokenizer: Any, mode: ChatTemplateMode, system
     if mode == "never" or (mode == "auto" and not has_chat_template(tokenizer)):
         return plain_prompt(prompt)
     if not has_chat_template(tokenizer):
-        raise TaskError("tasks.chat_template is 'always' but the tokenizer has no chat template; use 'auto'")
+        raise TaskError("model.chat_template is 'always' but the tokenizer has no chat template; use 'auto'")
     return chat_prompt(prompt, tokenizer, system_prompt)

@@ -82,3 +82,23 @@ def test_a_locally_saved_qwen2_model_with_a_chat_template_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (run / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_task_and_prompt_mistakes_are_one_line_errors(tmp_path, capsys):
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _check_task_mistakes(tmp_path, capsys)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _check_task_mistakes(tmp_path, capsys):
+    assert main(["silo", "--run-dir", str(tmp_path / "a"), "--no-progress", "tasks.datasets=[nope]"]) == 2
+    assert "tasks:" in capsys.readouterr().err
+    rc = main(["silo", "--run-dir", str(tmp_path / "b"), "--no-progress", "tasks.source=reasoning_gym",
+               "tasks.datasets=[basic_arithmetic]", "model.chat_template=always", "tasks.eval_size=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "model.chat_template" in err[-1]
