@@ -20,6 +20,8 @@ from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity
 from protocol.records import RolloutBatch
+from swarm.peer_book import PeerRow
+from swarm.state import NetworkStatus
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,10 @@ class BatchTransport(Protocol):
     def current_epoch(self) -> int: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+    def network_status(self) -> NetworkStatus: ...
+
+    def peer_stats(self) -> list[PeerRow]: ...
 
     def is_alive(self) -> bool: ...
 
@@ -54,6 +60,7 @@ class SwarmExchange:
         self.top_p = top_p
         self.ingestor = Ingestor(policy, source, temperature=temperature, max_completion_tokens=max_completion_tokens)
         self.seq = 0
+        self.groups_shared = 0
         self.restart_backoff = restart_backoff
         self.max_restart_backoff = max_restart_backoff
         self._next_restart = 0.0
@@ -91,6 +98,7 @@ class SwarmExchange:
                              epoch=self.transport.current_epoch(), seq=self.seq, created_at=time.time(),
                              groups=tuple(records))
         self.seq += 1
+        self.groups_shared += len(records)
         try:
             self.transport.publish(batch)
         except Exception as exc:

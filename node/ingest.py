@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from node.tasks import TaskError, TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Rollout, RolloutBatch, RolloutGroup
+from swarm.peer_book import MAX_TRACKED_PEERS
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Ingestor:
         self.rejected: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
+        self.by_peer: OrderedDict[str, tuple[int, Counter[str]]] = OrderedDict()  # groups accepted, rejected
         self._vocab_size = len(policy.tokenizer)
 
     def _reject(self, reason: str, detail: str) -> None:
@@ -49,6 +51,7 @@ class Ingestor:
     def ingest(self, batch: RolloutBatch) -> list[TrainGroup]:
         """All usable groups of one verified batch, with our own rewards and anchors."""
         peer_id = peer_id_from_public_key(batch.author)
+        rejected_before = self.rejected.copy()
         groups: list[TrainGroup] = []
         pending: list[tuple[TrainGroup, int]] = []  # (group, index) whose anchor we must compute
         for rgroup in batch.groups:
@@ -57,7 +60,16 @@ class Ingestor:
                 groups.append(group)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
+        self._count_peer(peer_id, len(groups), self.rejected - rejected_before)
         return groups
+
+    def _count_peer(self, peer_id: str, accepted: int, rejected: Counter[str]) -> None:
+        """Per-peer counts, bounded: the peer heard from longest ago goes first."""
+        total, reasons = self.by_peer.pop(peer_id, (0, Counter()))
+        reasons.update(rejected)
+        self.by_peer[peer_id] = (total + accepted, reasons)
+        while len(self.by_peer) > MAX_TRACKED_PEERS:
+            self.by_peer.popitem(last=False)
 
     def _ingest_group(self, rgroup: RolloutGroup, peer_id: str, epoch: int,
                       pending: list[tuple[TrainGroup, int]]) -> TrainGroup | None:

@@ -44,7 +44,7 @@ from swarm.state import SharedState
 from swarm.validator import ManifestValidator
 from swarm.watchdog import P2pdWatchdog
 
-__all__ = ["PublishItem", "SwarmCore", "handler_name"]
+__all__ = ["PublishItem", "SwarmCore", "describe_error", "handler_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,16 @@ def _parse_peer_maddr(maddr: str) -> tuple[PeerID, Multiaddr] | None:
         return peer_id, full.decapsulate(Multiaddr(f"/p2p/{full['p2p']}"))
     except (ValueError, LookupError, TypeError):
         return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as one short line for status pages (``p2pd exited``, ``TimeoutError``)."""
+    return str(exc) or type(exc).__name__
+
+
+def _libp2p_ids(maddrs: tuple[str, ...]) -> list[str]:
+    """The libp2p peer ids named by full multiaddrs (``.../p2p/<id>``); others are skipped."""
+    return [parsed[0].to_base58() for parsed in map(_parse_peer_maddr, maddrs) if parsed is not None]
 
 
 class SwarmCore:
@@ -169,11 +179,10 @@ class SwarmCore:
         try:
             done, _ = await asyncio.wait([*loops, stopper], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is not stopper and not task.cancelled() and task.exception() is not None:
-                    exc = task.exception()
+                exc = None if task is stopper or task.cancelled() else task.exception()
+                if exc is not None:
                     logger.error("swarm network loop %s failed: %r", task.get_name(), exc)
-                    with self.shared.lock:
-                        self.shared.last_error = repr(exc)
+                    self.shared.set_error(describe_error(exc))
         finally:
             for task in [*loops, stopper, *self._pulls]:
                 task.cancel()
@@ -321,15 +330,15 @@ class SwarmCore:
     def _screen_and_pull(self, manifest: Manifest, current: int) -> None:
         author = peer_id_from_public_key(manifest.author)
         book = self.shared.peer_book
+        now = time.monotonic()
         with self.shared.lock:
             if book.is_known(manifest.batch_id):
                 return
+            book.note_addresses(author, _libp2p_ids(manifest.address), now)
             if manifest.byte_size > self.limits.max_compressed_bytes:
-                reason: str | None = book.refuse(author, manifest.batch_id, manifest.epoch, "too_large")
+                reason: str | None = book.refuse(author, manifest.batch_id, manifest.epoch, "too_large", now=now)
             else:
-                reason = book.screen(
-                    author, manifest.batch_id, manifest.epoch, manifest.byte_size, current, time.monotonic()
-                )
+                reason = book.screen(author, manifest.batch_id, manifest.epoch, manifest.byte_size, current, now)
         if reason is not None:
             logger.debug("skipped batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
             return
@@ -343,16 +352,18 @@ class SwarmCore:
         book = self.shared.peer_book
         if data is None:
             with self.shared.lock:
-                retry = book.pull_failed(author, manifest.batch_id, manifest.epoch, manifest.byte_size)
+                retry = book.pull_failed(
+                    author, manifest.batch_id, manifest.epoch, manifest.byte_size, now=time.monotonic()
+                )
             logger.debug("pull of %s from %s failed (retry: %s)", manifest.batch_id[:12], author[:12], retry)
             if retry:
                 self._forget_manifest(manifest)
             return
-        reason = await self._verify(manifest, data)
+        reason, groups = await self._verify(manifest, data)
         with self.shared.lock:
+            self.shared.counters["bytes_in"] += len(data)
             if reason is None:
-                book.accept(manifest.batch_id, len(data))
-                self.shared.counters["bytes_in"] += len(data)
+                book.accept(author, manifest.batch_id, len(data), groups=groups, now=time.monotonic())
             else:
                 book.reject(
                     author,
@@ -360,6 +371,7 @@ class SwarmCore:
                     manifest.epoch,
                     manifest.byte_size,
                     reason,
+                    nbytes=len(data),
                     offence=from_author,
                     now=time.monotonic(),
                 )
@@ -372,24 +384,25 @@ class SwarmCore:
         for raw in stale:
             del self._seen_manifests[raw]
 
-    async def _verify(self, manifest: Manifest, data: bytes) -> str | None:
-        """None if ``data`` is the batch ``manifest`` announced (then it is held and queued), else why not."""
+    async def _verify(self, manifest: Manifest, data: bytes) -> tuple[str | None, int]:
+        """``(None, groups in it)`` if ``data`` is the batch ``manifest`` announced (then it is held and
+        queued), else ``(why not, 0)``."""
         if len(data) != manifest.byte_size:
-            return RejectReason.SIZE_MISMATCH
+            return RejectReason.SIZE_MISMATCH, 0
         if batch_id(data) != manifest.batch_id:
-            return RejectReason.HASH_MISMATCH
+            return RejectReason.HASH_MISMATCH, 0
         loop = asyncio.get_running_loop()
         try:
             batch = await loop.run_in_executor(None, decode_batch, data, self.limits)
         except ProtocolError as exc:
-            return exc.reason
+            return exc.reason, 0
         if batch.swarm_id != self.settings.swarm_id:
-            return RejectReason.WRONG_SWARM
+            return RejectReason.WRONG_SWARM, 0
         if (batch.author, batch.epoch, batch.seq) != (manifest.author, manifest.epoch, manifest.seq):
-            return RejectReason.MANIFEST_MISMATCH
+            return RejectReason.MANIFEST_MISMATCH, 0
         self.hold(manifest.batch_id, data)
         self.shared.push_batch(batch)
-        return None
+        return None, len(batch.groups)
 
     async def _fetch(self, manifest: Manifest) -> tuple[bytes | None, bool]:
         """Pull a batch's bytes from its author's addresses, else from a few DHT neighbours.
@@ -434,7 +447,7 @@ class SwarmCore:
             writer.close()
 
     async def rpc_get_batch(
-        self, _info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Serve one batch by id: read 64 hex chars, answer a length prefix and the signed bytes."""
         timeout = self.settings.request_timeout
@@ -445,8 +458,10 @@ class SwarmCore:
             writer.write(data)
             await asyncio.wait_for(writer.drain(), timeout)
             if data:
-                self.shared.add("bytes_out", len(data))
-                self.shared.add("batches_served")
+                with self.shared.lock:
+                    self.shared.counters["bytes_out"] += len(data)
+                    self.shared.counters["batches_served"] += 1
+                    self.shared.peer_book.served(info.peer_id.to_base58(), len(data), time.monotonic())
         except _NETWORK_ERRORS as exc:
             logger.debug("serving a batch failed: %r", exc)
         finally:

@@ -2,7 +2,8 @@
 
 It screens each announced batch before it is pulled (ban list, staleness window, deduplication by batch
 id, quotas per author and epoch), records the outcome after it is verified, bans authors of invalid data
-with exponential backoff, and counts every accepted and rejected batch (rejections by reason).
+with exponential backoff, and counts every accepted and rejected batch (rejections by reason), in total
+and per peer (``peer_table``: bounded, peers unseen for an hour forgotten).
 
 Callers pass ``now`` (seconds, any monotonic clock) and the current epoch, so tests need no sleeping.
 """
@@ -10,9 +11,12 @@ Callers pass ``now`` (seconds, any monotonic clock) and the current epoch, so te
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["PeerBook", "RejectReason"]
+__all__ = ["PeerBook", "PeerRow", "RejectReason"]
+
+MAX_TRACKED_PEERS = 1024  # per-peer rows kept at most; the least recently seen goes first
+PEER_FORGET_SECONDS = 3600.0  # a peer unseen (and not banned) this long loses its row
 
 
 class RejectReason:
@@ -35,6 +39,39 @@ class RejectReason:
 class _Quota:
     batches: int = 0
     nbytes: int = 0
+
+
+@dataclass
+class _PeerStats:
+    """What one peer (keyed by its swarm peer id, or by its libp2p id until it publishes) did."""
+
+    last_seen: float
+    batches_accepted: int = 0
+    groups_accepted: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    libp2p_ids: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One peer's counters at one moment (a copy: safe to hand to another thread).
+
+    ``peer_id`` is the author's swarm peer id, or the libp2p id of a peer that pulled from us but whose
+    batches we never saw (``published`` False). Times are in the caller's clock (``now``).
+    """
+
+    peer_id: str
+    published: bool
+    batches_accepted: int
+    groups_accepted: int
+    rejected: dict[str, int]
+    bytes_in: int
+    bytes_out: int
+    last_seen: float
+    banned_until: float | None
+    libp2p_ids: tuple[str, ...]
 
 
 class PeerBook:
@@ -69,6 +106,8 @@ class PeerBook:
         self._strikes: dict[str, int] = {}
         self._banned_until: dict[str, float] = {}
         self._authors_seen: set[str] = set()
+        self._peers: dict[str, _PeerStats] = {}
+        self._libp2p_owner: dict[str, str] = {}  # libp2p id -> author, from manifests' addresses
 
     # -- screening, before a pull ------------------------------------------------------------------
 
@@ -91,20 +130,23 @@ class PeerBook:
         """
         self._known[batch_id] = epoch
         self._authors_seen.add(author)
+        peer = self._peer(author, now)
         reason = self._screen_reason(author, epoch, byte_size, current_epoch, now)
         if reason is not None:
             self.rejected[reason] += 1
+            peer.rejected[reason] += 1
             return reason
         quota = self._quotas.setdefault((author, epoch), _Quota())
         quota.batches += 1
         quota.nbytes += byte_size
         return None
 
-    def refuse(self, author: str, batch_id: str, epoch: int, reason: str) -> str:
+    def refuse(self, author: str, batch_id: str, epoch: int, reason: str, *, now: float) -> str:
         """Reject an announced batch without pulling it (e.g. announced larger than allowed)."""
         self._known[batch_id] = epoch
         self._authors_seen.add(author)
         self.rejected[reason] += 1
+        self._peer(author, now).rejected[reason] += 1
         return reason
 
     def _screen_reason(
@@ -125,11 +167,15 @@ class PeerBook:
 
     # -- outcomes, after a pull ---------------------------------------------------------------------
 
-    def accept(self, batch_id: str, nbytes: int) -> None:
-        """A pulled batch passed every check."""
+    def accept(self, author: str, batch_id: str, nbytes: int, *, groups: int, now: float) -> None:
+        """A pulled batch of ``groups`` rollout groups passed every check."""
         self._attempts.pop(batch_id, None)
         self.accepted += 1
         self.accepted_bytes += nbytes
+        peer = self._peer(author, now)
+        peer.batches_accepted += 1
+        peer.groups_accepted += groups
+        peer.bytes_in += nbytes
 
     def reject(
         self,
@@ -139,17 +185,24 @@ class PeerBook:
         byte_size: int,
         reason: str,
         *,
+        nbytes: int,
         offence: bool,
         now: float,
     ) -> None:
-        """A pulled batch failed a check: count it, give back its quota, ban the author if ``offence``."""
+        """A pulled batch failed a check: count it, give back its quota, ban the author if ``offence``.
+
+        ``byte_size`` is what the manifest announced; ``nbytes`` what was actually pulled.
+        """
         self._attempts.pop(batch_id, None)
         self._release(author, epoch, byte_size)
         self.rejected[reason] += 1
+        peer = self._peer(author, now)
+        peer.rejected[reason] += 1
+        peer.bytes_in += nbytes
         if offence:
             self.punish(author, now)
 
-    def pull_failed(self, author: str, batch_id: str, epoch: int, byte_size: int) -> bool:
+    def pull_failed(self, author: str, batch_id: str, epoch: int, byte_size: int, *, now: float) -> bool:
         """A pull did not complete (peer unreachable, timeout). Returns True if it will be retried.
 
         The quota is given back and the batch forgotten so the next poll screens it again, until
@@ -160,6 +213,7 @@ class PeerBook:
         if attempts >= self.max_pull_attempts:
             self._attempts.pop(batch_id, None)
             self.rejected[RejectReason.UNREACHABLE] += 1
+            self._peer(author, now).rejected[RejectReason.UNREACHABLE] += 1
             return False
         self._attempts[batch_id] = attempts
         self._known.pop(batch_id, None)
@@ -173,9 +227,43 @@ class PeerBook:
         self._banned_until[author] = max(self._banned_until.get(author, now), now + length)
         return length
 
+    def note_addresses(self, author: str, libp2p_ids: list[str], now: float) -> None:
+        """The libp2p ids an author announced in its manifest: what it pulls from us is counted as its."""
+        peer = self._peer(author, now)
+        for lid in libp2p_ids[:8]:  # a manifest carries a handful of addresses
+            self._libp2p_owner[lid] = author
+            peer.libp2p_ids.add(lid)
+            orphan = self._peers.pop(lid, None)  # bytes it pulled before we knew whose it was
+            if orphan is not None and lid != author:
+                peer.bytes_out += orphan.bytes_out
+
+    def served(self, libp2p_id: str, nbytes: int, now: float) -> None:
+        """We served ``nbytes`` of batch data to the peer ``libp2p_id``."""
+        owner = self._libp2p_owner.get(libp2p_id)
+        peer = self._peer(owner if owner is not None else libp2p_id, now)
+        if owner is None:
+            peer.libp2p_ids.add(libp2p_id)
+        peer.bytes_out += nbytes
+
     def count(self, reason: str, n: int = 1) -> None:
         """Count a rejection decided elsewhere (a DHT record validator, a full inbox)."""
         self.rejected[reason] += n
+
+    def _peer(self, key: str, now: float) -> _PeerStats:
+        """The row of ``key``, created (evicting the least recently seen beyond the cap) and touched."""
+        peer = self._peers.get(key)
+        if peer is None:
+            if len(self._peers) >= MAX_TRACKED_PEERS:
+                self._forget(min(self._peers, key=lambda k: self._peers[k].last_seen))
+            peer = self._peers[key] = _PeerStats(last_seen=now)
+        peer.last_seen = max(peer.last_seen, now)
+        return peer
+
+    def _forget(self, key: str) -> None:
+        peer = self._peers.pop(key)
+        for lid in peer.libp2p_ids:
+            if self._libp2p_owner.get(lid) == key:
+                del self._libp2p_owner[lid]
 
     def _release(self, author: str, epoch: int, byte_size: int) -> None:
         quota = self._quotas.get((author, epoch))
@@ -191,9 +279,32 @@ class PeerBook:
         self._known = {b: e for b, e in self._known.items() if e >= oldest}
         self._quotas = {k: q for k, q in self._quotas.items() if k[1] >= oldest}
         self._banned_until = {a: t for a, t in self._banned_until.items() if t > now}
+        idle = [k for k, p in self._peers.items() if p.last_seen < now - PEER_FORGET_SECONDS and k not in self._banned_until]
+        for key in idle:
+            self._forget(key)
 
     def authors_seen(self) -> int:
         return len(self._authors_seen)
 
     def banned(self, now: float) -> list[str]:
         return sorted(a for a, t in self._banned_until.items() if t > now)
+
+    def peer_table(self, now: float) -> list[PeerRow]:
+        """Every tracked peer's counters, most recently seen first."""
+        rows = []
+        for key, p in self._peers.items():
+            until = self._banned_until.get(key)
+            rows.append(PeerRow(
+                peer_id=key,
+                published=key in self._authors_seen,
+                batches_accepted=p.batches_accepted,
+                groups_accepted=p.groups_accepted,
+                rejected=dict(p.rejected),
+                bytes_in=p.bytes_in,
+                bytes_out=p.bytes_out,
+                last_seen=p.last_seen,
+                banned_until=until if until is not None and until > now else None,
+                libp2p_ids=tuple(sorted(p.libp2p_ids)),
+            ))
+        rows.sort(key=lambda r: r.last_seen, reverse=True)
+        return rows
