@@ -57,14 +57,18 @@ class Page:
         return reply["result"].get("value")
 
     async def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
-        """Poll until ``expression`` is truthy; returns its value."""
+        """Poll until ``expression`` is truthy (errors while the page loads count as not yet); returns it."""
         deadline = time.monotonic() + timeout
+        error: CdpError | None = None
         while True:
-            value = await self.evaluate(expression)
-            if value:
-                return value
+            try:
+                value = await self.evaluate(expression)
+                if value:
+                    return value
+            except CdpError as exc:  # e.g. document.body is null before the page is parsed
+                error = exc
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{expression!r} still falsy after {timeout:.0f} s")
+                raise TimeoutError(f"{expression!r} still falsy after {timeout:.0f} s (last error: {error})")
             await asyncio.sleep(0.1)
 
     async def screenshot(self, path: str | Path) -> Path:

@@ -104,7 +104,7 @@ def render(url: str, status: dict[str, Any], peers: dict[str, Any], health: dict
         if not rows:
             lines.append("no peers yet")
         else:
-            head = ["peer", "conn", "batches", "groups", "used", "rejected", "in", "out", "seen", "banned"]
+            head = ["peer", "conn", "batches", "groups", "ingested", "rejected", "in", "out", "seen", "banned"]
             body = [[p["peer_id"][:14] + "…", "yes" if p["connected"] else "no", str(p["batches_accepted"]),
                      str(p["groups_accepted"]), str(p["groups_ingested"]),
                      ",".join(f"{k}:{v}" for k, v in sorted(p["rejected"].items())) or "-",

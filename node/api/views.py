@@ -66,7 +66,7 @@ def status_doc(board: StatusBoard, network: NetworkStatus | None, stall_seconds:
         "network": network_doc(network),
         "published": {"batches": snap.published_batches if snap else 0,
                       "groups": snap.published_groups if snap else 0,
-                      "batches_stored": _number(record, "batches_published")},
+                      "batches_stored": record.get("batches_published")},
         "uptime_s": round(now - info.started_at, 1) if info else 0.0,
         "last_step_at": snap.at if snap else None,
         "time": now,

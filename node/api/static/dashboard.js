@@ -155,12 +155,12 @@ function addRows(rows) {
 
 function chartWidth(el) { return Math.max(300, el.clientWidth - 20); }
 
-function makeChart(id, series, data, yRange) {
+function makeChart(id, series, data, yRange, yIncrs) {
   const el = $(id);
   const opts = {
     width: chartWidth(el), height: 210,
     scales: { x: { time: false }, y: yRange ? { range: yRange } : {} },
-    axes: [{ label: "step", incrs: STEP_INCRS }, {}],
+    axes: [{ label: "step", incrs: STEP_INCRS }, yIncrs ? { incrs: yIncrs } : {}],
     legend: { live: false },
     series: [{ label: "step" }, ...series],
   };
@@ -184,11 +184,11 @@ function drawCharts() {
   if (!state.charts["chart-reward"]) {
     const line = (label, stroke, extra) => Object.assign({ label, stroke, width: 1.5, spanGaps: true }, extra || {});
     makeChart("chart-reward", [line("own groups", "#93c5fd", { width: 1 }), line("own, mean of " + SMOOTH, OWN, { width: 2.5 }),
-      line("peers' groups", PEERS)], data["chart-reward"], [0, 1]);
+      line("peers' groups", PEERS, { spanGaps: false })], data["chart-reward"], [0, 1]);
     makeChart("chart-eval", [line("accuracy", OWN, { points: { show: true, size: 6 } })], data["chart-eval"], [0, 1]);
     makeChart("chart-tokens", [line("tokens/s (generate + train)", OWN), line("tokens/s (generate)", THIRD)],
       data["chart-tokens"]);
-    makeChart("chart-groups", [line("own", OWN), line("from peers", PEERS)], data["chart-groups"]);
+    makeChart("chart-groups", [line("own", OWN), line("from peers", PEERS)], data["chart-groups"], null, STEP_INCRS);
   } else {
     for (const [id, d] of Object.entries(data)) state.charts[id].setData(d);
   }
