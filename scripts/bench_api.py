@@ -60,7 +60,7 @@ async def _load_main(base: str, clients: int) -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     connector = aiohttp.TCPConnector(limit=clients)
-    timeout = aiohttp.ClientTimeout(total=30)
+    timeout = aiohttp.ClientTimeout(total=120)  # a flood waits in line for seconds: only a lost answer is an error
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         stats = {"ok": 0, "errors": 0, "latencies": [], "step": 0}
         while True:

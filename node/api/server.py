@@ -77,7 +77,7 @@ class ApiServer:
         self.thread_native_id: int | None = None  # for tools that watch the API thread's CPU time
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self._budget = CpuBudget(cfg.max_cpu_share)
 
     @property
@@ -93,10 +93,13 @@ class ApiServer:
         self._thread.start()
         if not ready.wait(timeout):
             raise RuntimeError(f"the status API did not start within {timeout:.0f} s")
-        if self._error is not None:
+        if isinstance(self._error, OSError):  # in use, not ours to bind, a host name that does not resolve
             self._thread.join(timeout)
             raise ConfigError(f"api.port: cannot listen on {self.cfg.host}:{self.cfg.port} ({self._error}); "
                               "choose another port, or api.port=0 for any free one") from None
+        if self._error is not None:
+            self._thread.join(timeout)
+            raise RuntimeError("the status API failed to start") from self._error
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close the listening socket and open connections, stop the loop, join the thread (bounded)."""
@@ -122,7 +125,7 @@ class ApiServer:
             site = web.TCPSite(runner, self.cfg.host, self.cfg.port, backlog=512, reuse_address=True)
             loop.run_until_complete(site.start())
             self.port = int(runner.addresses[0][1])  # the bound port, also when api.port is 0
-        except OSError as exc:
+        except Exception as exc:  # handed to start(), in the caller's thread
             self._error = exc
             loop.run_until_complete(runner.cleanup())
             loop.close()
