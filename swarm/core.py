@@ -53,17 +53,18 @@ _ID_BYTES = 64  # a batch id on the wire: 64 ASCII hex chars
 _LEN_BYTES = 8  # big-endian length prefix of a served batch; 0 means "not held here"
 _HEALTH_PERIOD = 1.0
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
-_DECODED_FACTOR = 12  # Python objects of a decoded batch, per byte of its msgpack payload (measured: < 10)
-_DECODED_BASE = 64 * 1024
+_MIB = 1024 * 1024
 
 
 def decoded_cost(payload_bytes: int) -> int:
-    """Estimated memory of a decoded batch whose payload expands to ``payload_bytes``.
+    """Estimated peak memory of decoding a batch whose payload expands to ``payload_bytes``.
 
-    Token ids travel as 4 bytes and become Python ints in tuples (8-byte slots, plus the int objects
-    above 256); the factor is measured on realistic batches by ``tests/swarm/test_hostile_pulls.py``.
+    Token ids and log-probs travel as 4 bytes and become Python ints and floats in tuples (up to 32 bytes
+    each); small rollouts cost a fixed few hundred bytes of objects each. Measured peaks (tracemalloc,
+    ``tests/swarm/test_hostile_pulls.py``) are 7x the payload for long completions and up to 23x for
+    tiny ones, so: 32x the first MiB, 10x the rest.
     """
-    return _DECODED_FACTOR * payload_bytes + _DECODED_BASE
+    return 32 * min(payload_bytes, _MIB) + 10 * max(0, payload_bytes - _MIB) + 64 * 1024
 
 
 def _decode_with_digests(data: bytes, limits: Limits) -> tuple[RolloutBatch, list[bytes]]:
@@ -482,7 +483,8 @@ class SwarmCore:
             payload = batch_payload_size(data)
         except ProtocolError as exc:
             return exc.reason, True
-        if payload > min(self.settings.max_batch_payload_bytes, self.limits.max_decompressed_bytes):
+        cap = min(self.settings.max_batch_payload_bytes, self.limits.max_decompressed_bytes)
+        if payload > cap or decoded_cost(payload) > self.settings.max_inbox_bytes:
             return RejectReason.PAYLOAD_TOO_LARGE, False
         with self.shared.lock:
             quota_reason = self.shared.peer_book.charge_payload(author, manifest.epoch, payload)

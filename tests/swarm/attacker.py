@@ -69,8 +69,12 @@ class Attacker:
             self.call(self.dht.shutdown(), 10)
         with contextlib.suppress(Exception):
             self.call(self.p2p.shutdown(), 10)
+        with contextlib.suppress(Exception):  # stalled handlers and hivemind's timers, unwound on this loop
+            self.call(_cancel_others(), 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
 
     # -- raw DHT writes ---------------------------------------------------------------------------------
 
@@ -130,6 +134,13 @@ class Attacker:
             pass
         finally:
             writer.close()
+
+
+async def _cancel_others() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _with(record: Any, **changes: Any) -> Any:
