@@ -217,7 +217,7 @@ class Ingestor:
         if not group.completions:
             self._reject("empty_group", task.ref.key())
             return None, None
-        rewards, offence = self._score(task, texts)
+        rewards, offence = self._score(task, texts, budget.deadline)
         if rewards is None:
             return None, offence
         group.rewards = rewards
@@ -273,7 +273,7 @@ class Ingestor:
         self.retokenized += 1
         return ids, None, None
 
-    def _score(self, task: Task, texts: list[str]) -> tuple[list[float] | None, str | None]:
+    def _score(self, task: Task, texts: list[str], deadline: float) -> tuple[list[float] | None, str | None]:
         """Our own rewards for ``texts``, or ``(None, offence or None)`` when they could not be had."""
         if self.scorer is None or not self.source.isolated_scoring:
             errors = self.source.score_errors
@@ -281,7 +281,8 @@ class Ingestor:
             if self.source.score_errors != errors:
                 self._reject("score_error", task.ref.key(), self.source.score_errors - errors)
             return rewards, None
-        outcomes = self.scorer.score([(task.ref, text) for text in texts])
+        wait = max(0.0, deadline - time.perf_counter())  # a child still starting is waited for within the budget
+        outcomes = self.scorer.score([(task.ref, text) for text in texts], wait=wait)
         statuses = Counter(o.status for o in outcomes)
         if statuses["timeout"]:
             self._reject("score_timeout", task.ref.key())
@@ -296,7 +297,8 @@ class Ingestor:
     # -- anchors ----------------------------------------------------------------------------------------
 
     def _chunks(self, pending: list[tuple[TrainGroup, int]]) -> list[list[tuple[TrainGroup, int]]]:
-        """Micro-batches whose logits (``rows x length x vocab`` floats, twice) fit ``anchor_bytes``."""
+        """Micro-batches whose logits fit ``anchor_bytes`` (``rows x length x vocab`` float32, three copies:
+        the logits, their scaled slice and the log-softmax); a single longer row goes alone."""
         vocab = int(getattr(getattr(self.policy.model, "config", None), "vocab_size", 0) or self._vocab_size)
         chunks: list[list[tuple[TrainGroup, int]]] = []
         chunk: list[tuple[TrainGroup, int]] = []
@@ -306,7 +308,7 @@ class Ingestor:
             length = len(group.prompt_ids) + len(group.completions[i])
             wider = max(width, length)
             if chunk and (len(chunk) >= self.micro_batch_size
-                          or (len(chunk) + 1) * wider * vocab * 8 > self.limits.anchor_bytes):
+                          or (len(chunk) + 1) * wider * vocab * 12 > self.limits.anchor_bytes):
                 chunks.append(chunk)
                 chunk, wider = [], length
             chunk.append(item)

@@ -151,7 +151,9 @@ class Node:
         t = self.cfg.tasks
         spec = SourceSpec(t.source, tuple(t.datasets), tuple(t.weights) if t.weights is not None else None,
                           self.cfg.seed, {"chat_template": self.cfg.model.chat_template})
-        return ScoringWorker(spec, timeout=self.cfg.ingest.score_timeout)
+        scorer = ScoringWorker(spec, timeout=self.cfg.ingest.score_timeout)
+        scorer.start()  # imports its libraries while the node sets up and takes its first steps
+        return scorer
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()

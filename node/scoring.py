@@ -3,8 +3,9 @@
 A verifier is code this node runs on text a peer chose. Some are not linear in it: reasoning-gym's
 propositional_logic parser spends seconds on a few hundred nested negations, and a thread cannot be
 stopped. So the completions of a source whose scorers are not known to be cheap
-(``TaskSource.isolated_scoring``) are scored in one spawned child process that rebuilds the same task
-source from a picklable ``SourceSpec``. The parent waits for each reply at most ``timeout`` seconds; on a
+(``TaskSource.isolated_scoring``) are scored in one child process (``python -m node.scoring``, talking
+over two pipes, so nothing of this process is forked or re-imported) that rebuilds the same task source
+from a picklable ``SourceSpec``. The parent waits for each reply at most ``timeout`` seconds; on a
 time-out it kills the child (SIGKILL) and starts a fresh one at once, which imports its libraries while
 the node goes on. A child's time limits apply only once it has said it is ready (libraries imported).
 
@@ -17,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from protocol.taskref import TaskRef
@@ -53,9 +58,10 @@ class ScoreOutcome:
     reward: float = 0.0
 
 
-def _child_main(conn: Connection, spec: SourceSpec) -> None:
-    """The child: build the source, warm it up, say so, then score ``(ref, completion)`` lists."""
+def _child_main(conn: _Duplex) -> None:
+    """The child: read its spec, build the source, warm it up, say so, then score ``(ref, completion)`` lists."""
     logging.disable(logging.CRITICAL)  # the parent logs; a child's output would only interleave
+    spec: SourceSpec = conn.recv()
     source = spec.build()
     source.warm_up()
     conn.send(("ready", 0.0))
@@ -86,16 +92,20 @@ class ScoringWorker:
         self.timeouts = 0
         self.errors = 0
         self.restarts = 0
-        self._ctx = multiprocessing.get_context("spawn")  # never fork a process with torch and p2pd threads
-        self._proc: Any = None
-        self._conn: Connection | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: _Duplex | None = None
         self._ready = False
+        self._started_at = 0.0
 
-    def score(self, items: Sequence[tuple[TaskRef, str]]) -> list[ScoreOutcome]:
-        """One outcome per item, in order. After a time-out the child is replaced and the rest skipped."""
+    def score(self, items: Sequence[tuple[TaskRef, str]], *, wait: float | None = None) -> list[ScoreOutcome]:
+        """One outcome per item, in order. After a time-out the child is replaced and the rest skipped.
+
+        A child still starting is waited for at most ``wait`` seconds (default: ``start_timeout``); past
+        that the items are ``unavailable`` and the child goes on starting in the background.
+        """
         if not items:
             return []
-        if not self._ensure_ready():
+        if not self._ensure_ready(self.start_timeout if wait is None else wait):
             return [ScoreOutcome("unavailable")] * len(items)
         conn = self._conn
         if conn is None:
@@ -122,14 +132,30 @@ class ScoringWorker:
         return outcomes
 
     def start(self) -> None:
-        """Start the child now (it warms up in the background); ``score`` starts one when needed."""
-        if self._proc is None:
-            parent, child = self._ctx.Pipe()
-            self._proc = self._ctx.Process(target=_child_main, args=(child, self.spec), daemon=True,
-                                           name="swarm-node-scorer")
-            self._proc.start()
-            child.close()
-            self._conn, self._ready = parent, False
+        """Start the child now (it warms up in the background); ``score`` starts one when needed.
+
+        A fresh interpreter, never a fork of this process (torch and p2pd threads): ``python -m
+        node.scoring`` with one pipe each way, wrapped as ``multiprocessing`` connections.
+        """
+        if self._proc is not None:
+            return
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "node.scoring", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                env=env, start_new_session=True,  # a Ctrl-C to the node's group goes to the node only
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        conn = _Duplex(Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
+        conn.send(self.spec)
+        self._conn, self._ready = conn, False
+        self._started_at = time.monotonic()
 
     def close(self) -> None:
         proc, conn = self._proc, self._conn
@@ -139,32 +165,37 @@ class ScoringWorker:
                 conn.send(None)
             conn.close()
         if proc is not None:
-            proc.join(timeout=2.0)
-            if proc.is_alive():
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join(timeout=5.0)
+                proc.wait(timeout=5.0)
 
     def pid(self) -> int | None:
-        return None if self._proc is None else int(self._proc.pid)
+        return None if self._proc is None else self._proc.pid
 
     def metrics(self) -> dict[str, int]:
         return {"score_timeouts": self.timeouts, "score_errors": self.errors, "scorer_restarts": self.restarts}
 
-    def _ensure_ready(self) -> bool:
+    def _ensure_ready(self, wait: float) -> bool:
         self.start()
         if self._ready:
             return True
         conn = self._conn
-        reply = None if conn is None else self._receive(conn, self.start_timeout)
-        if reply is None or reply[0] != "ready":
-            logger.warning("scoring worker did not start in %.0f s; peers' completions are not scored",
-                           self.start_timeout)
-            self._kill()
-            return False
-        self._ready = True
-        return True
+        left = self._started_at + self.start_timeout - time.monotonic()
+        reply = None if conn is None else self._receive(conn, max(0.0, min(wait, left)))
+        if reply is not None and reply[0] == "ready":
+            self._ready = True
+            return True
+        if reply is not None or not self._alive() or time.monotonic() >= self._started_at + self.start_timeout:
+            logger.warning("scoring worker did not start in %.0f s; restarting it", self.start_timeout)
+            self._restart()
+        return False
 
-    def _receive(self, conn: Connection, timeout: float) -> tuple[str, float] | None:
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _receive(self, conn: _Duplex, timeout: float) -> tuple[str, float] | None:
         try:  # poll returns at once when the child exits (end of file)
             if not conn.poll(timeout):
                 return None
@@ -182,7 +213,33 @@ class ScoringWorker:
         proc, conn = self._proc, self._conn
         self._proc, self._conn, self._ready = None, None, False
         if proc is not None:
-            proc.kill()
-            proc.join(timeout=5.0)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
         if conn is not None:
             conn.close()
+
+
+class _Duplex:
+    """A reading and a writing ``Connection`` used as one (``os.pipe`` is one-way)."""
+
+    def __init__(self, reader: Connection, writer: Connection) -> None:
+        self.reader, self.writer = reader, writer
+
+    def send(self, obj: Any) -> None:
+        self.writer.send(obj)
+
+    def recv(self) -> Any:
+        return self.reader.recv()
+
+    def poll(self, timeout: float) -> bool:
+        return bool(self.reader.poll(timeout))
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
+
+
+if __name__ == "__main__":  # the child: python -m node.scoring READ_FD WRITE_FD
+    _child_main(_Duplex(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)))
