@@ -290,3 +290,21 @@ def test_sequence_values_bounded_for_negatives() -> None:
     # PPO's value is already bounded below: |A| * mean max(rho, clip(rho)) = 1 * 1.075 (see above).
     values = sequence_values(leaf(CLIP_LOGP), CLIP_ANCHOR, torch.tensor([-1.0]), ONE_MASK, "grpo")
     torch.testing.assert_close(values, torch.tensor([1.075]))
+
+
+# --- peers' absurd behaviour log-probs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["topr", "rec", "grpo", "reinforce"])
+@pytest.mark.parametrize("anchor_value", [-3e38, 3e38, float("nan")])
+def test_every_loss_stays_finite_whatever_the_behaviour_logprobs(kind: str, anchor_value: float) -> None:
+    """A log-ratio against -3e38 (a finite float32) overflowed exp() in GRPO and tapered weights; every
+    token log-ratio is clamped to +-MAX_LOG_RATIO, so loss and gradient stay finite in every loss."""
+    logp = leaf([[-1.0, -2.0], [-0.5, -0.25]])
+    anchor = torch.tensor([[anchor_value, -2.0], [anchor_value, anchor_value]])
+    for adv in ([1.0, -1.0], [-1.0, 1.0]):
+        loss, stats = policy_loss(logp, anchor, torch.tensor(adv), torch.ones(2, 2), kind)  # type: ignore[arg-type]
+        grad = grad_of(loss, logp)
+        assert math.isfinite(float(loss)) and bool(torch.isfinite(grad).all())
+        assert all(math.isfinite(v) for v in stats.values())
+        assert stats["ratio_max"] <= math.exp(MAX_LOG_RATIO) * (1 + 1e-6)
