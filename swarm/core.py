@@ -6,12 +6,17 @@ serves signed batches by id, and four background loops:
 * join: dial the initial peers until the DHT has a neighbour, retrying with exponential backoff; and
   again whenever every neighbour is gone;
 * publish: store queued manifests in the DHT (each store bounded by ``publish_timeout``);
-* collect: poll the manifest keys of the recent epochs, screen new manifests with the peer book, pull
-  the batches from their authors, verify them (size, hash, signature, manifest match) and queue them;
+* collect: poll the manifest keys of the recent epochs (each key on its own, every entry checked again
+  by the validator), screen new manifests with the peer book, pull the batches from their authors (a
+  few at a time per author, newcomers at most ``newcomer_share`` of the slots, each pull bounded in total
+  time), verify them (size, hash, expanded size charged before decoding, signature, manifest match,
+  content not seen before) and queue them;
 * health: watch p2pd, refresh the peer list, prune old state.
 
-Every network await is bounded by a timeout. CPU-heavy decoding runs in the default executor, not on
-the loop. Peer input that fails a check is counted in the peer book and logged at debug level.
+Every network await is bounded by a timeout. CPU-heavy decoding runs in the default executor, one batch
+at a time, not on the loop. Held batches and the inbox are bounded in bytes as well as in count. Peer
+input that fails a check is counted in the peer book and logged at debug level; when it shows intent
+(bytes that are not what their author signed for, stalled pulls) the author is banned.
 """
 
 from __future__ import annotations
@@ -577,6 +582,7 @@ class SwarmCore:
                 self.shared.add("bytes_out", len(data))
                 self.shared.add("batches_served")
         except _NETWORK_ERRORS as exc:
+            self.shared.add("serve_failed")
             logger.debug("serving a batch failed: %r", exc)
         finally:
             writer.close()

@@ -99,7 +99,7 @@ class SwarmSettings(BaseModel):
     pull_timeout: float = Field(default=10.0, gt=0)
     """Bound on one whole pull (every address tried, every read): a peer that trickles bytes or stalls
     a stream holds a pull slot at most this long, and is banned for it."""
-    max_concurrent_pulls: int = Field(default=8, ge=2)
+    max_concurrent_pulls: int = Field(default=8, ge=1)
     max_pulls_per_author: int = Field(default=2, ge=1)
     max_pull_attempts: int = Field(default=3, ge=1)
     max_inbox_batches: int = Field(default=256, ge=1)

@@ -43,17 +43,3 @@ def make_batch(
         groups=tuple(groups),
     )
 
-
-def bomb_batch(identity: Identity, payload_bytes: int, *, epoch: int = 0, seq: int = 0) -> bytes:
-    """Signed bytes of a valid batch whose payload expands to about ``payload_bytes`` yet compresses to a
-    few KB: groups of 64 completions of 4096 zero tokens. Built from the codec's wire layout directly,
-    without the records (which would cost this process the memory being measured)."""
-    from protocol._wire import KIND_BATCH, compress, seal
-    from protocol.codec import _pack
-
-    zeros_ids, zeros_lps = bytes(4 * 4096), bytes(4 * 4096)  # uint32 0 and float32 0.0, 4096 of each
-    rollout = ["p", "", zeros_ids, "tok-test", zeros_lps, 1.0, 1.0, "model-test", 0, "length", None, b""]
-    per_group = 64 * (len(zeros_ids) + len(zeros_lps))
-    groups = [["arith", "add", "c0ffee", 7, g, [rollout] * 64] for g in range(max(1, payload_bytes // per_group))]
-    raw = _pack(["test-swarm", [], epoch, seq, time.time(), groups])
-    return seal(KIND_BATCH, identity, compress(raw))

@@ -26,12 +26,12 @@ from protocol.codec import (
     make_manifest,
 )
 from protocol.identity import Identity
-from protocol.samples import realistic_batch
+from protocol.samples import expanding_batch, realistic_batch
 from swarm.core import PublishItem, decoded_cost
 from swarm.keys import manifest_key, manifest_subkey, shard_of
 from swarm.transport import SwarmTransport
 from tests.swarm.attacker import Attacker, peer_id_of, wait_until
-from tests.swarm.batches import bomb_batch, make_batch
+from tests.swarm.batches import make_batch
 from tests.swarm.conftest import SWARM_ID, fast_settings, p2pd_pid
 
 _MIB = 1024 * 1024
@@ -115,7 +115,7 @@ def test_decoded_size_is_estimated_before_decoding() -> None:
     First in the module: tracemalloc counts every thread, and the network's must not be running yet.
     """
     author = Identity.generate()
-    for n_tokens in (1, 8, 2048):
+    for n_tokens in (1, 8, 1400):  # 1400 tokens: a payload past 1 MiB
         data = encode_batch(dataclasses.replace(realistic_batch(author.public_key, n_tokens=n_tokens),
                                                 author=author.public_key), author)
         payload = batch_payload_size(data)
@@ -189,10 +189,10 @@ def test_batches_that_expand_hugely_are_refused_before_decoding(net: Net) -> Non
     before = net.rejected()
     bombs, mallory = [], Identity.generate()
     for seq in range(4):
-        bombs.append((mallory, seq, bomb_batch(mallory, 30 * _MIB, epoch=epoch, seq=seq)))
+        bombs.append((mallory, seq, expanding_batch(mallory, 30 * _MIB, epoch=epoch, seq=seq)))
     hoarder = Identity.generate()  # under the 4 MiB cap each: the per-author payload quota (6 MiB) bounds it
     for seq in range(6):
-        bombs.append((hoarder, seq, bomb_batch(hoarder, 3 * _MIB, epoch=epoch, seq=seq)))
+        bombs.append((hoarder, seq, expanding_batch(hoarder, 3 * _MIB, epoch=epoch, seq=seq)))
     records = []
     for author, seq, data in bombs:
         batch = dataclasses.replace(make_batch(author), seq=seq)
