@@ -179,6 +179,7 @@ def bench_anchors() -> None:
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
     policy = build_policy(ModelConfig(name_or_path=str(folder), device="cpu"), AdapterConfig(), seed=0)
+    policy.tokenizer.model_max_length = 4096  # the embedded model's 64 is a training length, not a limit
     source = build_task_source("arith", ["add"], None, 0)
     author = Identity.generate()
     refs = [source.make_ref("add", 2 * i, seed=5) for i in range(2)]
