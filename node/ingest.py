@@ -9,7 +9,8 @@ as records) is ``node.outbound``.
 Bounded in work: one call ingests at most the groups the step can use (``max_groups``, from the runner)
 and at most ``IngestLimits`` rollouts, tokens and seconds. Groups are taken round-robin over authors,
 newest batch first, each author at most ``max_groups_per_peer`` groups and ``max_seconds_per_peer``
-seconds a call; what does not fit is dropped and counted (``over_budget``). Checks run cheapest first:
+seconds a call; what does not fit is dropped and counted (``over_budget``, or ``not_needed`` once the
+step has all the groups it can use). Checks run cheapest first:
 
 * the ref: our source and config hash (``unknown_task``), one of this node's own datasets
   (``foreign_dataset``), at most ``max_seeds_per_peer_epoch`` distinct seeds per author and epoch
@@ -146,8 +147,9 @@ class Ingestor:
                 if offence is not None:
                     self._offence(peer_id, offence)
                     self._drop(queues.pop(peer_id), "peer_offended")
+        leftover = "not_needed" if len(groups) >= max_groups else "over_budget"  # the step had all it can use
         for queue in queues.values():
-            self._drop(queue, "over_budget")
+            self._drop(queue, leftover)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
         self.last_seconds = time.perf_counter() - started
