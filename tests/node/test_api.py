@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,11 @@ def get_json(url: str) -> dict:
     code, body = get(url)
     assert code == 200, (url, code, body[:300])
     return json.loads(body)
+
+
+def to_fixed(x: float, digits: int) -> str:
+    """JavaScript's ``Number.prototype.toFixed``: the exact binary value, ties rounded up."""
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
 
 
 def rows_by_step(run_dir: Path) -> dict[int, dict]:
@@ -180,11 +186,11 @@ def test_dashboard_renders_what_the_api_says(node):
     rows = rows_by_step(node.run_dir)
     row = rows[seen["step"]]
     assert seen["error"] == ""
-    assert float(seen["reward"]) == row["reward_mean"] and seen["rewardText"] == f"{row['reward_mean']:.3f}"
+    assert float(seen["reward"]) == row["reward_mean"] and seen["rewardText"] == to_fixed(row["reward_mean"], 3)
     assert float(seen["tokens"]) == row["tokens_per_s"]
     last_eval = [r for s, r in rows.items() if "eval_accuracy" in r and s <= seen["step"]][-1]
     assert float(seen["evalValue"]) == last_eval["eval_accuracy"] and seen["evalStep"] == f"at step {last_eval['step']}"
-    assert seen["evalText"] == f"{last_eval['eval_accuracy']:.3f}"
+    assert seen["evalText"] == to_fixed(last_eval["eval_accuracy"], 3)
     assert (seen["network"], seen["state"], seen["peers"], seen["peerRows"]) == ("off", "training", "0", 0)
     assert "tiny-base (lora)" in seen["identity"]
     reward_chart = seen["charts"]["chart-reward"]
