@@ -1,14 +1,15 @@
 """The node daemon: it composes ``protocol/`` and ``swarm/`` with a policy, tasks and a trainer.
 
 - ``config``: the typed configuration (YAML plus ``a.b=value`` overrides) and ``ConfigError``.
-- ``cli``: the ``swarm-node`` command (``silo``, ``start``, ``keygen``).
+- ``cli``: the ``swarm-node`` command (``silo``, ``start``, ``status``, ``keygen``).
 - ``runner``: ``Node``, the lifecycle (``setup``, ``run``, ``close``) and one training step.
 - ``daemon``: ``swarm-node start``: a ``Node`` joined to a swarm.
 - ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, checked, re-scored and
   re-tokenized for our policy within per-step budgets.
 - ``scoring``: peers' completions scored in a child process with a time limit per completion.
 - ``rollouts`` / ``generation``: tasks to scored groups; batched sampling with behaviour log-probs.
-- ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL, optional Prometheus).
+- ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL) and its Prometheus form.
+- ``api/``: the status API, Prometheus ``/metrics`` and the dashboard (``api.port``), ``swarm-node status``.
 - ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.
 - ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.
 - ``train/``: advantages, losses and the SAPO sampler (pure functions) and the ``Trainer``.
