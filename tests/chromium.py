@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-extensions", "--mute-audio", "--remote-debugging-port=0", "--remote-allow-origins=*"]
 
 
+REQUIRE_ENV = "SWARM_NODE_REQUIRE_CHROMIUM"  # set by .ci/run: there a missing Chromium fails, never skips
+
+
 def find_chromium() -> str | None:
     """Debian's ``chromium`` (or another name a distribution uses), or None."""
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
@@ -32,6 +36,20 @@ def find_chromium() -> str | None:
         if path:
             return path
     return None
+
+
+def chromium_or_skip() -> str:
+    """The Chromium executable; else the test is skipped, saying why, or fails where ``$SWARM_NODE_REQUIRE_CHROMIUM``
+    is set (CI installed it with ``scripts/ci_deps.sh``, so a missing one is a broken set-up, not a skip)."""
+    import pytest
+
+    exe = find_chromium()
+    if exe is None:
+        why = "no Chromium on this machine (Debian: apt-get install chromium, or run scripts/ci_deps.sh as root)"
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{why}, and {REQUIRE_ENV} is set")
+        pytest.skip(why)
+    return exe
 
 
 class CdpError(Exception):

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.api.client import EXIT_OK, EXIT_UNREACHABLE
 from node.cli import main
 from node.metrics import read_metrics
-from tests.chromium import Chromium, find_chromium
+from tests.chromium import Chromium, chromium_or_skip
 from tests.node.conftest import FAST
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -159,13 +159,12 @@ def test_status_command_prints_a_summary_or_fails(node, capsys):
     assert "not answering" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(find_chromium() is None, reason="no Chromium on this machine (Debian: apt-get install chromium; "
-                                                    "CI installs it through scripts/ci_deps.sh)")
 def test_dashboard_renders_what_the_api_says(node):
+    exe = chromium_or_skip()
     shot = node.run_dir / "dashboard.png"
 
     async def look() -> dict:
-        async with Chromium(find_chromium()) as browser:
+        async with Chromium(exe) as browser:
             page = await browser.open(node.url, 1280, 1000)
             await page.wait_for("document.body.dataset.loaded && document.querySelectorAll('canvas').length >= 4")
             seen = await page.evaluate("""(() => {

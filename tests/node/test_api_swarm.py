@@ -21,7 +21,7 @@ from node.daemon import start_swarm_transport
 from node.metrics import read_metrics
 from node.runner import Node
 from swarm.transport import SwarmTransport
-from tests.chromium import Chromium, find_chromium
+from tests.chromium import Chromium, chromium_or_skip
 from tests.node.conftest import make_config
 
 SWARM = ["sapo.external_groups=4", "swarm.swarm_id=api-test", "swarm.collect_interval=0.2", "swarm.request_timeout=3",
@@ -133,13 +133,13 @@ def test_status_and_metrics_agree_with_metrics_jsonl(pair):
     assert "swarm_node_network_up 1.0" in body and "swarm_node_dht_neighbours 1.0" in body
 
 
-@pytest.mark.skipif(find_chromium() is None, reason="no Chromium on this machine (Debian: apt-get install chromium)")
 def test_dashboard_peers_table_shows_what_the_api_says(pair):
+    exe = chromium_or_skip()
     a, b = pair
     shot = a.run_dir / "dashboard.png"
 
     async def look() -> list[dict]:
-        async with Chromium(find_chromium()) as browser:
+        async with Chromium(exe) as browser:
             page = await browser.open(a.api.url, 1280, 1000)
             await page.wait_for("document.querySelectorAll('#peers tbody tr[data-peer]').length > 0")
             cells = await page.evaluate("""[...document.querySelectorAll('#peers tbody tr[data-peer]')].map(tr =>
