@@ -117,6 +117,8 @@ def main() -> None:
     quiet: list[float] = []
     loaded: list[float] = []
     phases: list[dict] = []
+    quiet_medians: list[float] = []  # per round, paired with the loaded phase next to it
+    loaded_medians: list[float] = []
     cpu = {"api": 0.0, "clients": 0.0, "loaded_wall": 0.0}
     me, clients = psutil.Process(), psutil.Process(load.pid)
 
@@ -148,6 +150,7 @@ def main() -> None:
                     load.stdin.flush()
                     phases.append(json.loads(load.stdout.readline()))
                 side = loaded if is_loaded else quiet
+                (loaded_medians if is_loaded else quiet_medians).append(statistics.median(side[-args.steps:]))
                 print(f"round {r + 1}: {'loaded' if is_loaded else 'quiet '} median "
                       f"{statistics.median(side[-args.steps:]) * 1000:.0f} ms"
                       + (f", {phases[-1]['ok']} answers" if is_loaded else ""), flush=True)
@@ -171,6 +174,9 @@ def main() -> None:
     wall = cpu["loaded_wall"]
     print(f"CPU while loaded: API thread {cpu['api'] / wall:.1%} of a core (budget api.max_cpu_share="
           f"{cfg.api.max_cpu_share}), load generator {cpu['clients'] / wall:.1%}")
+    paired = sorted(lm / qm for lm, qm in zip(loaded_medians, quiet_medians))
+    print(f"paired: median of the {len(paired)} per-round ratios {statistics.median(paired):.3f} "
+          f"(range {paired[0]:.2f} to {paired[-1]:.2f})")
     print(f"ratio loaded/quiet: {lo / q:.3f} (goal <= 1.10)")
 
 
