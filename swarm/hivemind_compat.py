@@ -10,6 +10,10 @@ hivemind's public API lacks three things a node needs:
 Each accessor checks that the attribute is still there and raises ``HivemindCompatError`` naming it
 otherwise, so a hivemind upgrade that renames one fails loudly (``tests/swarm/test_hivemind_compat.py``
 exercises every accessor against real peers) instead of silently losing a safety net.
+
+One more dependency on hivemind's layout lives in ``swarm.maddr``: the config check loads hivemind's
+vendored multiaddr parser from its folder, to validate addresses without importing hivemind (and torch);
+the same test file checks that it agrees with ``hivemind.utils.multiaddr``.
 """
 
 from __future__ import annotations

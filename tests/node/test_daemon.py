@@ -95,3 +95,47 @@ def test_two_daemons_with_different_tokenizers_share_and_train(tmp_path, permute
         assert sum(r["n_peer_groups"] for r in rows) > 0, f"node {name} trained on no peer group"
         assert rows[-1]["batches_accepted"] > 0 and rows[-1]["ingest_retokenized"] > 0
         assert (tmp_path / name / "checkpoints").is_dir()
+
+
+def test_a_swarm_node_without_a_seed_takes_one_from_its_identity(tmp_path):
+    from node.config import load_config
+    from node.daemon import identity_seed, with_identity_seed
+    from protocol.identity import Identity
+
+    def seed_of(run: str, *overrides: str) -> int:
+        cfg = load_config("configs/tiny-swarm.yaml", [f"run_dir={tmp_path / run}", *overrides])
+        return with_identity_seed(cfg).seed
+
+    a, b = seed_of("a"), seed_of("b")
+    assert a != b  # two nodes started from one config sample different tasks
+    ident = Identity.load(tmp_path / "a" / "identity.pem")
+    assert a == identity_seed(ident) == int(ident.peer_id[:8], 16)
+    assert seed_of("a") == a  # a restarted node keeps its seed
+    assert seed_of("a", "seed=7") == 7  # an explicit seed wins, even 0
+    assert seed_of("c", "seed=0") == 0 and not (tmp_path / "c" / "identity.pem").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_fixed_port_and_p2p_identity_keep_the_printed_address_across_restarts(tmp_path):
+    """The README's recipe for a stable bootstrap address, through the CLI (the transport-level check,
+    in the default run, is tests/swarm/test_integration.py)."""
+    run = tmp_path / "boot"
+    port = _free_port()
+    printed = []
+    for _ in range(2):
+        proc = _start(run, "train.steps=0", "swarm.p2p_identity_path=p2p.key",
+                      f"swarm.host_maddrs=[/ip4/127.0.0.1/tcp/{port}]")
+        printed.append(_read_address(proc))
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-3000:]
+    assert printed[0] == printed[1]
+    assert printed[0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
+    assert (run / "p2p.key").is_file()  # relative to the run dir, like swarm.identity_path

@@ -44,3 +44,30 @@ def test_a_missing_internal_is_named_in_the_error() -> None:
 
     with pytest.raises(HivemindCompatError, match=r"NotAP2P\._child"):
         hivemind_compat.p2pd_process(NotAP2P())  # type: ignore[arg-type]
+
+
+def test_the_config_check_parses_multiaddrs_as_hivemind_does() -> None:
+    """``swarm.maddr`` loads hivemind's vendored parser without importing hivemind: same bytes, same refusals."""
+    from swarm.maddr import multiaddr_class, multiaddr_problem
+
+    standalone = multiaddr_class()
+    assert standalone is not Multiaddr and standalone.__name__ == Multiaddr.__name__
+    peer = "12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA"
+    for text in (f"/ip4/127.0.0.1/tcp/31337/p2p/{peer}", "/ip6/::1/udp/5/quic", "/dns4/a.example/tcp/1"):
+        assert standalone(text).to_bytes() == Multiaddr(text).to_bytes()
+        assert multiaddr_problem(text) is None
+    for bad in ("/ip4/127.0.0.1/tcp/1/p2p/notapeerid", "/ip4/1.2.3.300/tcp/1", "/ip4/1.2.3.4/tcp/65536"):
+        with pytest.raises(ValueError):
+            Multiaddr(bad)
+        assert multiaddr_problem(bad) is not None
+
+
+def test_the_config_check_imports_neither_hivemind_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from swarm.settings import SwarmSettings; "
+            "SwarmSettings(initial_peers=['/ip4/127.0.0.1/tcp/1/p2p/12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA']); "
+            "print(sorted(m for m in ('hivemind', 'torch') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
