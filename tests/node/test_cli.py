@@ -159,6 +159,8 @@ def test_user_errors_are_reported_before_torch_or_hivemind_is_imported(tmp_path)
     """Every user-error path of the CLI answers from light imports only (hence within a second or two)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("train: [unclosed\n")
     script = f"""
 import sys
 
@@ -171,6 +173,7 @@ cases = [
     ["silo", "--run-dir", run, "train.loss=ppo"],
     ["silo", "--run-dir", run, "no.such.key=1"],
     ["silo", "-c", "configs/no-such.yaml"],
+    ["silo", "-c", {str(bad_yaml)!r}],
     ["silo", "--run-dir", {str(blocker / "run")!r}],
     ["silo", "--run-dir", run, "model.name_or_path=nobody/no-such-model"],
     ["start", "--run-dir", run, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/notapeerid"],
@@ -183,8 +186,8 @@ print(codes, heavy)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == f"{[2] * 8} []", proc.stdout + proc.stderr[-2000:]
-    assert len(proc.stderr.strip().splitlines()) == 8, proc.stderr
+    assert proc.stdout.strip() == f"{[2] * 9} []", proc.stdout + proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 9, proc.stderr  # one line each
 
 
 def test_summarize_run_on_a_missing_run_dir_is_a_one_line_error(tmp_path):
