@@ -115,20 +115,14 @@ def test_a_swarm_node_without_a_seed_takes_one_from_its_identity(tmp_path):
     assert seed_of("c", "seed=0") == 0 and not (tmp_path / "c" / "identity.pem").exists()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_fixed_port_and_p2p_identity_keep_the_printed_address_across_restarts(tmp_path):
     """The README's recipe for a stable bootstrap address, through the CLI (the transport-level check,
     in the default run, is tests/swarm/test_integration.py)."""
     run = tmp_path / "boot"
-    port = _free_port()
+    from tests.swarm.conftest import free_port
+
+    port = free_port()
     printed = []
     for _ in range(2):
         proc = _start(run, "train.steps=0", "swarm.p2p_identity_path=p2p.key",

@@ -19,7 +19,7 @@ from swarm.core import PublishItem, SwarmCore
 from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
 from swarm.transport import SwarmTransport
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import SWARM_ID, p2pd_pid, wait_for
+from tests.swarm.conftest import SWARM_ID, free_port, p2pd_pid, wait_for
 
 Trio = tuple[SwarmTransport, SwarmTransport, SwarmTransport]
 
@@ -257,11 +257,7 @@ def test_unreachable_bootstrap_does_not_block_or_raise(make_transport: Callable[
 def test_a_fixed_port_and_p2p_identity_keep_the_address_across_restarts(
     make_transport: Callable[..., SwarmTransport], tmp_path: Path
 ) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     identity = Identity.generate()
     node = make_transport(identity, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"],
                           p2p_identity_path=str(tmp_path / "p2p.key"))
