@@ -43,9 +43,20 @@ class ModelLocation:
 
 
 def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:
-    from huggingface_hub import try_to_load_from_cache
+    """Whether the hub cache holds ``repo_id``'s current snapshot with its ``config.json``.
 
-    return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir), str)
+    Reads the documented cache layout (``models--ORG--NAME/refs/main`` names a folder under
+    ``snapshots/``) instead of calling ``huggingface_hub.try_to_load_from_cache``, which imports the hub's
+    whole HTTP stack (a second or more); ``tests/node/test_locate.py`` checks that both agree.
+    """
+    from huggingface_hub import constants  # light: paths and environment only
+
+    repo = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    try:
+        commit = (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        return False
+    return bool(commit) and (repo / "snapshots" / commit / "config.json").is_file()
 
 
 def locate_model(name_or_path: str, cache_dir: str | None = None) -> ModelLocation:

@@ -24,9 +24,15 @@ def _fake_cache(cache, repo_id: str) -> None:
 
 
 def test_a_hub_name_in_the_cache_is_loaded_without_asking_the_hub(tmp_path):
+    from huggingface_hub import try_to_load_from_cache
+
     _fake_cache(tmp_path, "someone/small-model")
     where = locate_model("someone/small-model", cache_dir=str(tmp_path))
     assert where.path == "someone/small-model" and where.local_files_only is True
+    # The layout read by locate is the hub's own: its lookup finds the same file, and nothing else.
+    found = try_to_load_from_cache("someone/small-model", "config.json", cache_dir=str(tmp_path))
+    assert found == str(tmp_path / "models--someone--small-model" / "snapshots" / "0123abcd" / "config.json")
+    assert try_to_load_from_cache("someone/other", "config.json", cache_dir=str(tmp_path)) is None
 
 
 def test_a_hub_name_not_in_the_cache_says_how_to_get_it(tmp_path):
