@@ -12,7 +12,7 @@ from node.config import NodeConfig
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-_SECTIONS = "model|adapter|tasks|generation|sampling|train|sapo|metrics|swarm"
+_SECTIONS = "model|adapter|tasks|generation|sampling|train|sapo|ingest|metrics|swarm"
 
 
 def _config_key_exists(path: str) -> bool:
