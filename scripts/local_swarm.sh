@@ -2,7 +2,7 @@
 # Start N swarm nodes on 127.0.0.1, each with its own run dir; the first bootstraps the rest.
 # Ctrl-C (or SIGTERM) stops them all: each finishes its step, checkpoints and shuts its network down.
 # Each node runs in its own session (setsid), so the terminal's Ctrl-C reaches only this script, which
-# forwards SIGTERM; a node's p2pd never sees the Ctrl-C and dies before its node. Ctrl-C twice kills.
+# forwards SIGTERM (each node's p2pd runs in a session of its own too). Ctrl-C twice kills.
 # Usage: scripts/local_swarm.sh N [key=value ...]     e.g. scripts/local_swarm.sh 3 train.steps=100
 set -euo pipefail
 N="${1:?usage: scripts/local_swarm.sh N [key=value ...]}"

@@ -133,3 +133,35 @@ def test_a_fixed_port_and_p2p_identity_keep_the_printed_address_across_restarts(
     assert printed[0] == printed[1]
     assert printed[0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
     assert (run / "p2p.key").is_file()  # relative to the run dir, like swarm.identity_path
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_stops_the_node_cleanly(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: p2pd (in its own session) does
+    not get it, so the node finishes its step, checkpoints and shuts its network down without errors."""
+    cmd = [sys.executable, "-m", "node.cli", "start", "-c", "configs/tiny-swarm.yaml", "--run-dir",
+           str(tmp_path / "n"), "--no-progress", *FAST, "train.steps=100000", "train.checkpoint_every=100000"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        _read_address(proc)
+        metrics = tmp_path / "n" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and read_metrics(metrics)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the node did not train"
+            time.sleep(0.5)
+        p2pd = _children_p2pd(proc.pid)
+        assert len(p2pd) == 1
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    gone, alive = psutil.wait_procs(p2pd, timeout=15)
+    assert not alive, f"p2pd left behind: {alive}"
+    assert "signal 2: stopping after this step" in out and "stopped at step" in out, out[-3000:]
+    for sign in ("ERROR", "Traceback", "Task exception was never retrieved", "did not stop in time"):
+        assert sign not in out, out[-3000:]
+    steps = [r["step"] for r in read_metrics(tmp_path / "n" / "metrics.jsonl")]
+    assert (tmp_path / "n" / "checkpoints" / f"step_{steps[-1]:06d}").is_dir()

@@ -6,6 +6,7 @@ losing its p2pd watchdog or its dialing).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import psutil
@@ -26,6 +27,14 @@ def test_p2pd_process_is_the_running_daemon(make_transport: Callable[..., SwarmT
     assert "p2pd" in psutil.Process(child.pid).name()
     assert node.p2pd_pid() == child.pid
     assert node._call_on_loop(lambda core: hivemind_compat.p2pd_exited(core.p2p)) is False
+
+
+def test_p2pd_runs_in_a_session_of_its_own(make_transport: Callable[..., SwarmTransport]) -> None:
+    """A Ctrl-C at the node's terminal (SIGINT to the node's process group) must not reach p2pd."""
+    pid = make_transport().p2pd_pid()
+    assert pid is not None
+    assert os.getsid(pid) == pid != os.getsid(0)
+    assert os.getpgid(pid) != os.getpgid(0)
 
 
 def test_dial_connects_and_neighbours_lists_the_peer(make_transport: Callable[..., SwarmTransport]) -> None:
