@@ -134,6 +134,21 @@ def test_a_read_only_run_dir_is_a_one_line_error(tmp_path, capsys):
         run.chmod(0o755)
 
 
+def test_a_read_only_file_system_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """What a user on a read-only mount saw as a traceback (``OSError: [Errno 30]``); simulated, since a
+    test cannot mount one, and it runs for root too (which the permission test above cannot)."""
+    import errno
+    from pathlib import Path
+
+    def read_only(self, data):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", read_only)
+    assert main(["silo", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "not writable (Read-only file system)" in line and "--run-dir" in line
+
+
 def test_a_model_not_in_the_local_cache_fails_at_once_with_a_hint(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("node.policy.locate._in_hf_cache", lambda repo_id, cache_dir=None: False)  # whatever this machine holds
     assert main(["silo", "--run-dir", str(tmp_path), "--no-progress", "model.name_or_path=nobody/no-such-model"]) == 2
