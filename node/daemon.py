@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from node.api.client import api_banner
 from node.config import NodeConfig
 from node.runner import Node, load_identity
 from protocol.identity import Identity
@@ -72,6 +73,8 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
             print("swarm-node: network not up yet (peers unreachable?); training locally and retrying to join "
                   "in the background", flush=True)
         print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        if node.api is not None:
+            print(api_banner(node.api.url), flush=True)
         step = node.run()
         print(f"swarm-node: stopped at step {step}", file=sys.stderr, flush=True)
         return 0

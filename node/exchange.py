@@ -24,6 +24,8 @@ from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity
 from protocol.records import RolloutBatch
+from swarm.peer_book import PeerRow
+from swarm.state import NetworkStatus
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,10 @@ class BatchTransport(Protocol):
     def current_epoch(self) -> int: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+    def network_status(self) -> NetworkStatus: ...
+
+    def peer_stats(self) -> list[PeerRow]: ...
 
     def is_alive(self) -> bool: ...
 
@@ -66,6 +72,7 @@ class SwarmExchange:
                                  max_peer_tokens=max_peer_tokens, limits=ingest_limits, scorer=scorer,
                                  penalize=penalize)
         self.seq = 0
+        self.groups_shared = 0
         self.restart_backoff = restart_backoff
         self.max_restart_backoff = max_restart_backoff
         self._next_restart = 0.0
@@ -105,6 +112,7 @@ class SwarmExchange:
                              epoch=self.transport.current_epoch(), seq=self.seq, created_at=time.time(),
                              groups=tuple(records))
         self.seq += 1
+        self.groups_shared += len(records)
         try:
             self.transport.publish(batch)
         except Exception as exc:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +48,7 @@ from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Rollout, RolloutBatch, RolloutGroup
 from protocol.taskref import TaskRef
+from swarm.peer_book import MAX_TRACKED_PEERS
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +109,22 @@ class Ingestor:
         self._eos = tok.eos_token_id
         self._special = frozenset(int(i) for i in tok.all_special_ids)
         self._seeds: dict[tuple[str, int], set[int]] = {}  # (author, epoch) -> task seeds seen
+        self.by_peer: OrderedDict[str, tuple[int, Counter[str]]] = OrderedDict()  # groups accepted, rejected
+        self._peer: str | None = None  # whose groups are being looked at, for the per-peer counts
 
     def _reject(self, reason: str, detail: str, n: int = 1) -> None:
         self.rejected[reason] += n
+        if self._peer is not None:
+            self._peer_counts(self._peer)[1][reason] += n
         logger.debug("rejected peer rollout data (%s): %s", reason, detail)
+
+    def _peer_counts(self, peer_id: str) -> tuple[int, Counter[str]]:
+        """The per-peer counts of ``peer_id``, bounded: the peer heard from longest ago goes first."""
+        counts = self.by_peer.pop(peer_id, None) or (0, Counter())
+        self.by_peer[peer_id] = counts
+        while len(self.by_peer) > MAX_TRACKED_PEERS:
+            self.by_peer.popitem(last=False)
+        return counts
 
     # -- one step ---------------------------------------------------------------------------------------
 
@@ -133,25 +146,32 @@ class Ingestor:
                 queue = queues[peer_id]
                 if (not queue or used[peer_id] >= self.limits.max_groups_per_peer
                         or seconds[peer_id] >= self.limits.max_seconds_per_peer):
-                    self._drop(queues.pop(peer_id), "over_budget")
+                    self._drop(peer_id, queues.pop(peer_id), "over_budget")
                     continue
                 if len(groups) >= max_groups or not self._within(budget):
                     break
                 epoch, rgroup = queue.popleft()
                 t0 = time.perf_counter()
-                group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                self._peer = peer_id
+                try:
+                    group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                finally:
+                    self._peer = None
                 seconds[peer_id] += time.perf_counter() - t0
                 used[peer_id] += 1
                 if group is not None:
                     groups.append(group)
                 if offence is not None:
                     self._offence(peer_id, offence)
-                    self._drop(queues.pop(peer_id), "peer_offended")
+                    self._drop(peer_id, queues.pop(peer_id), "peer_offended")
         leftover = "not_needed" if len(groups) >= max_groups else "over_budget"  # the step had all it can use
-        for queue in queues.values():
-            self._drop(queue, leftover)
+        for peer_id, queue in queues.items():
+            self._drop(peer_id, queue, leftover)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
+        for peer_id, n in Counter(g.peer_id for g in groups).items():
+            accepted, rejected = self._peer_counts(peer_id)
+            self.by_peer[peer_id] = (accepted + n, rejected)
         self.last_seconds = time.perf_counter() - started
         return groups
 
@@ -169,9 +189,11 @@ class Ingestor:
     def _within(self, budget: _Budget) -> bool:
         return budget.rollouts > 0 and budget.tokens > 0 and time.perf_counter() < budget.deadline
 
-    def _drop(self, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
+    def _drop(self, peer_id: str, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
         if queue:
+            self._peer = peer_id
             self._reject(reason, f"{len(queue)} groups not ingested", len(queue))
+            self._peer = None
 
     def _offence(self, peer_id: str, reason: str) -> None:
         self.offences[reason] += 1

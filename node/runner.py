@@ -17,17 +17,18 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
+from node.api.board import NodeInfo, PeerIngest, StatusBoard, StepSnapshot, freeze_record
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
-from node.config import NodeConfig
+from node.config import NodeConfig, resolve_api
 from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
 from node.ingest import IngestLimits
-from node.metrics import MetricsWriter, PrometheusExporter
+from node.metrics import MetricsWriter, read_metrics
 from node.policy.model import Policy, build_policy
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.rundir import prepare_run_dir
@@ -39,6 +40,9 @@ from node.train.trainer import Trainer
 from protocol.errors import IdentityError
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
+
+if TYPE_CHECKING:
+    from node.api.server import ApiServer
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +65,14 @@ class Node:
         self.exchange: SwarmExchange | None = None
         self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
+        self.board = StatusBoard()
+        self._started_at = time.time()
+        self.api: ApiServer | None = None
+        self._last_eval: tuple[int, float] | None = None
 
     # ----- setup: ordering matters -- the policy exists before the trainer (its parameters); the
-    # checkpoint is restored over freshly seeded state; the exchange comes last, so a broken model or
-    # config fails before any network is touched.
+    # checkpoint is restored over freshly seeded state; the exchange comes after them, so a broken model or
+    # config fails before any network is touched; the API last, once there is a node to report on.
     def setup(self) -> None:
         prepare_run_dir(self.run_dir)
         (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
@@ -75,19 +83,42 @@ class Node:
         self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
-                                     prometheus=self._build_prometheus())
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
             self.exchange = self._build_exchange(self._transport_factory)
+        self.board.set_info(self._node_info())
+        self._publish_resumed()
+        self.board.set_state("ready")
+        if self.cfg.api.port is not None:
+            self.api = self._build_api()
 
-    def _build_prometheus(self) -> PrometheusExporter | None:
-        mc = self.cfg.metrics
-        if mc.prometheus_port is None:
-            return None
-        exporter = PrometheusExporter(mc.prometheus_host, mc.prometheus_port)
-        logger.info("Prometheus metrics on http://%s:%d/metrics", mc.prometheus_host, exporter.port)
-        return exporter
+    def _node_info(self) -> NodeInfo:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ver = version("swarm-node")
+        except PackageNotFoundError:
+            ver = "unknown"
+        name = self.cfg.model.name_or_path
+        if Path(name).expanduser().exists():  # a local folder: its name only, never where it lives
+            name = Path(name).expanduser().resolve().name
+        ex = self.exchange
+        return NodeInfo(version=ver, mode="silo" if ex is None else "swarm",
+                        peer_id=None if ex is None else ex.identity.peer_id,
+                        swarm_id=None if ex is None else ex.swarm_id, model=name, adapter=self.cfg.adapter.kind,
+                        run_dir=self.run_dir.resolve().name, total_steps=self.cfg.train.steps,
+                        started_at=self._started_at)
+
+    def _build_api(self) -> ApiServer:
+        from node.api.server import ApiServer
+
+        api = ApiServer(resolve_api(self.cfg), self.board, self.run_dir / "metrics.jsonl",
+                        transport=None if self.exchange is None else self.exchange.transport)
+        api.start()
+        (self.run_dir / "api_url").write_text(api.url + "\n")
+        logger.info("status API and dashboard on %s", api.url)
+        return api
 
     def _build_policy(self) -> Policy:
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
@@ -183,6 +214,7 @@ class Node:
         """Train until ``train.steps`` (or a stop signal); return the last completed step."""
         total = self.cfg.train.steps
         bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
+        self.board.set_state("training")
         try:
             while self.step < total and not self.stop_requested:
                 record = self.train_step()
@@ -191,10 +223,13 @@ class Node:
                                 **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
                 if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
                     self.save_checkpoint()
+            if self.stop_requested:
+                self.board.set_state("stopping")
             if self.stop_requested and self.step % self.cfg.train.checkpoint_every != 0:
                 self.save_checkpoint()
         finally:
             bar.close()
+            self.board.set_state("finished" if self.step >= total else "stopped")
         return self.step
 
     def train_step(self) -> dict[str, Any]:
@@ -242,11 +277,33 @@ class Node:
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
+            record["peer_reward_mean"] = _mean([r for grp in external for r in grp.rewards])  # re-scored here
             record.update(self.exchange.metrics())
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
             record["eval_accuracy"] = self.evaluate()
-        self.metrics.write(record)
+            self._last_eval = (self.step, record["eval_accuracy"])
+        self._publish_status(self.metrics.write(record))
         return record
+
+    def _publish_resumed(self) -> None:
+        """After a resume, the API starts from the last step already done, not from nothing."""
+        rows = read_metrics(self.metrics.path) if self.step else []
+        evals = [r for r in rows if isinstance(r.get("eval_accuracy"), float)]
+        if evals:
+            self._last_eval = (int(evals[-1]["step"]), float(evals[-1]["eval_accuracy"]))
+        if rows and rows[-1].get("step") == self.step:
+            self._publish_status(rows[-1])
+
+    def _publish_status(self, row: dict[str, Any]) -> None:
+        """Hand the API an immutable picture of this step (a few small copies; no tensors)."""
+        ex = self.exchange
+        exchange: dict[str, Any] = {}
+        if ex is not None:
+            exchange = {"published_batches": ex.seq, "published_groups": ex.groups_shared,
+                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected))
+                                        for peer, (n, rejected) in ex.ingestor.by_peer.items()}}
+        self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
+                                        **exchange))
 
     def _select_external(self, epoch: int) -> list[TrainGroup]:
         """Add freshly received peer groups to the pool, drop stale ones, pick up to J (never waits)."""
@@ -285,10 +342,18 @@ class Node:
                                               extra={"model": self.cfg.model.name_or_path}))
 
     def close(self) -> None:
+        if self.api is not None:  # first: it reads what the rest of close() shuts
+            self.api.stop()
+            (self.run_dir / "api_url").unlink(missing_ok=True)
+            self.api = None
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if self.exchange is not None:
             self.exchange.close()
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def load_identity(cfg: NodeConfig, run_dir: Path) -> Identity:
@@ -305,4 +370,7 @@ def load_identity(cfg: NodeConfig, run_dir: Path) -> Identity:
 def _dump_yaml(cfg: NodeConfig) -> str:
     import yaml
 
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    data = cfg.model_dump(mode="json")
+    if data["api"]["token"] is not None:
+        data["api"]["token"] = "<redacted>"  # a secret does not go into a file others may read
+    return yaml.safe_dump(data, sort_keys=False)

@@ -50,7 +50,7 @@ from swarm.state import SharedState
 from swarm.validator import ManifestValidator
 from swarm.watchdog import P2pdWatchdog
 
-__all__ = ["PublishItem", "SwarmCore", "decoded_cost", "handler_name"]
+__all__ = ["PublishItem", "SwarmCore", "decoded_cost", "describe_error", "handler_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,16 @@ def _parse_peer_maddr(maddr: str) -> tuple[PeerID, Multiaddr] | None:
         return peer_id, full.decapsulate(Multiaddr(f"/p2p/{full['p2p']}"))
     except (ValueError, LookupError, TypeError):
         return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as one short line for status pages (``p2pd exited``, ``TimeoutError``)."""
+    return str(exc) or type(exc).__name__
+
+
+def _libp2p_ids(maddrs: tuple[str, ...]) -> list[str]:
+    """The libp2p peer ids named by full multiaddrs (``.../p2p/<id>``); others are skipped."""
+    return [parsed[0].to_base58() for parsed in map(_parse_peer_maddr, maddrs) if parsed is not None]
 
 
 class SwarmCore:
@@ -209,11 +219,10 @@ class SwarmCore:
         try:
             done, _ = await asyncio.wait([*loops, stopper], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is not stopper and not task.cancelled() and task.exception() is not None:
-                    exc = task.exception()
+                exc = None if task is stopper or task.cancelled() else task.exception()
+                if exc is not None:
                     logger.error("swarm network loop %s failed: %r", task.get_name(), exc)
-                    with self.shared.lock:
-                        self.shared.last_error = repr(exc)
+                    self.shared.set_error(describe_error(exc))
         finally:
             for task in [*loops, stopper, *self._pulls]:
                 task.cancel()
@@ -402,6 +411,7 @@ class SwarmCore:
                 return True
             if book.in_flight(manifest.batch_id):
                 return False
+            book.note_addresses(author, _libp2p_ids(manifest.address), now)
             if manifest.byte_size > self.limits.max_compressed_bytes:  # a signed claim no peer may make
                 book.refuse(author, manifest.epoch, RejectReason.TOO_LARGE, offence=True, now=now)
                 return True
@@ -457,11 +467,12 @@ class SwarmCore:
             if retry:
                 self._forget_manifest(manifest)
             return
-        reason, offence = await self._verify(manifest, author, data, from_author)
+        reason, offence, groups = await self._verify(manifest, author, data, from_author)
         with self.shared.lock:
+            self.shared.counters["bytes_in"] += len(data)  # pulled, whatever the checks say of it
+            book.received(author, len(data), time.monotonic())
             if reason is None:
-                book.accept(author, manifest.batch_id, manifest.epoch, len(data))
-                self.shared.counters["bytes_in"] += len(data)
+                book.accept(author, manifest.batch_id, manifest.epoch, len(data), groups=groups)
             else:
                 book.reject(author, manifest.batch_id, manifest.epoch, manifest.byte_size, reason,
                             offence=offence, now=time.monotonic())
@@ -474,42 +485,44 @@ class SwarmCore:
         for raw in stale:
             del self._seen_manifests[raw]
 
-    async def _verify(self, manifest: Manifest, author: str, data: bytes, from_author: bool) -> tuple[str | None, bool]:
-        """``(None, False)`` if ``data`` is the batch ``manifest`` announced (then it is held and queued),
-        else ``(reason, whether it is an offence of the manifest's author)``.
+    async def _verify(
+        self, manifest: Manifest, author: str, data: bytes, from_author: bool
+    ) -> tuple[str | None, bool, int]:
+        """``(None, False, groups queued)`` if ``data`` is the batch ``manifest`` announced (then it is held
+        and queued), else ``(reason, whether it is an offence of the manifest's author, 0)``.
 
         Once the bytes hash to the announced id they are what the author signed for, whoever served
         them, so what is wrong with them is the author's offence (limits of this node's own are not).
         The expanded size is read from the frame header and charged to the author before decoding.
         """
         if len(data) != manifest.byte_size:
-            return RejectReason.SIZE_MISMATCH, from_author
+            return RejectReason.SIZE_MISMATCH, from_author, 0
         if batch_id(data) != manifest.batch_id:
-            return RejectReason.HASH_MISMATCH, from_author
+            return RejectReason.HASH_MISMATCH, from_author, 0
         try:
             payload = batch_payload_size(data)
         except ProtocolError as exc:
-            return exc.reason, True
+            return exc.reason, True, 0
         cap = min(self.settings.max_batch_payload_bytes, self.limits.max_decompressed_bytes)
         if payload > cap or decoded_cost(payload) > self.settings.max_inbox_bytes:
-            return RejectReason.PAYLOAD_TOO_LARGE, False
+            return RejectReason.PAYLOAD_TOO_LARGE, False, 0
         with self.shared.lock:
             quota_reason = self.shared.peer_book.charge_payload(author, manifest.epoch, payload)
         if quota_reason is not None:
-            return quota_reason, False
+            return quota_reason, False, 0
         loop = asyncio.get_running_loop()
         async with self._decode_slot:  # one decode at a time: bounded memory, and the GIL allows no more
             try:
                 batch, digests = await loop.run_in_executor(None, _decode_with_digests, data, self.limits)
             except ProtocolError as exc:
-                return exc.reason, True
+                return exc.reason, True, 0
         if batch.swarm_id != self.settings.swarm_id:
-            return RejectReason.WRONG_SWARM, True
+            return RejectReason.WRONG_SWARM, True, 0
         if (batch.author, batch.epoch, batch.seq) != (manifest.author, manifest.epoch, manifest.seq):
-            return RejectReason.MANIFEST_MISMATCH, True
+            return RejectReason.MANIFEST_MISMATCH, True, 0
         fresh = [group for group, digest in zip(batch.groups, digests) if digest not in self._digests]
         if not fresh:
-            return RejectReason.DUPLICATE_CONTENT, False
+            return RejectReason.DUPLICATE_CONTENT, False, 0
         for digest in digests:
             self._digests.setdefault(digest, manifest.epoch)
         if len(fresh) < len(batch.groups):
@@ -517,7 +530,7 @@ class SwarmCore:
             batch = replace(batch, groups=tuple(fresh))
         self.hold(manifest.batch_id, data)
         self.shared.push_batch(batch, decoded_cost(payload))
-        return None, False
+        return None, False, len(batch.groups)
 
     async def _fetch(self, manifest: Manifest, progress: _PullProgress) -> tuple[bytes | None, bool]:
         """Pull a batch's bytes from its author's addresses, else from a few DHT neighbours.
@@ -570,7 +583,7 @@ class SwarmCore:
             writer.close()
 
     async def rpc_get_batch(
-        self, _info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Serve one batch by id: read 64 hex chars, answer a length prefix and the signed bytes."""
         timeout = self.settings.request_timeout
@@ -581,8 +594,10 @@ class SwarmCore:
             writer.write(data)
             await asyncio.wait_for(writer.drain(), timeout)
             if data:
-                self.shared.add("bytes_out", len(data))
-                self.shared.add("batches_served")
+                with self.shared.lock:
+                    self.shared.counters["bytes_out"] += len(data)
+                    self.shared.counters["batches_served"] += 1
+                    self.shared.peer_book.served(info.peer_id.to_base58(), len(data), time.monotonic())
         except _NETWORK_ERRORS as exc:
             self.shared.add("serve_failed")
             logger.debug("serving a batch failed: %r", exc)

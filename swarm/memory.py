@@ -7,9 +7,13 @@ no loss and no delay. Epochs are advanced by the caller (``hub.epoch``), not by 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
+from protocol.identity import peer_id_from_public_key
 from protocol.records import RolloutBatch
+from swarm.peer_book import PeerRow
+from swarm.state import NetworkStatus
 
 
 class InMemoryHub:
@@ -39,6 +43,7 @@ class InMemoryTransport:
         self.closed = False
         self.published = 0
         self.accepted = 0
+        self._by_author: dict[str, tuple[int, int, float]] = {}  # peer id -> (batches, groups, last seen)
 
     def publish(self, batch: RolloutBatch) -> str | None:
         self.published += 1
@@ -49,6 +54,11 @@ class InMemoryTransport:
         out = list(self.inbox)
         self.inbox.clear()
         self.accepted += len(out)
+        now = time.time()
+        for batch in out:
+            author = peer_id_from_public_key(batch.author)
+            batches, groups, _ = self._by_author.get(author, (0, 0, now))
+            self._by_author[author] = (batches + 1, groups + len(batch.groups), now)
         return out
 
     def current_epoch(self) -> int:
@@ -61,6 +71,16 @@ class InMemoryTransport:
             "batches_accepted": self.accepted,
             "batches_rejected": {},
         }
+
+    def network_status(self) -> NetworkStatus:
+        others = len(self.hub.members) - 1
+        return NetworkStatus(up=not self.closed, reason="closed" if self.closed else f"in-memory hub, {others} others",
+                             neighbours=(), restarts=0, last_error="")
+
+    def peer_stats(self) -> list[PeerRow]:
+        return [PeerRow(peer_id=author, published=True, batches_accepted=b, groups_accepted=g, rejected={},
+                        bytes_in=0, bytes_out=0, last_seen=seen, banned_until=None, libp2p_ids=())
+                for author, (b, g, seen) in self._by_author.items()]
 
     def is_alive(self) -> bool:
         return not self.closed

@@ -28,11 +28,12 @@ from protocol.errors import ProtocolError
 from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
-from swarm.core import PublishItem, SwarmCore
+from swarm.core import PublishItem, SwarmCore, describe_error
 from swarm.hivemind_compat import p2pd_pid
 from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
-from swarm.state import SharedState
+from swarm.state import NetworkStatus, SharedState, network_reason
 from swarm.validator import ManifestValidator
 from swarm.watchdog import kill_process
 
@@ -105,6 +106,7 @@ class SwarmTransport:
 
     def restart(self) -> None:
         """Stop the network side (if any) and start a fresh one; counters and bans are kept."""
+        self._shared.add("restarts")
         self._stop_network()
         self.start()
 
@@ -137,8 +139,9 @@ class SwarmTransport:
         ready.set()
         try:
             loop.run_until_complete(self._network_main(stop))
-        except Exception:
+        except Exception as exc:
             logger.exception("swarm network thread crashed")
+            self._shared.set_error(describe_error(exc))
         finally:
             self._shared.set_network(up=False, dht_peers=[])
             _cancel_leftovers(loop)
@@ -157,12 +160,14 @@ class SwarmTransport:
                 )
             except _START_ERRORS as exc:
                 self._shared.add("start_failures")
+                self._shared.set_error(describe_error(exc))
                 logger.warning("could not start the swarm network (%r); retrying in %.1f s", exc, delay)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
                 delay = min(2 * delay, self.settings.join_retry_max_seconds)
                 continue
             self._core = core
+            self._shared.clear_error()
             try:
                 await core.run(stop)
             finally:
@@ -278,6 +283,45 @@ class SwarmTransport:
         """Full multiaddrs (with ``/p2p/<id>``) other nodes can use as initial peers; empty until up."""
         with self._shared.lock:
             return list(self._shared.visible_maddrs)
+
+    def network_status(self) -> NetworkStatus:
+        """Up or not, and why, with the current DHT neighbours (libp2p ids)."""
+        alive, running = self.is_alive(), self._core is not None
+        shared = self._shared
+        with shared.lock:
+            counters = shared.counters
+            return NetworkStatus(
+                up=shared.network_up,
+                reason=network_reason(
+                    alive=alive,
+                    running=running,
+                    up=shared.network_up,
+                    neighbours=len(shared.dht_peers),
+                    initial_peers=len(self.settings.initial_peers),
+                    join_failures=counters["join_failures"],
+                    start_failures=counters["start_failures"],
+                    error=shared.error,
+                ),
+                neighbours=tuple(shared.dht_peers),
+                restarts=counters["restarts"],
+                last_error=shared.last_error,
+            )
+
+    def peer_stats(self) -> list[PeerRow]:
+        """Per-peer counters (``PeerBook.peer_table``), with ``last_seen`` and ``banned_until`` as wall-clock
+        Unix times."""
+        with self._shared.lock:
+            mono = time.monotonic()
+            rows = self._shared.peer_book.peer_table(mono)
+        offset = time.time() - mono
+        return [
+            replace(
+                row,
+                last_seen=row.last_seen + offset,
+                banned_until=None if row.banned_until is None else row.banned_until + offset,
+            )
+            for row in rows
+        ]
 
     def stats(self) -> dict[str, StatValue]:
         """A snapshot of counters; ``batches_rejected`` maps reason to count (DHT records: ``record_*``)."""
