@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from node.failpoints import crash_point
 from node.ingest import Ingestor
 from node.outbound import to_rollout_groups
 from node.policy.model import Policy
@@ -95,6 +96,7 @@ class SwarmExchange:
             self.transport.publish(batch)
         except Exception as exc:
             logger.warning("publishing batch %d failed: %s", batch.seq, exc)
+        crash_point("publish")
 
     def receive(self, step: int) -> list[TrainGroup]:
         if not self._ensure_alive():

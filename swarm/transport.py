@@ -226,10 +226,11 @@ class SwarmTransport:
         with self._lifecycle:
             self._seq = max(self._seq + 1, int(now * 1000))  # increases across restarts too
             seq = self._seq
+        holders = self._holders(seq)
         batch = replace(
             batch,
             swarm_id=self.settings.swarm_id,
-            address=tuple(maddrs[: self.limits.max_addresses]),
+            address=tuple([*holders, *maddrs][: self.limits.max_addresses]),
             epoch=epoch_at(now, self.settings.epoch_seconds),
             seq=seq,
             created_at=now,
@@ -249,7 +250,19 @@ class SwarmTransport:
             key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id)),
             subkey=manifest_subkey(self.identity.peer_id, seq),
             expires_at=manifest.expires_at,
+            holders=tuple(holders),
         )
+
+    def _holders(self, seq: int) -> list[str]:
+        """Behind NAT with ``nat_sharing: handoff``: the initial peers a batch is handed to (and listed
+        first in its signed address list), rotated by ``seq`` to spread the load; one spare beyond
+        ``handoff_copies`` in case a holder refuses. Empty otherwise."""
+        s = self.settings
+        if not (s.client_mode and s.nat_sharing == "handoff" and s.initial_peers):
+            return []
+        k = seq % len(s.initial_peers)
+        rotated = [*s.initial_peers[k:], *s.initial_peers[:k]]
+        return rotated[: s.handoff_copies + 1]
 
     def collect(self) -> list[RolloutBatch]:
         """Peers' batches verified since the last call (signature, hash, limits, quotas, dedup)."""
@@ -293,6 +306,10 @@ class SwarmTransport:
                 "batches_accepted": book.accepted,
                 "batches_rejected": rejected,
                 "batches_served": counters["batches_served"],
+                "handoffs_sent": counters["handoffs_sent"],
+                "handoff_failed": counters["handoff_failed"],
+                "handoffs_held": counters["handoffs_held"],
+                "handoffs_refused": counters["handoffs_refused"],
                 "bytes_in": counters["bytes_in"],
                 "bytes_out": counters["bytes_out"],
                 "inbox": len(shared.inbox),
