@@ -124,6 +124,8 @@ class SwarmExchange:
             "batches_published": int(stats.get("batches_published", self.seq)),
             "batches_accepted": int(stats.get("batches_accepted", 0)),
             "batches_rejected": rejected,
+            "handoffs_sent": int(stats.get("handoffs_sent", 0)),
+            "handoffs_held": int(stats.get("handoffs_held", 0)),
             "network_up": bool(self.transport.is_alive()),
             **self.ingestor.metrics(),
         }

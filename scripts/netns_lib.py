@@ -57,7 +57,7 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
-@dataclass
+@dataclass(eq=False)
 class Host:
     """One namespace with one address."""
 
@@ -220,6 +220,7 @@ class Probe:
         publish_after: float = 0.0,
         publish_count: int | None = None,
         stats_every: float = 5.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         import json
         import threading
@@ -228,6 +229,7 @@ class Probe:
                 "--publish-after", str(publish_after), "--stats-every", str(stats_every)]
         if publish_count is not None:
             args += ["--publish-count", str(publish_count)]
+        args += list(extra_args)
         for key, value in settings.items():
             args += ["--set", f"{key}={json.dumps(value)}"]
         kwargs: dict[str, object] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
@@ -276,13 +278,17 @@ class Probe:
                 return maddr
         raise RuntimeError(f"no address with {ip} in {maddrs}")
 
+    def send(self, line: str) -> None:
+        """A command on the probe's stdin (``go``, ``stop``)."""
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+
     def stop(self, timeout: float = 30.0) -> int:
         """Ask it to stop (stdin), then wait; kill it if it does not exit in ``timeout``."""
         if self.proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.write("stop\n")
-                self.proc.stdin.flush()
+            self.send("stop")
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -290,3 +296,24 @@ class Probe:
             code = self.proc.wait(timeout=10)
         self._reader.join(timeout=5)
         return code
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def delivery(probes: list[Probe]) -> tuple[list[float], int]:
+    """Publish-to-visible latencies of every (batch, receiver) pair that arrived, and how many pairs
+    were expected (each probe's published batches times the other probes)."""
+    sent: dict[tuple[str, int], float] = {}
+    for probe in probes:
+        for event in probe.of("pub"):
+            sent[(probe.peer, int(event["n"]))] = float(event["t"])  # type: ignore[call-overload,arg-type]
+    latencies = []
+    for receiver in probes:
+        for event in receiver.of("got"):
+            key = (str(event["from"]), int(event["n"]))  # type: ignore[call-overload]
+            if key in sent:
+                latencies.append(float(event["t"]) - sent[key])  # type: ignore[arg-type]
+    return latencies, len(sent) * (len(probes) - 1)

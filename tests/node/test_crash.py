@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -200,3 +201,65 @@ def test_killed_p2pd_is_restarted_while_training_goes_on(tmp_path: Path) -> None
             raise
     assert rc == 0
     assert no_p2pd_of(children)
+
+
+def _address(proc: subprocess.Popen, timeout: float = 240.0) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        m = re.search(r"--initial-peers (\S+)", line)
+        if m:  # keep reading its output, so the pipe never fills
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+            return m.group(1)
+        assert time.monotonic() < deadline, "node printed no address"
+    raise AssertionError("node exited before printing its address")
+
+
+def _rows(run: Path) -> list[dict]:
+    return read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+
+
+@pytest.mark.slow
+def test_a_frozen_peer_does_not_stall_the_node(tmp_path: Path) -> None:
+    """SIGSTOP a peer (its Python and its p2pd) for three times the request timeout: the other node keeps
+    stepping at its own pace, and takes the peer's batches again once it is continued."""
+    long_run = ["train.steps=100000", "train.checkpoint_every=100000", "swarm.request_timeout=3",
+                "swarm.publish_timeout=5"]
+    a = subprocess.Popen(node_cmd(tmp_path / "a", *long_run), env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    b = None
+    try:
+        addr = _address(a)
+        b = subprocess.Popen(node_cmd(tmp_path / "b", *long_run, "seed=1", "--initial-peers", addr), env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not (_rows(tmp_path / "a") and _rows(tmp_path / "a")[-1]["batches_accepted"] > 0):
+            assert time.monotonic() < deadline, "a never accepted a batch of b"
+            time.sleep(0.5)
+        before = _rows(tmp_path / "a")
+        os.killpg(b.pid, signal.SIGSTOP)  # b's Python and its p2pd (same process group)
+        frozen_at = time.time()
+        time.sleep(9.0)
+        os.killpg(b.pid, signal.SIGCONT)
+        continued_at = time.time()
+        during = [r for r in _rows(tmp_path / "a") if frozen_at <= r["time"] <= continued_at]
+        gaps = [y["time"] - x["time"] for x, y in zip(before[-5:], before[-4:])]
+        # a never waited for the frozen peer: it stepped all along, no step much slower than before.
+        assert len(during) >= 3, during
+        assert max(r["step_seconds"] for r in during) < max(3.0, 4 * max(gaps)), during
+        accepted = _rows(tmp_path / "a")[-1]["batches_accepted"]
+        while _rows(tmp_path / "a")[-1]["batches_accepted"] <= accepted:
+            assert time.monotonic() < deadline + 60, "no batch of b accepted after it was continued"
+            time.sleep(0.5)
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                if proc is b:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        for proc in (a, b):
+            if proc is not None:
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
