@@ -67,12 +67,27 @@ def run_mode(mode: str, args: argparse.Namespace, python: str) -> dict[str, dict
         for probe in probes:
             probe.stop()
         if args.verbose:
-            for probe, kind in probes.items():
-                stats = probe.of("stats")
-                last = stats[-1]["stats"] if stats else {}
-                print(f"  {kind:6s} {probe.peer[:8]} pubs {len(probe.of('pub'))} got {len(probe.of('got'))} "
-                      f"maddrs {(probe.of('up') + probe.of('maddrs'))[-1]['maddrs']} stats {last}", flush=True)
+            verbose(probes)
         return summarize(probes)
+
+
+def verbose(probes: dict[Probe, str]) -> None:
+    """Each node's counters, and which of each author's batches each receiver missed."""
+    for probe, kind in probes.items():
+        stats = probe.of("stats")
+        last = stats[-1]["stats"] if stats else {}
+        keep = ("batches_published", "publish_failed", "batches_accepted", "batches_rejected", "handoffs_sent",
+                "handoff_failed", "handoffs_held", "handoffs_refused", "peers_connected", "network_up")
+        print(f"  {kind:6s} {probe.peer[:8]} pubs {len(probe.of('pub'))} got {len(probe.of('got'))} "
+              f"{ {k: last.get(k) for k in keep} }", flush=True)
+    for receiver in probes:
+        got = {(str(e["from"]), int(e["n"])) for e in receiver.of("got")}  # type: ignore[call-overload]
+        for author in probes:
+            if author is receiver:
+                continue
+            missed = [int(e["n"]) for e in author.of("pub") if (author.peer, int(e["n"])) not in got]  # type: ignore[call-overload]
+            if missed:
+                print(f"  {receiver.peer[:8]} missed {author.peer[:8]}'s {missed}", flush=True)
 
 
 def summarize(probes: dict[Probe, str]) -> dict[str, dict[str, float]]:

@@ -8,9 +8,11 @@ Modules, top to bottom:
 - ``transport``  ``SwarmTransport``: the thread-safe synchronous facade (start, publish, collect, peers,
   stats, restart, close) over one network thread with its own asyncio loop.
 - ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
-  health loops and the ``rpc_get_batch`` handler that serves signed batches by id.
+  health loops, the ``rpc_get_batch`` handler that serves signed batches by id and the ``rpc_put_batch``
+  handler that takes batches handed over by nodes behind NAT.
 - ``validator``  ``ManifestValidator``: hivemind record validator binding subkeys to manifest authors.
 - ``peer_book``  ``PeerBook``: quotas, staleness window, dedup, bans with backoff, counters (pure).
+- ``handoff``    ``HandoffStore``: batches held for peers behind NAT, quotas per identity and in total (pure).
 - ``keys``       epochs, DHT keys, shards and owner-bound subkeys (pure).
 - ``state``      ``SharedState``: what the network thread and callers share, behind one lock.
 - ``watchdog``   kills an orphaned p2pd if this process dies without cleaning up.

@@ -64,7 +64,10 @@ class SwarmTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._core: SwarmCore | None = None
-        self._seq = 0
+        # Consecutive batches get consecutive sequence numbers, so they take the author's DHT subkey slots
+        # in turn (``swarm.keys``) and a manifest is overwritten only SLOTS_PER_AUTHOR batches later;
+        # starting from the clock in milliseconds keeps them increasing across process restarts.
+        self._seq = int(time.time() * 1000)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -224,7 +227,7 @@ class SwarmTransport:
     def _prepare(self, batch: RolloutBatch, maddrs: list[str]) -> PublishItem | None:
         now = get_dht_time()
         with self._lifecycle:
-            self._seq = max(self._seq + 1, int(now * 1000))  # increases across restarts too
+            self._seq += 1
             seq = self._seq
         holders = self._holders(seq)
         batch = replace(

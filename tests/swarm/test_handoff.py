@@ -1,8 +1,19 @@
-"""``HandoffStore``: quotas per author identity and epoch, a global byte cap, expiry (pure, no network)."""
+"""Hand-off: ``HandoffStore``'s quotas and expiry (pure), then the put stream between real peers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
+from hivemind.p2p import PeerID
+
+from protocol.codec import batch_id, encode_batch
+from protocol.records import RolloutBatch
+from swarm.core import PublishItem
 from swarm.handoff import HandoffStatus, HandoffStore
+from swarm.transport import SwarmTransport
+from tests.swarm.batches import make_batch
+from tests.swarm.conftest import wait_for
 
 S = HandoffStatus
 MAX_BATCH = 1000
@@ -49,3 +60,46 @@ def test_stale_and_future_epochs_are_refused_and_old_ones_expire() -> None:
     s.prune(current_epoch=12)
     assert len(s) == 0 and s.total_bytes == 0
     assert s.add("5" * 64, b"x", "alice", 12, 12) == S.OK  # quotas of pruned epochs are gone too
+
+
+# -- over real hivemind peers on 127.0.0.1 -----------------------------------------------------------
+
+def _holder_peer(holder: SwarmTransport) -> PeerID:
+    return PeerID.from_base58(holder.visible_multiaddrs()[0].rsplit("/", 1)[1])
+
+
+def _put(sender: SwarmTransport, holder: SwarmTransport, bid: str, data: bytes) -> int | None:
+    item = PublishItem(batch_id=bid, data=data, manifest_data=b"", key="", subkey="", expires_at=0.0)
+    return sender._await_on_loop(lambda core: core._put_to(_holder_peer(holder), item))
+
+
+def test_client_mode_batches_are_held_within_the_authors_quota(make_transport: Callable[..., SwarmTransport]) -> None:
+    holder = make_transport(max_handoffs_per_author_epoch=1, epoch_seconds=600)
+    client = make_transport(client_mode=True, initial_peers=holder.visible_multiaddrs(), handoff_copies=1,
+                            epoch_seconds=600)
+    reader = make_transport(initial_peers=holder.visible_multiaddrs(), epoch_seconds=600)
+    assert wait_for(lambda: client.stats()["network_up"] and reader.stats()["network_up"])
+    first = client.publish(make_batch(client.identity, text="one"))
+    assert first is not None
+    assert wait_for(lambda: holder.stats()["handoffs_held"] == 1)
+    # The batch names the holder first in its signed address list; the reader gets it.
+    got: list[RolloutBatch] = []
+    assert wait_for(lambda: bool(got.extend(reader.collect()) or got))
+    assert got[0].address[0] == holder.visible_multiaddrs()[0]
+    client.publish(make_batch(client.identity, text="two", index=1))
+    assert wait_for(lambda: holder.stats()["handoffs_refused"] == 1)  # a second one in this epoch: over quota
+    assert holder.stats()["handoffs_held"] == 1 and client.stats()["handoff_failed"] == 1
+
+
+def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[..., SwarmTransport]) -> None:
+    holder = make_transport(max_handoff_bytes=10_000)
+    sender = make_transport(initial_peers=holder.visible_multiaddrs())
+    assert wait_for(lambda: sender.stats()["network_up"])
+    assert _put(sender, holder, "0" * 64, b"not a batch") == HandoffStatus.INVALID  # hash does not match
+    junk = b"\x00" * 100
+    assert _put(sender, holder, batch_id(junk), junk) == HandoffStatus.INVALID  # not a signed batch
+    big = b"\x00" * 20_000
+    assert _put(sender, holder, batch_id(big), big) == HandoffStatus.FULL  # refused before it is sent
+    data = encode_batch(replace(make_batch(sender.identity), swarm_id="another-swarm"), sender.identity)
+    assert _put(sender, holder, batch_id(data), data) == HandoffStatus.INVALID
+    assert holder.stats()["handoffs_held"] == 0
