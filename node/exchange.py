@@ -4,6 +4,10 @@
 daemon, or ``InMemoryHub`` transports for experiments that isolate learning from the network. It never
 blocks the training loop: publishing queues, collecting returns what has arrived, and a dead transport is
 restarted with backoff while the node keeps training on its own groups.
+
+A node that steps faster than its peers accept batches from one author (``min_publish_interval``: the
+per-author quota of each epoch) does not publish a batch every step: its groups accumulate (at most
+``max_pending_groups``, the oldest dropped and counted) and go out together in the next batch allowed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from node.rollouts import SampledGroup
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity
-from protocol.records import RolloutBatch
+from protocol.records import RolloutBatch, RolloutGroup
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,8 @@ class BatchTransport(Protocol):
     def collect(self) -> list[RolloutBatch]: ...
 
     def current_epoch(self) -> int: ...
+
+    def min_publish_interval(self) -> float: ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -46,7 +52,8 @@ class SwarmExchange:
 
     def __init__(self, policy: Policy, source: TaskSource, transport: BatchTransport, identity: Identity, *,
                  swarm_id: str, temperature: float, top_p: float, max_completion_tokens: int,
-                 restart_backoff: float = 5.0, max_restart_backoff: float = 300.0) -> None:
+                 restart_backoff: float = 5.0, max_restart_backoff: float = 300.0,
+                 max_pending_groups: int = 256) -> None:
         self.policy = policy
         self.transport = transport
         self.identity = identity
@@ -60,6 +67,10 @@ class SwarmExchange:
         self._next_restart = 0.0
         self._failures = 0
         self.peers_seen: set[str] = set()
+        self.max_pending_groups = max_pending_groups
+        self._pending: list[RolloutGroup] = []
+        self._last_publish = float("-inf")
+        self.groups_dropped = 0
 
     def current_epoch(self) -> int:
         return self.transport.current_epoch()
@@ -86,11 +97,19 @@ class SwarmExchange:
     def share(self, step: int, groups: list[SampledGroup]) -> None:
         if not groups or not self._ensure_alive():
             return
-        records = to_rollout_groups(self.policy, groups, policy_step=step, temperature=self.temperature,
-                                    top_p=self.top_p)
+        self._pending += to_rollout_groups(self.policy, groups, policy_step=step, temperature=self.temperature,
+                                           top_p=self.top_p)
+        if len(self._pending) > self.max_pending_groups:
+            self.groups_dropped += len(self._pending) - self.max_pending_groups
+            self._pending = self._pending[-self.max_pending_groups:]
+        now = time.monotonic()
+        if now - self._last_publish < self.transport.min_publish_interval():
+            return
+        self._last_publish = now
         batch = RolloutBatch(swarm_id=self.swarm_id, author=self.identity.public_key, address=(),
                              epoch=self.transport.current_epoch(), seq=self.seq, created_at=time.time(),
-                             groups=tuple(records))
+                             groups=tuple(self._pending))
+        self._pending = []
         self.seq += 1
         try:
             self.transport.publish(batch)
@@ -126,6 +145,8 @@ class SwarmExchange:
             "batches_rejected": rejected,
             "handoffs_sent": int(stats.get("handoffs_sent", 0)),
             "handoffs_held": int(stats.get("handoffs_held", 0)),
+            "groups_pending": len(self._pending),
+            "groups_dropped": self.groups_dropped,
             "network_up": bool(self.transport.is_alive()),
             **self.ingestor.metrics(),
         }

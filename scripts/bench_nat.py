@@ -68,6 +68,11 @@ def run_mode(mode: str, args: argparse.Namespace, python: str) -> dict[str, dict
             probe.stop()
         if args.verbose:
             verbose(probes)
+        natted_pubs = sum(len(p.of("pub")) for p, kind in probes.items() if kind == "nat")
+        skipped = sum(int(p.of("stats")[-1]["stats"]["publish_skipped"]) for p, kind in probes.items()
+                      if kind == "nat" and p.of("stats"))  # type: ignore[call-overload,index]
+        print(f"{mode:8s} NATed nodes published {natted_pubs} batches; {skipped} publishes skipped "
+              "(no address to announce yet)", flush=True)
         return summarize(probes)
 
 

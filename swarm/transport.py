@@ -30,7 +30,7 @@ from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem, SwarmCore
 from swarm.hivemind_compat import p2pd_pid
-from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey, shard_of
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
 from swarm.validator import ManifestValidator
@@ -198,6 +198,13 @@ class SwarmTransport:
     def current_epoch(self) -> int:
         """``floor(dht_time / epoch_seconds)``."""
         return epoch_at(get_dht_time(), self.settings.epoch_seconds)
+
+    def min_publish_interval(self) -> float:
+        """Seconds to leave between two batches so that no honest batch is refused: peers accept at most
+        ``max_batches_per_peer_epoch`` batches of an author per epoch, and an author's manifests share
+        ``SLOTS_PER_AUTHOR`` DHT subkeys (a faster author overwrites manifests before peers read them)."""
+        s = self.settings
+        return s.epoch_seconds / min(s.max_batches_per_peer_epoch, SLOTS_PER_AUTHOR)
 
     def publish(self, batch: RolloutBatch) -> str | None:
         """Sign and share a batch of this node's rollouts; returns its batch id without waiting.

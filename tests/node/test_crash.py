@@ -39,8 +39,9 @@ def node_cmd(run_dir: Path, *args: str) -> list[str]:
 
 def run_node(run_dir: Path, steps: int, crash: str | None = None, timeout: float = 300) -> tuple[int, str]:
     env = {**ENV, CRASH_ENV: crash} if crash else {k: v for k, v in ENV.items() if k != CRASH_ENV}
-    proc = subprocess.run(node_cmd(run_dir, f"train.steps={steps}"), env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    # Short epochs: a batch may go out every step (min_publish_interval), so crash points count steps.
+    proc = subprocess.run(node_cmd(run_dir, f"train.steps={steps}", "swarm.epoch_seconds=0.5"), env=env,
+                          capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 
 
