@@ -391,12 +391,14 @@ class SwarmCore:
             if status == HandoffStatus.GO:
                 self._handoffs_in_flight += 1
                 reserved = True
+            self._count_handoff(status)
             writer.write(bytes([status]))
             await asyncio.wait_for(writer.drain(), timeout)
             if status != HandoffStatus.GO:
                 return
             data = await asyncio.wait_for(reader.readexactly(size), timeout)
             status = await self._take_handoff(bid, data)
+            self._count_handoff(status)
             writer.write(bytes([status]))
             await asyncio.wait_for(writer.drain(), timeout)
         except _NETWORK_ERRORS as exc:
@@ -421,9 +423,13 @@ class SwarmCore:
         if batch.swarm_id != self.settings.swarm_id or banned:
             return self.handoffs.refuse(HandoffStatus.INVALID)
         current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
-        status = self.handoffs.add(bid, data, author, batch.epoch, current)
-        self.shared.add("handoffs_held" if status == HandoffStatus.OK else "handoffs_refused")
-        return status
+        return self.handoffs.add(bid, data, author, batch.epoch, current)
+
+    def _count_handoff(self, status: int) -> None:
+        if status == HandoffStatus.OK:
+            self.shared.add("handoffs_held")
+        elif status not in (HandoffStatus.GO, HandoffStatus.HAVE):
+            self.shared.add("handoffs_refused")
 
     # -- collect ------------------------------------------------------------------------------------
 

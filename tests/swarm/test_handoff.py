@@ -102,4 +102,4 @@ def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[...,
     assert _put(sender, holder, batch_id(big), big) == HandoffStatus.FULL  # refused before it is sent
     data = encode_batch(replace(make_batch(sender.identity), swarm_id="another-swarm"), sender.identity)
     assert _put(sender, holder, batch_id(data), data) == HandoffStatus.INVALID
-    assert holder.stats()["handoffs_held"] == 0
+    assert holder.stats()["handoffs_held"] == 0 and holder.stats()["handoffs_refused"] == 4
