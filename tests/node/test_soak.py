@@ -22,6 +22,7 @@ def test_six_nodes_for_five_minutes(tmp_path: Path) -> None:
     base = tmp_path / "soak"
     proc = subprocess.run([sys.executable, "scripts/soak.py", "6", "5", "--base", str(base), "--sample-every", "5"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    print(proc.stdout)  # the soak's table: shown with -s, and with any failure below
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((base / "summary.json").read_text())
     assert summary["left"] == [], "processes left behind"
