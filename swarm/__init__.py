@@ -10,8 +10,10 @@ Modules, top to bottom:
 - ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
   health loops, the ``rpc_get_batch`` handler that serves signed batches by id and the ``rpc_put_batch``
   handler that takes batches handed over by nodes behind NAT.
-- ``validator``  ``ManifestValidator``: hivemind record validator binding subkeys to manifest authors.
-- ``peer_book``  ``PeerBook``: quotas, staleness window, dedup, bans with backoff, counters (pure).
+- ``validator``  ``ManifestValidator``: hivemind record validator: owner-bound manifests in a window of
+  epochs, finite and bounded records, bounded storage, checks on read.
+- ``peer_book``  ``PeerBook``: quotas (per author and global), staleness window, dedup, offences and bans
+  with backoff, counters; pruned and bounded (pure).
 - ``handoff``    ``HandoffStore``: batches held for peers behind NAT, quotas per identity and in total (pure).
 - ``keys``       epochs, DHT keys, shards and owner-bound subkeys (pure).
 - ``state``      ``SharedState``: what the network thread and callers share, behind one lock.
