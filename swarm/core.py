@@ -48,7 +48,7 @@ from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.records import Manifest, RolloutBatch
 from swarm.handoff import HandoffStatus, HandoffStore
-from swarm.hivemind_compat import dht_neighbours, dial, p2pd_exited, p2pd_pid, p2pd_process
+from swarm.hivemind_compat import dht_neighbours, dial, disconnect, p2pd_exited, p2pd_pid, p2pd_process
 from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
 from swarm.peer_book import RejectReason
 from swarm.settings import SwarmSettings
@@ -118,6 +118,7 @@ class _PullProgress:
 
     reading_author: bool = False  # a stream to the author's address is open
     stalled: bool = False  # the author's address took a stream and did not deliver
+    peer: PeerID | None = None  # the listed peer last read from
 
 
 class _NetworkDiedError(Exception):
@@ -612,6 +613,11 @@ class SwarmCore:
         except asyncio.TimeoutError:
             data, from_author = None, False
             progress.stalled = progress.stalled or progress.reading_author
+        if data is None and progress.stalled and not await self._reachable(manifest, progress.peer):
+            # A fresh connection cannot even be made: a partition, a crash or a frozen process, not a
+            # stall aimed at us. Banning it would keep its batches out long after the network heals.
+            progress.stalled = False
+            self.shared.add("pulls_unreachable")
         book = self.shared.peer_book
         if data is None:
             with self.shared.lock:
@@ -727,6 +733,8 @@ class SwarmCore:
             logger.debug("could not open a stream to %s: %r", peer_id, exc)
             return None
         progress.reading_author = author
+        if author:
+            progress.peer = peer_id
         try:
             writer.write(bid.encode("ascii"))
             await asyncio.wait_for(writer.drain(), timeout)
@@ -743,6 +751,19 @@ class SwarmCore:
         finally:
             progress.reading_author = False
             writer.close()
+
+    async def _reachable(self, manifest: Manifest, peer_id: PeerID | None) -> bool:
+        """After a stalled pull: whether ``peer_id`` can still be reached over a fresh connection.
+
+        The old connection is dropped and the peer dialed again at its listed addresses. A peer that
+        takes a new connection and then stalled our stream did it on purpose; one that cannot be dialed
+        any more is on the other side of a partition, crashed or frozen (its stall is no offence).
+        """
+        if peer_id is None:
+            return True
+        with contextlib.suppress(*_NETWORK_ERRORS):
+            await asyncio.wait_for(disconnect(self.p2p, peer_id), self.settings.request_timeout)
+        return await self._dial(peer_id, _by_peer(manifest.address).get(peer_id, []))
 
     async def rpc_get_batch(
         self, _info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
