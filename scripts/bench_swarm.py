@@ -43,6 +43,7 @@ from protocol.identity import Identity  # noqa: E402
 from protocol.limits import Limits  # noqa: E402
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams  # noqa: E402
 from protocol.taskref import TaskRef  # noqa: E402
+from swarm.core import _PullProgress  # noqa: E402
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
 
@@ -147,7 +148,8 @@ def measure_pull(nodes: list[SwarmTransport], mib: float, pulls: int) -> tuple[f
 
     async def pull(core: object) -> float:
         started = time.perf_counter()
-        got = await core._fetch_from(PeerID.from_base58(peer), bid, len(data))  # type: ignore[attr-defined]
+        progress = _PullProgress()
+        got = await core._fetch_from(PeerID.from_base58(peer), bid, len(data), progress, author=True)  # type: ignore[attr-defined]
         if got != data:
             raise SystemExit("pulled bytes differ")
         return time.perf_counter() - started
