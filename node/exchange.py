@@ -181,5 +181,5 @@ class SwarmExchange:
 
 
 _TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "pulls_failed", "poll_key_timeouts",
-                      "dht_store_bytes", "duplicate_groups")
+                      "pulls_unreachable", "dht_store_bytes", "duplicate_groups")
 """Transport counters copied into the node's metrics next to the batch counts."""

@@ -336,6 +336,7 @@ class SwarmTransport:
                 "offences": dict(book.offences),
                 "pulls_failed": counters["pulls_failed"],
                 "pulls_stalled": counters["pulls_stalled"],
+                "pulls_unreachable": counters["pulls_unreachable"],
                 "serve_failed": counters["serve_failed"],
                 "poll_failed": counters["poll_failed"],
                 "poll_key_timeouts": counters["poll_key_timeouts"],
