@@ -151,6 +151,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=0.25, help="fraction of the run before the start sample")
     parser.add_argument("--stop-timeout", type=float, default=120.0)
     args = parser.parse_args()
+    # SIGTERM (e.g. a test's time-out) unwinds through the ``finally`` below: every node is still stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.nodes < 2 or args.minutes <= 0:
         parser.error("need at least 2 nodes and a positive number of minutes")
     base = Path(args.base).resolve()

@@ -18,12 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # beyond the soak's own bound below, so the soak always gets to stop its nodes
 def test_six_nodes_for_five_minutes(tmp_path: Path) -> None:
     base = tmp_path / "soak"
-    proc = subprocess.run([sys.executable, "scripts/soak.py", "6", "5", "--base", str(base), "--sample-every", "5"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    print(proc.stdout)  # the soak's table: shown with -s, and with any failure below
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "scripts/soak.py", "6", "5", "--base", str(base), "--sample-every", "5"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # soak.py stops its nodes on SIGTERM; SIGKILL would orphan them
+        stdout, stderr = proc.communicate(timeout=240)
+        raise AssertionError("the soak did not finish in 20 minutes: " + stdout[-3000:]) from None
+    print(stdout)  # the soak's table: shown with -s, and with any failure below
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     summary = json.loads((base / "summary.json").read_text())
     assert summary["left"] == [], "processes left behind"
     for row in summary["rows"]:
