@@ -238,9 +238,15 @@ def test_a_frozen_peer_does_not_stall_the_node(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "a never accepted a batch of b"
             time.sleep(0.5)
         before = _rows(tmp_path / "a")
-        os.killpg(b.pid, signal.SIGSTOP)  # b's Python and its p2pd (same process group)
+        daemons = [p.pid for p in p2pd_children(b.pid)]  # p2pd runs in a session of its own
+        assert daemons, "b has no p2pd"
+        os.killpg(b.pid, signal.SIGSTOP)  # b's Python (and its scoring child)
+        for pid in daemons:
+            os.kill(pid, signal.SIGSTOP)
         frozen_at = time.time()
         time.sleep(9.0)
+        for pid in daemons:
+            os.kill(pid, signal.SIGCONT)
         os.killpg(b.pid, signal.SIGCONT)
         continued_at = time.time()
         during = [r for r in _rows(tmp_path / "a") if frozen_at <= r["time"] <= continued_at]
@@ -256,6 +262,8 @@ def test_a_frozen_peer_does_not_stall_the_node(tmp_path: Path) -> None:
         for proc in (a, b):
             if proc is not None and proc.poll() is None:
                 if proc is b:
+                    for child in p2pd_children(proc.pid):
+                        os.kill(child.pid, signal.SIGCONT)
                     os.killpg(proc.pid, signal.SIGCONT)
                 proc.send_signal(signal.SIGTERM)
         for proc in (a, b):
