@@ -81,14 +81,16 @@ def test_client_mode_batches_are_held_within_the_authors_quota(make_transport: C
     assert wait_for(lambda: client.stats()["network_up"] and reader.stats()["network_up"])
     first = client.publish(make_batch(client.identity, text="one"))
     assert first is not None
-    assert wait_for(lambda: holder.stats()["handoffs_held"] == 1)
+    assert wait_for(lambda: holder.stats()["handoffs_held"] == 1, 30)
     # The batch names the holder first in its signed address list; the reader gets it.
     got: list[RolloutBatch] = []
-    assert wait_for(lambda: bool(got.extend(reader.collect()) or got))
+    assert wait_for(lambda: bool(got.extend(reader.collect()) or got), 30)
     assert got[0].address[0] == holder.visible_multiaddrs()[0]
     client.publish(make_batch(client.identity, text="two", index=1))
-    assert wait_for(lambda: holder.stats()["handoffs_refused"] == 1)  # a second one in this epoch: over quota
-    assert holder.stats()["handoffs_held"] == 1 and client.stats()["handoff_failed"] == 1
+    assert wait_for(lambda: holder.stats()["handoffs_refused"] == 1, 30)  # a second one this epoch: over quota
+    # The client counts the refusal once the holder's answer is back: after the holder counted it.
+    assert wait_for(lambda: client.stats()["handoff_failed"] == 1, 30), client.stats()
+    assert holder.stats()["handoffs_held"] == 1
 
 
 def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[..., SwarmTransport]) -> None:
