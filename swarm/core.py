@@ -300,11 +300,22 @@ class SwarmCore:
     async def _join_loop(self) -> None:
         delay = self.settings.join_retry_seconds
         warned = False
+        initial_ids = {p[0].to_base58() for p in map(_parse_peer_maddr, self.settings.initial_peers) if p is not None}
+        rejoin_delay, next_rejoin = self.settings.join_retry_seconds, 0.0
         while True:
             neighbours = self._neighbours()
             if neighbours or not self.settings.initial_peers:
                 self.shared.set_network(up=True, dht_peers=neighbours)
                 delay, warned = self.settings.join_retry_seconds, False
+                if not initial_ids or initial_ids & set(neighbours):
+                    rejoin_delay = self.settings.join_retry_seconds
+                elif time.monotonic() >= next_rejoin:
+                    # Neighbours, but none of the initial peers: after a partition the ones left may all be
+                    # on this side of it. Dial the initial peers again (with backoff) so the sides rejoin.
+                    self.shared.add("rejoin_attempts")
+                    await self._join_once()
+                    next_rejoin = time.monotonic() + rejoin_delay
+                    rejoin_delay = min(rejoin_delay * 2, self.settings.join_retry_max_seconds)
                 await asyncio.sleep(_HEALTH_PERIOD)
                 continue
             self.shared.set_network(up=False, dht_peers=[])

@@ -11,6 +11,7 @@ sets it in ``.ci/run``): there they fail with the reason instead, so they are ne
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -102,6 +103,11 @@ def stop_all(nodes: list[Any]) -> list[int]:
     return [node.stop() for node in nodes]
 
 
+_WHY = ("peers_connected", "peers_banned", "batches_accepted", "batches_rejected", "offences", "pulls_failed",
+        "pulls_stalled", "pulls_unreachable", "poll_failed", "poll_key_timeouts")
+"""The counters a failed exchange is explained by."""
+
+
 def last_stats(node: Any) -> dict[str, Any]:
     stats = node.of("stats")
     return dict(stats[-1]["stats"]) if stats else {}
@@ -128,6 +134,7 @@ def test_public_and_natted_nodes_accept_each_others_batches(lab: Any) -> None:
         assert not last_stats(node)["batches_rejected"], last_stats(node)
 
 
+@pytest.mark.slow  # about 40 s, and resuming within two epochs failed 2 of 8 runs at a load average near 10
 def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> None:
     epoch = 6.0
     a0, a1, b0, b1 = (lab.add_host() for _ in range(4))
@@ -153,5 +160,7 @@ def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> 
         lambda: all(received(x, y, after=healed_at) for x in group_a for y in group_b)
         and all(received(y, x, after=healed_at) for x in group_a for y in group_b),
         2 * epoch,
-    ), {node.peer[:8]: last_stats(node) for node in nodes.values()}
+    ), json.dumps({node.peer[:8]: {k: v for k, v in last_stats(node).items() if k in _WHY}
+                   | {"got_after_heal": {y.peer[:8]: len(received(node, y, after=healed_at)) for y in nodes.values()}}
+                   for node in nodes.values()})
     assert stop_all(list(nodes.values())) == [0] * len(nodes)
