@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="run a node that joins a swarm")
     _add_run_args(start)
     start.add_argument("--initial-peers", action="append", default=None, metavar="MADDR",
-                       help="multiaddr of a peer to join (repeat, or separate with commas); "
-                            "also SWARM_INITIAL_PEERS or swarm.initial_peers")
+                       help="multiaddr of a peer to join (repeat, or separate with commas), or @FILE: a file "
+                            "of multiaddrs, one a line, '#' comments; also SWARM_INITIAL_PEERS or "
+                            "swarm.initial_peers")
     status = sub.add_parser("status", help="one-screen summary of a running node, from its status API")
     status.add_argument("--url", help="the node's API, e.g. http://127.0.0.1:8770/ (the URL it printed at start)")
     status.add_argument("--run-dir", help="or: the run dir of a node on this machine (reads RUN_DIR/api_url)")
@@ -97,9 +98,12 @@ def cmd_silo(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from swarm.settings import parse_initial_peers
+    from swarm.settings import expand_initial_peers
 
-    peers = [p for item in (args.initial_peers or []) for p in parse_initial_peers(item)]
+    try:
+        peers = expand_initial_peers(args.initial_peers or [])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     cfg = with_initial_peers(_load(args), peers or None)  # validated before the heavy imports below
     _preflight(cfg)
     _setup_logging(args.log_level)

@@ -67,7 +67,12 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
         if not explicit_seed:
             print(f"swarm-node: seed {cfg.seed} (from the identity; set seed=N to choose one)", flush=True)
-        if addrs:
+        if addrs and cfg.swarm.client_mode:
+            print(f"swarm-node: network up in client mode (dials out only; batches are handed to "
+                  f"{cfg.swarm.handoff_copies} initial peers to serve)" if cfg.swarm.nat_sharing == "handoff" else
+                  f"swarm-node: network up in client mode (dials out only; nat_sharing={cfg.swarm.nat_sharing})",
+                  flush=True)
+        elif addrs:
             print("swarm-node: others can join with --initial-peers " + ",".join(addrs), flush=True)
         else:
             print("swarm-node: network not up yet (peers unreachable?); training locally and retrying to join "

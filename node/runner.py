@@ -12,6 +12,7 @@ benchmarks and tests) gives a swarm node whose exchange is built last in ``setup
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import time
@@ -27,6 +28,7 @@ from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, res
 from node.config import NodeConfig, resolve_api
 from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
+from node.failpoints import crash_point
 from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, read_metrics
 from node.policy.model import Policy, build_policy
@@ -75,7 +77,7 @@ class Node:
     # config fails before any network is touched; the API last, once there is a node to report on.
     def setup(self) -> None:
         prepare_run_dir(self.run_dir)
-        (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
+        _write_atomic(self.run_dir / "config.yaml", _dump_yaml(self.cfg))
         self.policy = self._build_policy()
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
@@ -248,6 +250,7 @@ class Node:
                                              round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
                                              mode=cfg.sampling.mode, **common)
         t_gen = time.perf_counter()
+        crash_point("generation")
         local = [s.group for s in sampled]
         external: list[TrainGroup] = []
         if self.exchange is not None:
@@ -354,6 +357,13 @@ class Node:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (no torn file after a crash)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def load_identity(cfg: NodeConfig, run_dir: Path) -> Identity:

@@ -64,6 +64,9 @@ class InMemoryTransport:
     def current_epoch(self) -> int:
         return self.hub.epoch
 
+    def min_publish_interval(self) -> float:
+        return 0.0  # no quotas in memory: every batch is delivered
+
     def stats(self) -> dict[str, int | float | dict[str, int]]:
         return {
             "peers_seen": len(self.hub.members) - 1,
