@@ -19,8 +19,11 @@ from tqdm import tqdm
 
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
 from node.config import ConfigError, NodeConfig
+from node.engines.base import GenerationBackend, SamplingSettings
+from node.engines.hf import HFBackend
 from node.metrics import MetricsWriter, PrometheusExporter
-from node.policy.model import Policy, build_policy
+from node.policy.model import Policy, build_policy, pick_device
+from node.policy.tiny import resolve_model_path
 from node.rollouts import SampledGroup, greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.tasks import Task, TaskError, TaskSource, build_task_source
 from node.train.sampler import CandidateGroup, mix
@@ -57,18 +60,24 @@ class Node:
         self.exchange: Exchange | None = None
         self._external_pool: list[TrainGroup] = []
 
-    # ----- setup: ordering matters -- the policy exists before the trainer (its parameters), and the
-    # checkpoint is restored last, over freshly seeded state.
+    # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
+    # exists before the trainer (its parameters); the checkpoint is restored over freshly seeded state, and
+    # the generator is built after it, so an engine starts from the restored policy.
     def setup(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
+        if self.cfg.generation.backend == "vllm":
+            from node.engines.vllm_engine import require_vllm
+
+            require_vllm(pick_device(self.cfg.model.device))
         self.policy = self._build_policy()
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
         self.task_rng = random.Random(self.cfg.seed)
-        self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
+        self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
+        self.generator = self._build_generator()
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      prometheus=self._build_prometheus())
         self.eval_tasks: list[Task] = self._build_eval_tasks()
@@ -83,6 +92,16 @@ class Node:
 
     def _build_policy(self) -> Policy:
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
+
+    def _build_generator(self) -> GenerationBackend:
+        g, m = self.cfg.generation, self.cfg.model
+        if g.backend == "hf":
+            return HFBackend(self.policy, batch_size=g.batch_size)
+        from node.engines.vllm_engine import VLLMBackend
+
+        return VLLMBackend(self.policy, resolve_model_path(m.name_or_path), g.vllm, dtype=m.dtype,
+                           max_num_seqs=g.batch_size, seed=self.cfg.seed, trust_remote_code=m.trust_remote_code,
+                           lora_rank=self.cfg.adapter.rank)
 
     def _build_task_source(self) -> TaskSource:
         t = self.cfg.tasks
@@ -112,7 +131,8 @@ class Node:
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
-                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed)
+                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
+                       gradient_checkpointing=tc.gradient_checkpointing)
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()
@@ -165,12 +185,12 @@ class Node:
         refs = self.source.sample(cfg.sapo.generated_groups or cfg.sapo.local_groups, self.task_rng)
         tasks = [self.source.task(r) for r in refs]
         g = cfg.generation
-        common: dict[str, Any] = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                                      batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
+        common: dict[str, Any] = dict(settings=settings, generator=self.sample_gen, epoch=epoch)
         if cfg.sampling.mode == "standard":
-            sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size, **common)
+            sampled = sample_groups(self.generator, self.policy, self.source, tasks, group_size=g.group_size, **common)
         else:
-            sampled = sample_groups_adaptive(self.policy, self.source, tasks, group_size=g.group_size,
+            sampled = sample_groups_adaptive(self.generator, self.policy, self.source, tasks, group_size=g.group_size,
                                              round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
                                              mode=cfg.sampling.mode, **common)
         t_gen = time.perf_counter()
@@ -183,6 +203,7 @@ class Node:
         local_signal = assign_advantages(local, cfg.train.advantage)[: cfg.sapo.local_groups]
         signal_groups = local_signal + external
         stats = self.trainer.step(signal_groups)
+        sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
         rewards = [r for grp in local for r in (grp.all_rewards or grp.rewards)]  # everything sampled
@@ -200,6 +221,7 @@ class Node:
             "grad_norm": stats.get("grad_norm", 0.0),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
+        record.update({f"gen/{k}": v for k, v in sync.items()})
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
@@ -232,8 +254,8 @@ class Node:
 
     def evaluate(self) -> float:
         g = self.cfg.generation
-        return greedy_accuracy(self.policy, self.source, self.eval_tasks, max_new_tokens=g.max_new_tokens,
-                               batch_size=g.batch_size)
+        return greedy_accuracy(self.generator, self.policy, self.source, self.eval_tasks,
+                               max_new_tokens=g.max_new_tokens)
 
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen)
@@ -243,6 +265,8 @@ class Node:
                                               extra={"model": self.cfg.model.name_or_path}))
 
     def close(self) -> None:
+        if getattr(self, "generator", None) is not None:
+            self.generator.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if self.exchange is not None:
