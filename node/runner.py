@@ -61,8 +61,8 @@ class Node:
         self._external_pool: list[TrainGroup] = []
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
-    # exists before the trainer (its parameters); the checkpoint is restored over freshly seeded state, and
-    # the generator is built after it, so an engine starts from the restored policy.
+    # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
+    # starts); the checkpoint is restored last, over freshly seeded state, and handed to the generator.
     def setup(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
@@ -73,11 +73,11 @@ class Node:
         self.policy = self._build_policy()
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
+        self.generator = self._build_generator()
         self.task_rng = random.Random(self.cfg.seed)
         self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
-        self.generator = self._build_generator()
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      prometheus=self._build_prometheus())
         self.eval_tasks: list[Task] = self._build_eval_tasks()
@@ -145,6 +145,7 @@ class Node:
         if "routing_gen" in state.rng:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])
         self.step = state.step
+        self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)
 
     # ----- run

@@ -48,11 +48,20 @@ SyncMode = Literal["merge", "lora"]
 AUTO_SYNC: dict[str, SyncMode] = {"cpu": "merge", "cuda": "merge"}
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels are built for
-_QUIET_LOGGERS = {  # vLLM messages that are expected here and would otherwise repeat every step
+_QUIET_LOGGERS = {  # vLLM's progress at INFO, and warnings that are expected here (some would repeat every step)
     "vllm": logging.WARNING,
     "vllm.model_executor.model_loader.reload": logging.ERROR,  # "not loaded": embeddings are not pushed
     "vllm.renderers": logging.ERROR,  # no chat-template warm-up without a tokenizer
+    "vllm.v1.worker.cpu_worker": logging.ERROR,  # set_num_threads refused while the engine starts
+    "vllm.config": logging.ERROR,  # start-up notes on compilation settings this backend turns off
+    "vllm.platforms": logging.ERROR,  # and on optional CPU kernels (Triton) it does not need
+    "vllm.utils.torch_utils": logging.ERROR,  # "leaving Torch threads at N": what this backend asks for
 }
+
+
+def _quiet_vllm() -> None:
+    for name, level in _QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def vllm_import_error() -> str | None:
@@ -103,10 +112,10 @@ class VLLMBackend:
                trust_remote_code: bool, lora_rank: int) -> Any:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's records go through the node's logging
         from vllm import LLM
 
-        for name, level in _QUIET_LOGGERS.items():
-            logging.getLogger(name).setLevel(level)
+        _quiet_vllm()
         max_positions = getattr(getattr(self.policy.model, "config", None), "max_position_embeddings", None)
         lora: dict[str, Any] = {}
         if self.mode == "lora":
@@ -115,6 +124,8 @@ class VLLMBackend:
                 raise ConfigError(f"adapter.rank={lora_rank} is above vLLM's largest LoRA rank; use sync=merge")
             lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1, "max_cpu_loras": 2}
             self._lora_dir = tempfile.mkdtemp(prefix="swarm-node-lora-")
+        if self.policy.device.type == "cpu":
+            _eager_token_ranks()
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         t0 = time.perf_counter()
         try:
@@ -192,6 +203,20 @@ class VLLMBackend:
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_dir = None
+
+
+def _count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return (x > values).sum(dim=-1)
+
+
+def _eager_token_ranks() -> None:
+    """vLLM ranks each sampled token with a torch.compile'd count; on CPU that compiles a C++ kernel on the
+    first request that asks for log-probs (5 to 17 s here), for a rank the node never reads. The same count
+    in eager mode costs nothing at these vocabulary sizes."""
+    import vllm.v1.sample.sampler as sampler
+
+    if hasattr(sampler, "batched_count_greater_than"):
+        sampler.batched_count_greater_than = _count_greater_than
 
 
 def _sampled_logprobs(logprobs: Any, token_ids: Any) -> list[float]:
