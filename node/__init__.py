@@ -6,7 +6,10 @@
 - ``daemon``: ``swarm-node start``: a ``Node`` joined to a swarm.
 - ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, re-scored and
   re-tokenized for our policy.
-- ``rollouts`` / ``generation``: tasks to scored groups; batched sampling with behaviour log-probs.
+- ``rollouts`` / ``generation``: tasks to scored groups; the node's own sampling loop with behaviour
+  log-probs.
+- ``engines/``: the generation backends behind one interface (``hf``: the node's loop; ``vllm``: an
+  in-process vLLM engine kept in step with the policy).
 - ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL, optional Prometheus).
 - ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.
 - ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.

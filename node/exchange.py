@@ -12,11 +12,12 @@ import logging
 import time
 from typing import Any, Protocol
 
-from node.ingest import Ingestor, to_rollout_groups
+from node.ingest import Ingestor
+from node.outbound import to_rollout_groups
 from node.policy.model import Policy
 from node.rollouts import SampledGroup
 from node.tasks import TaskSource
-from node.train.trainer import TrainGroup
+from node.train.groups import TrainGroup
 from protocol.identity import Identity
 from protocol.records import RolloutBatch
 

@@ -1,11 +1,10 @@
-"""Turning records into training groups, and back.
+"""Inbound records: a peer's verified batch into ``TrainGroup``s this node can train on.
 
-``to_rollout_groups``: the node's own sampled groups as protocol records, ready to sign and publish.
-``Ingestor``: a peer's verified batch into ``TrainGroup``s this node can train on. Nothing the peer claims
-is believed: the task is regenerated from its ``TaskRef`` and every completion is re-scored with our own
-verifier; the prompt is our own formatting of the regenerated task; token ids and behaviour log-probs are
-used only when the peer's tokenizer fingerprint equals ours, otherwise the text is re-tokenized and our
-own log-probs at ingestion become the anchor. Rejections are counted by reason, never raised.
+Nothing the peer claims is believed: the task is regenerated from its ``TaskRef`` and every completion is
+re-scored with our own verifier; the prompt is our own formatting of the regenerated task; token ids and
+behaviour log-probs are used only when the peer's tokenizer fingerprint equals ours, otherwise the text
+is re-tokenized and our own log-probs at ingestion become the anchor. Rejections are counted by reason,
+never raised. The outbound direction (our groups as records) is ``node.outbound``.
 """
 
 from __future__ import annotations
@@ -19,33 +18,13 @@ import torch
 
 from node.generation import left_pad, right_pad, sequence_logprobs
 from node.policy.model import Policy
-from node.rollouts import SampledGroup, encode_prompt
+from node.rollouts import encode_prompt
 from node.tasks import TaskError, TaskSource
-from node.train.trainer import TrainGroup
+from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
-from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams
+from protocol.records import Rollout, RolloutBatch, RolloutGroup
 
 logger = logging.getLogger(__name__)
-
-
-def to_rollout_groups(policy: Policy, groups: list[SampledGroup], *, policy_step: int, temperature: float,
-                      top_p: float) -> list[RolloutGroup]:
-    """The node's own groups as protocol records (behaviour log-probs of the sampling distribution)."""
-    sampling = SamplingParams(temperature=temperature, top_p=top_p)
-    out = []
-    for sg in groups:
-        prompt_text = str(policy.tokenizer.decode(sg.group.prompt_ids, skip_special_tokens=True))
-        rollouts = tuple(
-            Rollout(task=sg.task.ref, prompt=prompt_text, completion=text, completion_ids=tuple(ids),
-                    tokenizer_fingerprint=policy.tokenizer_fingerprint, behavior_logprobs=tuple(lps),
-                    sampling=sampling, model_fingerprint=policy.model_fingerprint, policy_step=policy_step,
-                    finish_reason=reason, reward=reward, routing=tuple(routing))
-            for ids, lps, text, reason, reward, routing in zip(
-                sg.group.completions, sg.group.anchor_logprobs, sg.texts, sg.finish_reasons, sg.group.rewards,
-                sg.group.routings or [[] for _ in sg.texts])
-        )
-        out.append(RolloutGroup(task=sg.task.ref, rollouts=rollouts))
-    return out
 
 
 class Ingestor:

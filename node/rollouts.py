@@ -13,7 +13,7 @@ import torch
 from node.engines.base import GenerationBackend, SamplingSettings
 from node.policy.model import Policy
 from node.tasks import Task, TaskSource
-from node.train.trainer import TrainGroup
+from node.train.groups import TrainGroup
 
 
 def encode_prompt(policy: Policy, text: str) -> list[int]:

@@ -3,6 +3,10 @@
 One step: sample local tasks, generate G completions each, score them with the tasks' own verifiers,
 (in swarm mode: publish them and collect peers'), mix I local and J external groups, one trainer step,
 metrics; a checkpoint every ``train.checkpoint_every`` steps. Silo mode is the same loop with no exchange.
+
+``Node`` is the one place a node is built, with or without an exchange: ``transport=None`` gives a silo
+node; a ``TransportFactory`` (the hivemind ``SwarmTransport`` in a daemon, an in-memory hub's transport in
+benchmarks and tests) gives a swarm node whose exchange is built last in ``setup()``.
 """
 
 from __future__ import annotations
@@ -11,58 +15,57 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
-from node.config import ConfigError, NodeConfig
+from node.config import NodeConfig
 from node.engines.base import GenerationBackend, SamplingSettings
 from node.engines.hf import HFBackend
+from node.errors import ConfigError, TaskError
+from node.exchange import BatchTransport, SwarmExchange
 from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy, pick_device
 from node.policy.tiny import resolve_model_path
-from node.rollouts import SampledGroup, greedy_accuracy, sample_groups, sample_groups_adaptive
-from node.tasks import Task, TaskError, TaskSource, build_task_source
+from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
+from node.tasks import Task, TaskSource, build_task_source
+from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix
-from node.train.trainer import Trainer, TrainGroup, assign_advantages
+from node.train.trainer import Trainer
+from protocol.errors import IdentityError
+from protocol.identity import Identity
+from swarm.settings import SwarmSettings
 
 logger = logging.getLogger(__name__)
 
 _MAX_POOL_PER_J = 64  # peer groups held for selection, per external group trained on a step
 
-
-class Exchange(Protocol):
-    """What the loop needs from a swarm: hand over our groups, receive verified, re-scored peer groups."""
-
-    def share(self, step: int, groups: list[SampledGroup]) -> None: ...
-
-    def receive(self, step: int) -> list[TrainGroup]: ...
-
-    def current_epoch(self) -> int: ...
-
-    def metrics(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
+TransportFactory = Callable[[SwarmSettings, Identity], BatchTransport]
+"""Builds (and starts) the transport of a swarm node from its settings and identity."""
 
 
 class Node:
-    """A training node. ``exchange`` is None in silo mode."""
+    """A training node; ``exchange`` is None in silo mode (no ``transport`` given)."""
 
-    def __init__(self, cfg: NodeConfig, run_dir: str | Path, *, show_progress: bool = True) -> None:
+    def __init__(self, cfg: NodeConfig, run_dir: str | Path | None = None, *, show_progress: bool = True,
+                 transport: TransportFactory | None = None) -> None:
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(cfg.run_dir if run_dir is None else run_dir)
         self.show_progress = show_progress
         self.stop_requested = False
         self.step = 0
-        self.exchange: Exchange | None = None
+        self.exchange: SwarmExchange | None = None
+        self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
     # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
-    # starts); the checkpoint is restored last, over freshly seeded state, and handed to the generator.
+    # starts); the checkpoint is restored over freshly seeded state and handed to the generator; the
+    # exchange comes last, so a broken model or config fails before any network is touched.
     def setup(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
@@ -81,6 +84,8 @@ class Node:
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      prometheus=self._build_prometheus())
         self.eval_tasks: list[Task] = self._build_eval_tasks()
+        if self._transport_factory is not None:
+            self.exchange = self._build_exchange(self._transport_factory)
 
     def _build_prometheus(self) -> PrometheusExporter | None:
         mc = self.cfg.metrics
@@ -133,6 +138,23 @@ class Node:
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
                        gradient_checkpointing=tc.gradient_checkpointing)
+
+    def _build_identity(self) -> Identity:
+        path = Path(self.cfg.swarm.identity_path)
+        if not path.is_absolute():
+            path = self.run_dir / path
+        try:
+            return Identity.load_or_create(path)
+        except IdentityError as exc:
+            raise ConfigError(f"swarm.identity_path: {exc}") from None
+
+    def _build_exchange(self, factory: TransportFactory) -> SwarmExchange:
+        settings = self.cfg.swarm
+        identity = self._build_identity()
+        g = self.cfg.generation
+        return SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
+                             swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
+                             max_completion_tokens=g.peer_completion_tokens)
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()

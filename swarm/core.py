@@ -36,6 +36,7 @@ from protocol.errors import ProtocolError
 from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.records import Manifest
+from swarm.hivemind_compat import dht_neighbours, dial, p2pd_exited, p2pd_pid, p2pd_process
 from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
 from swarm.peer_book import RejectReason
 from swarm.settings import SwarmSettings
@@ -131,8 +132,8 @@ class SwarmCore:
             identity_path=settings.p2p_identity_path,
             check_if_identity_free=False,
         )
-        child = getattr(p2p, "_child", None)  # hivemind keeps the p2pd process here
-        watchdog = P2pdWatchdog(child.pid) if child is not None else None
+        pid = p2pd_pid(p2p)
+        watchdog = P2pdWatchdog(pid) if pid is not None else None
         started = False
         try:  # p2pd must not outlive a failure (or cancellation) below
             dht = await DHTNode.create(
@@ -188,7 +189,7 @@ class SwarmCore:
     # -- join ---------------------------------------------------------------------------------------
 
     def _neighbours(self) -> list[str]:
-        return [peer.to_base58() for peer in self.dht.protocol.routing_table.peer_id_to_uid]
+        return [peer.to_base58() for peer in dht_neighbours(self.dht)]
 
     async def _join_loop(self) -> None:
         delay = self.settings.join_retry_seconds
@@ -229,8 +230,7 @@ class SwarmCore:
 
     async def _dial(self, peer_id: PeerID, addr: Multiaddr) -> bool:
         try:
-            # hivemind's P2P has no public "connect to this address"; its daemon client does.
-            await asyncio.wait_for(self.p2p._client.connect(peer_id, [addr]), self.settings.request_timeout)
+            await asyncio.wait_for(dial(self.p2p, peer_id, [addr]), self.settings.request_timeout)
         except _NETWORK_ERRORS as exc:
             logger.debug("could not dial %s at %s: %r", peer_id, addr, exc)
             return False
@@ -283,7 +283,7 @@ class SwarmCore:
         current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
         keys = [
             manifest_key(self.settings.swarm_id, epoch, shard)
-            for epoch in epochs_to_read(current, self.settings.staleness_epochs)
+            for epoch in epochs_to_read(current, self.settings.read_epochs)
             for shard in range(KEY_SHARDS)
         ]
         try:
@@ -403,7 +403,7 @@ class SwarmCore:
                 data = await self._fetch_from(peer_id, manifest.batch_id, limit)
                 if data is not None:
                     return data, True
-        others = [p for p in self.dht.protocol.routing_table.peer_id_to_uid if p not in dict(author_peers)]
+        others = [p for p in dht_neighbours(self.dht) if p not in dict(author_peers)]
         for peer_id in random.sample(others, min(2, len(others))):
             data = await self._fetch_from(peer_id, manifest.batch_id, limit)
             if data is not None:
@@ -458,20 +458,19 @@ class SwarmCore:
         last_epoch = -1
         while True:
             await asyncio.sleep(_HEALTH_PERIOD)
-            child = getattr(self.p2p, "_child", None)
-            if not self.p2p.is_alive or (child is not None and child.returncode is not None):
+            if p2pd_exited(self.p2p):
                 raise _NetworkDiedError("p2pd exited")
             current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
             if current != last_epoch:
                 last_epoch = current
-                oldest = current - self.settings.staleness_epochs
+                oldest = current - self.settings.read_epochs
                 self._seen_manifests = {m: v for m, v in self._seen_manifests.items() if v[0] >= oldest}
                 with self.shared.lock:
                     self.shared.peer_book.prune(current, time.monotonic())
 
 
 async def _shutdown_p2p(p2p: P2P, watchdog: P2pdWatchdog | None, *, timeout: float) -> None:
-    child = getattr(p2p, "_child", None)
+    child = p2pd_process(p2p)
     with contextlib.suppress(*_NETWORK_ERRORS):
         await asyncio.wait_for(p2p.shutdown(), timeout)
     if child is not None and child.returncode is None:

@@ -45,17 +45,17 @@ class PeerBook:
         *,
         max_batches_per_peer_epoch: int,
         max_bytes_per_peer_epoch: int,
-        staleness_epochs: int,
+        read_epochs: int,
         ban_seconds: float,
         ban_backoff: float = 2.0,
         max_ban_seconds: float = 3600.0,
         max_pull_attempts: int = 3,
     ) -> None:
-        if staleness_epochs < 1 or max_batches_per_peer_epoch < 1 or max_bytes_per_peer_epoch < 1:
-            raise ValueError("staleness_epochs and quotas must be >= 1")
+        if read_epochs < 1 or max_batches_per_peer_epoch < 1 or max_bytes_per_peer_epoch < 1:
+            raise ValueError("read_epochs and quotas must be >= 1")
         self.max_batches = max_batches_per_peer_epoch
         self.max_bytes = max_bytes_per_peer_epoch
-        self.staleness_epochs = staleness_epochs
+        self.read_epochs = read_epochs
         self.ban_seconds = ban_seconds
         self.ban_backoff = ban_backoff
         self.max_ban_seconds = max_ban_seconds
@@ -112,7 +112,7 @@ class PeerBook:
     ) -> str | None:
         if self.is_banned(author, now):
             return RejectReason.BANNED
-        if epoch <= current_epoch - self.staleness_epochs:
+        if epoch <= current_epoch - self.read_epochs:
             return RejectReason.STALE
         if epoch > current_epoch + 1:  # one epoch of clock skew is tolerated
             return RejectReason.FUTURE_EPOCH
@@ -187,7 +187,7 @@ class PeerBook:
 
     def prune(self, current_epoch: int, now: float) -> None:
         """Forget batch ids and quotas of epochs outside the window, and expired bans."""
-        oldest = current_epoch - self.staleness_epochs  # kept one extra epoch so late polls stay deduped
+        oldest = current_epoch - self.read_epochs  # kept one extra epoch so late polls stay deduped
         self._known = {b: e for b, e in self._known.items() if e >= oldest}
         self._quotas = {k: q for k, q in self._quotas.items() if k[1] >= oldest}
         self._banned_until = {a: t for a, t in self._banned_until.items() if t > now}

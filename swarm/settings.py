@@ -60,8 +60,9 @@ class SwarmSettings(BaseModel):
     startup_timeout: float = Field(default=60.0, gt=0)
     """How long p2pd may take to start, and how long ``start(wait=True)`` waits for the DHT."""
     epoch_seconds: float = Field(default=60.0, gt=0)
-    staleness_epochs: int = Field(default=2, ge=1, le=16)
-    """How many epochs are read: the current one and ``staleness_epochs - 1`` before it."""
+    read_epochs: int = Field(default=2, ge=1, le=16)
+    """How many epochs of manifests are read and accepted: the current one and ``read_epochs - 1``
+    before it. (How old a received group may be when it is trained on is the node's own setting.)"""
     max_batches_per_peer_epoch: int = Field(default=16, ge=1)
     max_bytes_per_peer_epoch: int = Field(default=64 * _MIB, ge=1)
     ban_seconds: float = Field(default=30.0, gt=0)

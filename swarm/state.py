@@ -37,7 +37,7 @@ class SharedState:
         book = PeerBook(
             max_batches_per_peer_epoch=settings.max_batches_per_peer_epoch,
             max_bytes_per_peer_epoch=settings.max_bytes_per_peer_epoch,
-            staleness_epochs=settings.staleness_epochs,
+            read_epochs=settings.read_epochs,
             ban_seconds=settings.ban_seconds,
             ban_backoff=settings.ban_backoff,
             max_ban_seconds=settings.max_ban_seconds,

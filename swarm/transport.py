@@ -29,6 +29,7 @@ from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem, SwarmCore
+from swarm.hivemind_compat import p2pd_pid
 from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
@@ -121,9 +122,9 @@ class SwarmTransport:
         thread.join(timeout=3 * self.settings.request_timeout + 10.0)
         if thread.is_alive():
             logger.error("swarm network thread did not stop in time; killing p2pd")
-            child = getattr(core.p2p, "_child", None) if core is not None else None
-            if child is not None:
-                kill_process(child.pid)
+            pid = p2pd_pid(core.p2p) if core is not None else None
+            if pid is not None:
+                kill_process(pid)
         self._shared.set_network(up=False, dht_peers=[])
 
     def _thread_main(self, ready: threading.Event) -> None:
@@ -258,6 +259,11 @@ class SwarmTransport:
         """libp2p ids of this node's current DHT neighbours."""
         with self._shared.lock:
             return list(self._shared.dht_peers)
+
+    def p2pd_pid(self) -> int | None:
+        """The pid of this node's p2pd while the network side runs, else None (for tools and tests)."""
+        core = self._core
+        return None if core is None else p2pd_pid(core.p2p)
 
     def visible_multiaddrs(self) -> list[str]:
         """Full multiaddrs (with ``/p2p/<id>``) other nodes can use as initial peers; empty until up."""

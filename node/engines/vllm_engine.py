@@ -31,9 +31,10 @@ from typing import Any, Literal
 
 import torch
 
-from node.config import ConfigError, VllmConfig
+from node.config import VllmConfig
 from node.engines.base import SamplingSettings, request_seeds
 from node.engines.weights import effective_weights
+from node.errors import ConfigError
 from node.generation import Completions, right_pad
 from node.policy.model import Policy
 

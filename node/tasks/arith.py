@@ -12,8 +12,9 @@ import hashlib
 import logging
 from typing import Any
 
+from node.modes import ChatTemplateMode
 from node.tasks.arith_format import OPERATIONS, make_problem
-from node.tasks.base import ChatTemplateMode, Task, TaskSource
+from node.tasks.base import Task, TaskSource
 from node.tasks.cache import LRUCache
 from protocol.taskref import TaskRef
 

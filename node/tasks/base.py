@@ -16,21 +16,18 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar
 
+from node.errors import TaskError
+from node.modes import CHAT_TEMPLATE_MODES, ChatTemplateMode
 from protocol.taskref import TaskRef
+
+__all__ = ["Task", "TaskError", "TaskSource", "settings_hash"]
 
 logger = logging.getLogger(__name__)
 
-ChatTemplateMode = Literal["auto", "always", "never"]
-CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
-
 # Most attempts ``sample``/``eval_refs`` make to find an index whose task the source accepts.
 _MAX_DRAWS_PER_REF = 64
-
-
-class TaskError(Exception):
-    """A task cannot be built: bad settings, or a ref this source cannot regenerate."""
 
 
 @dataclass(frozen=True)
@@ -205,31 +202,3 @@ class TaskSource(ABC):
                 continue
             return ref
         raise TaskError(f"no acceptable task of {dataset!r} in {_MAX_DRAWS_PER_REF} draws: {last_error}")
-
-
-def build_task_source(
-    source: str,
-    datasets: list[str],
-    weights: list[float] | None,
-    seed: int,
-    **options: Any,
-) -> TaskSource:
-    """Build the task source named ``source`` (``arith`` or ``reasoning_gym``) with its options."""
-    # Imported on demand: the reasoning-gym library takes over a second to import.
-    cls: type[TaskSource]
-    if source == "arith":
-        from node.tasks.arith import ArithTaskSource
-
-        cls = ArithTaskSource
-    elif source == "reasoning_gym":
-        from node.tasks.reasoning_gym import ReasoningGymTaskSource
-
-        cls = ReasoningGymTaskSource
-    else:
-        raise TaskError(f"unknown task source {source!r}; choose from ['arith', 'reasoning_gym']")
-    try:
-        built = cls(datasets, weights, seed, **options)
-    except TypeError as error:
-        raise TaskError(f"bad options for task source {source!r}: {error}") from error
-    logger.info("task source %s (config %s): datasets %s", source, built.config_hash, built.datasets)
-    return built

@@ -24,9 +24,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import reasoning_gym
-
-from node.tasks.base import ChatTemplateMode, Task, TaskError, TaskSource
+from node.errors import TaskError
+from node.modes import ChatTemplateMode
+from node.tasks.base import Task, TaskSource
 from node.tasks.cache import LRUCache
 from node.tasks.prompting import ANSWER_INSTRUCTION, DEFAULT_SYSTEM_PROMPT, extract_answer, format_for_model
 from protocol.taskref import TaskRef
@@ -51,11 +51,18 @@ _SLOW_ITEM_S = 0.05
 _MATRIX_LITERAL = re.compile(r"[0-9\s\[\],]*")
 
 
+def _library() -> Any:
+    """The reasoning-gym package, imported on first use (it takes seconds to import)."""
+    import reasoning_gym
+
+    return reasoning_gym
+
+
 def reasoning_gym_version() -> str:
     try:
         return importlib.metadata.version("reasoning-gym")
     except importlib.metadata.PackageNotFoundError:
-        return str(getattr(reasoning_gym, "__version__", "unknown"))
+        return str(getattr(_library(), "__version__", "unknown"))
 
 
 def dataset_seed(seed: int, dataset: str) -> int:
@@ -76,7 +83,7 @@ def _check_dataset_configs(configs: Mapping[str, Mapping[str, Any]] | None) -> d
             raise TaskError(f"dataset_configs.{name} must not set {sorted(fixed)}: task refs decide them")
         try:
             json.dumps(dict(overrides), sort_keys=True)
-            reasoning_gym.create_dataset(name, seed=0, size=1, **overrides)
+            _library().create_dataset(name, seed=0, size=1, **overrides)
         except Exception as error:  # unknown field (TypeError), failed validate() (AssertionError), ...
             raise TaskError(f"dataset_configs.{name} is invalid: {error!r}") from error
         checked[name] = dict(overrides)
@@ -126,7 +133,7 @@ class ReasoningGymTaskSource(TaskSource):
     def _dataset(self, dataset: str, seed: int) -> Any:
         def build() -> Any:
             overrides = self.dataset_configs.get(dataset, {})
-            return reasoning_gym.create_dataset(
+            return _library().create_dataset(
                 dataset, seed=dataset_seed(seed, dataset), size=INDEX_LIMIT, **overrides
             )
 

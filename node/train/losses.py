@@ -31,13 +31,10 @@ Per-token surrogates ``l_bt`` (with ``rho = exp(logp - anchor)``):
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import Tensor
 
-LossKind = Literal["topr", "rec", "grpo", "reinforce"]
-LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
+from node.modes import LOSS_KINDS, LossKind
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from node.train.trainer import TrainGroup, assign_advantages
+from node.train.groups import TrainGroup, assign_advantages
 
 
 def _group(rewards, peer=""):

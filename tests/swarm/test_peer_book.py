@@ -11,7 +11,7 @@ def book(**overrides: float) -> PeerBook:
     args: dict[str, float] = {
         "max_batches_per_peer_epoch": 2,
         "max_bytes_per_peer_epoch": 1000,
-        "staleness_epochs": 2,
+        "read_epochs": 2,
         "ban_seconds": 10.0,
         "ban_backoff": 2.0,
         "max_ban_seconds": 35.0,
