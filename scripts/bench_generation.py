@@ -249,7 +249,8 @@ def print_table(label: str, sequences: int, tokens: int, rows: list[Row]) -> Non
         print(f"{r.name:<18}{r.tokens:>8}{r.seconds:>9.2f}{r.tokens_per_s:>10.0f}{r.sync_seconds:>9.3f}"
               f"{r.step_tokens_per_s:>12.0f}{r.step_tokens_per_s / base.step_tokens_per_s:>11.2f}{gap:>10}"
               + (f"  ({'; '.join(r.notes)})" if r.notes else ""))
-    print(f"node-hf / generate/batched: {base.tokens_per_s / batched.tokens_per_s:.2f}x")
+    print(f"node-hf / generate/batched: {base.tokens_per_s / batched.tokens_per_s:.2f}x; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
 
 
 def run_bench(args: argparse.Namespace) -> None:
@@ -263,6 +264,9 @@ def run_bench(args: argparse.Namespace) -> None:
             if not args.no_vllm:
                 for mode in ("merge", "lora"):
                     rows.append(bench_vllm(policy, folder, prompts, tokens, args, mode))
+            for r in rows:  # progress, in case a later model does not finish
+                print(f"[{label}] {r.name}: {r.tokens_per_s:.0f} tok/s, sync {r.sync_seconds:.3f} s",
+                      file=sys.stderr, flush=True)
             print_table(label, sequences, tokens, rows)
             del policy
             gc.collect()

@@ -22,6 +22,7 @@ still change floating-point reductions, so repeats are exact on one machine and 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -198,9 +199,14 @@ class VLLMBackend:
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def close(self) -> None:
+        """Shut the engine down and free its weights and KV cache (another engine may start after)."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            del llm
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if core is not None:
+                core.shutdown()
+            del llm, core
+            gc.collect()
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_dir = None

