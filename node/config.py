@@ -101,7 +101,7 @@ class VllmConfig(_Section):
     sync: EngineSync = Field(
         "auto", description="how each new policy reaches the engine: merged weights pushed in place, or the LoRA "
         "adapter hot-swapped (no trained norms); auto: merge, the faster where measured (see README)")
-    kv_cache_memory_bytes: int = Field(512 * 2**20, ge=2**20, description="KV cache size (CPU RAM or GPU memory)")
+    kv_cache_memory_bytes: int = Field(2**30, ge=2**20, description="KV cache size (CPU RAM or GPU memory)")
     max_model_len: int = Field(4096, ge=16, description="longest prompt + completion, capped by the model's own")
     enforce_eager: bool = Field(True, description="no CUDA graphs / compilation: starts in seconds")
 

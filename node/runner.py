@@ -30,7 +30,6 @@ from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
 from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy, pick_device
-from node.policy.tiny import resolve_model_path
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.groups import TrainGroup, assign_advantages
@@ -102,9 +101,9 @@ class Node:
         g, m = self.cfg.generation, self.cfg.model
         if g.backend == "hf":
             return HFBackend(self.policy, batch_size=g.batch_size)
-        from node.engines.vllm_engine import VLLMBackend
+        from node.engines.vllm_engine import VLLMBackend, base_model_path
 
-        return VLLMBackend(self.policy, resolve_model_path(m.name_or_path), g.vllm, dtype=m.dtype,
+        return VLLMBackend(self.policy, base_model_path(self.policy), g.vllm, dtype=m.dtype,
                            max_num_seqs=g.batch_size, seed=self.cfg.seed, trust_remote_code=m.trust_remote_code,
                            lora_rank=self.cfg.adapter.rank)
 

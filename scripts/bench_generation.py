@@ -107,8 +107,9 @@ def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, 
     if kind == "small":
         try:
             policy = build_policy(ModelConfig(name_or_path="small-base", dtype=dtype, device=device), adapter, 0)
-            folder = policy.model.get_base_model().config._name_or_path  # type: ignore[operator]
-            return policy, str(folder), "small-base"
+            from node.engines.vllm_engine import base_model_path
+
+            return policy, base_model_path(policy), "small-base"
         except PolicyError:
             pass
     folder = random_model_folder(kind, root, getattr(torch, dtype))

@@ -85,6 +85,11 @@ def require_vllm(device: torch.device) -> None:
                           f"install it with pip install -e .[{extra}] or set generation.backend=hf")
 
 
+def base_model_path(policy: Policy) -> str:
+    """Where the policy's base model was loaded from (a folder, or a hub name found in the local cache)."""
+    return str(policy.model.config.name_or_path)  # type: ignore[union-attr]
+
+
 def resolve_sync(mode: str, device: torch.device) -> SyncMode:
     if mode == "auto":
         return AUTO_SYNC.get(device.type, "merge")
