@@ -43,10 +43,10 @@ logger = logging.getLogger(__name__)
 
 SyncMode = Literal["merge", "lora"]
 
-# How a new policy reaches the engine when generation.vllm.sync=auto, by device type. Measured on CPU
-# (scripts/bench_generation.py): merge+push 0.1 s a step at base speed, against LoRA generation at about
-# 0.4x base speed. On GPU not yet measured here (scripts/gpu_check.sh measures both): merge is the default
-# there too, as it is the only mode that carries trained norms.
+# How a new policy reaches the engine when generation.vllm.sync=auto, by device type. CPU, measured by
+# scripts/bench_generation.py (README): generation with a LoRARequest runs at about a third of the merged
+# engine's speed, which outweighs the reload a step. GPU: not measured yet (scripts/gpu_check.sh measures
+# both); merge, the only mode that also carries trained norms.
 AUTO_SYNC: dict[str, SyncMode] = {"cpu": "merge", "cuda": "merge"}
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels are built for
