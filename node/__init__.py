@@ -4,8 +4,9 @@
 - ``cli``: the ``swarm-node`` command (``silo``, ``start``, ``keygen``).
 - ``runner``: ``Node``, the lifecycle (``setup``, ``run``, ``close``) and one training step.
 - ``daemon``: ``swarm-node start``: a ``Node`` joined to a swarm.
-- ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, re-scored and
-  re-tokenized for our policy.
+- ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, checked, re-scored and
+  re-tokenized for our policy within per-step budgets.
+- ``scoring``: peers' completions scored in a child process with a time limit per completion.
 - ``rollouts`` / ``generation``: tasks to scored groups; the node's own sampling loop with behaviour
   log-probs.
 - ``engines/``: the generation backends behind one interface (``hf``: the node's loop; ``vllm``: an
