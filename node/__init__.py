@@ -11,7 +11,8 @@
   log-probs.
 - ``engines/``: the generation backends behind one interface (``hf``: the node's loop; ``vllm``: an
   in-process vLLM engine kept in step with the policy).
-- ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL, optional Prometheus).
+- ``checkpoint`` / ``metrics``: atomic checkpoints (a damaged one falls back to the previous); the metrics
+  sink (JSONL, optional Prometheus). ``rundir``: the run dir, checked writable before anything heavy loads.
 - ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.
 - ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.
 - ``train/``: advantages, losses and the SAPO sampler (pure functions) and the ``Trainer``.
