@@ -359,6 +359,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # small-base is looked up locally only
     print(f"torch {torch.__version__}, {args.threads} threads, {args.dtype} on {args.device}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     if args.train_steps:

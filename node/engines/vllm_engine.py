@@ -141,7 +141,7 @@ class VLLMBackend:
                       max_model_len=min(cfg.max_model_len, max_positions or cfg.max_model_len),
                       max_num_seqs=max_num_seqs, enforce_eager=cfg.enforce_eager,
                       logprobs_mode="processed_logprobs", generation_config="vllm",
-                      trust_remote_code=trust_remote_code, **lora)
+                      trust_remote_code=trust_remote_code, **lora, **_no_partial_prefill(self.policy.device))
         finally:
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
             # node (training, the HF paths) keeps the thread count it had.
@@ -215,6 +215,14 @@ class VLLMBackend:
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_dir = None
+
+
+def _no_partial_prefill(device: torch.device) -> dict[str, Any]:
+    """On CPU, no prompt is split across engine steps. vLLM 0.32 rewinds a seeded request's generator
+    after a partial prefill with ``Generator.set_offset``, which CPU generators do not have: with chunked
+    prefill on, a batch whose prompts exceed one step's token budget fails
+    (``RuntimeError: CPU Generator does not use offset``)."""
+    return {"enable_chunked_prefill": False} if device.type == "cpu" else {}
 
 
 def _count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

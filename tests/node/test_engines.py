@@ -169,6 +169,22 @@ def test_lora_hot_swap_follows_the_policy_too(tmp_path):
 
 
 @needs_vllm
+def test_a_seeded_batch_larger_than_one_engine_step_samples(policy):
+    """512 seeded prompts of 20 to 36 tokens exceed one step's token budget (4,096): with chunked prefill a
+    prompt is split, and vLLM 0.32 then fails on CPU (``CPU Generator does not use offset``)."""
+    engine = VLLMBackend(policy, str(tiny_base_path()), VllmConfig(kv_cache_memory_bytes=64 << 20),
+                         dtype="float32", max_num_seqs=512, seed=0)
+    try:
+        long = encode(policy, ["12+34=" * 6])[0]
+        prompts = [long[: 20 + i % 17] for i in range(512)]
+        assert sum(map(len, prompts)) > engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        out = engine.generate(prompts, SamplingSettings(max_new_tokens=3), torch.Generator().manual_seed(0))
+        assert out.completion_ids.shape[0] == 512 and int(out.completion_mask.sum()) >= 512
+    finally:
+        engine.close()
+
+
+@needs_vllm
 def test_merged_weights_reach_a_qwen2_engine_with_attention_biases(tmp_path):
     """Qwen2 has q/k/v biases and fuses q/k/v and gate/up: a merge that left part of a fused layer out
     would leave garbage in the engine."""
