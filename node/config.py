@@ -19,6 +19,8 @@ from node.errors import ConfigError, TaskError
 from node.modes import (
     AdvantageKind,
     ChatTemplateMode,
+    EngineSync,
+    GenerationBackendName,
     LossKind,
     SamplingMode,
     SelectionPolicy,
@@ -99,13 +101,25 @@ class TasksConfig(_Section):
         return self
 
 
+class VllmConfig(_Section):
+    """The vLLM backend's engine (``generation.backend=vllm``), run in the node's own process."""
+
+    sync: EngineSync = Field(
+        "auto", description="how each new policy reaches the engine: merged weights pushed in place, or the LoRA "
+        "adapter hot-swapped (no trained norms); auto: merge, the faster where measured (see README)")
+    kv_cache_memory_bytes: int = Field(2**30, ge=2**20, description="KV cache size (CPU RAM or GPU memory)")
+    max_model_len: int = Field(4096, ge=16, description="longest prompt + completion, capped by the model's own")
+    enforce_eager: bool = Field(True, description="no CUDA graphs / compilation: starts in seconds")
+
+
 class GenerationConfig(_Section):
-    backend: Literal["hf"] = "hf"
+    backend: GenerationBackendName = Field("hf", description="hf: the node's own sampling loop; vllm: a vLLM engine")
     group_size: int = Field(8, ge=1, description="completions per task (G)")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    batch_size: int = Field(256, ge=1, description="sequences per generate() call")
+    batch_size: int = Field(256, ge=1, description="sequences decoded at once (hf: per forward; vllm: max_num_seqs)")
+    vllm: VllmConfig = VllmConfig()
 
     @property
     def peer_completion_tokens(self) -> int:
@@ -135,6 +149,7 @@ class TrainConfig(_Section):
         True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
     )
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     eval_every: int = Field(25, ge=1)
@@ -215,6 +230,16 @@ class NodeConfig(_Section):
     ingest: IngestConfig = IngestConfig()
     swarm: SwarmSettings = SwarmSettings()
 
+    @model_validator(mode="after")
+    def _backend_fits_adapter(self) -> NodeConfig:
+        if self.generation.backend == "vllm" and self.adapter.kind == "remix":
+            raise ValueError("generation.backend=vllm cannot run adapter.kind=remix (its routing needs the node's "
+                             "own loop); set generation.backend=hf or adapter.kind=lora")
+        if self.generation.backend == "vllm" and self.generation.vllm.sync == "lora" and self.adapter.train_norms:
+            raise ValueError("generation.vllm.sync=lora cannot carry trained norms; set adapter.train_norms=false "
+                             "or generation.vllm.sync=merge")
+        return self
+
 
 def _parse_scalar(text: str) -> Any:
     """Parse an override value the way YAML would (``3`` -> 3, ``true`` -> True, ``[a, b]`` -> list)."""
@@ -253,6 +278,9 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = str(e["msg"]).removeprefix("Value error, ").removeprefix(f"{e['loc'][-1] if e['loc'] else ''}: ")
+        if e["type"] == "value_error" and not e["loc"]:  # a cross-section rule: its message names the fields
+            lines.append(msg)
+            continue
         if e["type"] == "extra_forbidden":
             msg = f"renamed to {_RENAMED[field]}" if field in _RENAMED else _REMOVED.get(field) or (
                 "unknown key; check the spelling against configs/ and the README")

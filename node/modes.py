@@ -15,6 +15,8 @@ SelectionPolicy = Literal["uniform", "highest_reward", "round_robin"]
 SamplingMode = Literal["standard", "ada_balanced", "ada_positive"]
 ChatTemplateMode = Literal["auto", "always", "never"]
 TaskSourceName = Literal["arith", "reasoning_gym"]
+GenerationBackendName = Literal["hf", "vllm"]
+EngineSync = Literal["auto", "merge", "lora"]
 
 ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
@@ -22,3 +24,5 @@ SELECTION_POLICIES: tuple[str, ...] = get_args(SelectionPolicy)
 SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
 CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
 TASK_SOURCES: tuple[str, ...] = get_args(TaskSourceName)
+GENERATION_BACKENDS: tuple[str, ...] = get_args(GenerationBackendName)
+ENGINE_SYNCS: tuple[str, ...] = get_args(EngineSync)

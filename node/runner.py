@@ -26,12 +26,14 @@ from tqdm import tqdm
 from node.api.board import NodeInfo, PeerIngest, StatusBoard, StepSnapshot, freeze_record
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
 from node.config import NodeConfig, resolve_api
+from node.engines.base import GenerationBackend, SamplingSettings
+from node.engines.hf import HFBackend
 from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
 from node.failpoints import crash_point
 from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, read_metrics
-from node.policy.model import Policy, build_policy
+from node.policy.model import Policy, build_policy, pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.rundir import prepare_run_dir
 from node.scoring import ScoringWorker, SourceSpec
@@ -72,17 +74,24 @@ class Node:
         self.api: ApiServer | None = None
         self._last_eval: tuple[int, float] | None = None
 
-    # ----- setup: ordering matters -- the policy exists before the trainer (its parameters); the
-    # checkpoint is restored over freshly seeded state; the exchange comes after them, so a broken model or
-    # config fails before any network is touched; the API last, once there is a node to report on.
+    # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
+    # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
+    # starts); the checkpoint is restored over freshly seeded state and handed to the generator; the
+    # exchange comes after them, so a broken model or config fails before any network is touched; the API
+    # last, once there is a node to report on.
     def setup(self) -> None:
         prepare_run_dir(self.run_dir)
         _write_atomic(self.run_dir / "config.yaml", _dump_yaml(self.cfg))
+        if self.cfg.generation.backend == "vllm":
+            from node.engines.vllm_engine import require_vllm
+
+            require_vllm(pick_device(self.cfg.model.device))
         self.policy = self._build_policy()
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
+        self.generator = self._build_generator()
         self.task_rng = random.Random(self.cfg.seed)
-        self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
+        self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
@@ -125,6 +134,16 @@ class Node:
     def _build_policy(self) -> Policy:
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
 
+    def _build_generator(self) -> GenerationBackend:
+        g, m = self.cfg.generation, self.cfg.model
+        if g.backend == "hf":
+            return HFBackend(self.policy, batch_size=g.batch_size)
+        from node.engines.vllm_engine import VLLMBackend, base_model_path
+
+        return VLLMBackend(self.policy, base_model_path(self.policy), g.vllm, dtype=m.dtype,
+                           max_num_seqs=g.batch_size, seed=self.cfg.seed, trust_remote_code=m.trust_remote_code,
+                           lora_rank=self.cfg.adapter.rank)
+
     def _build_task_source(self) -> TaskSource:
         t = self.cfg.tasks
         try:
@@ -153,7 +172,8 @@ class Node:
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
-                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed)
+                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
+                       gradient_checkpointing=tc.gradient_checkpointing)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)
@@ -197,6 +217,7 @@ class Node:
         if "routing_gen" in state.rng:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])
         self.step = state.step
+        self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)
 
     # ----- run
@@ -241,12 +262,12 @@ class Node:
         refs = self.source.sample(cfg.sapo.generated_groups or cfg.sapo.local_groups, self.task_rng)
         tasks = [self.source.task(r) for r in refs]
         g = cfg.generation
-        common: dict[str, Any] = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                                      batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
+        common: dict[str, Any] = dict(settings=settings, generator=self.sample_gen, epoch=epoch)
         if cfg.sampling.mode == "standard":
-            sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size, **common)
+            sampled = sample_groups(self.generator, self.policy, self.source, tasks, group_size=g.group_size, **common)
         else:
-            sampled = sample_groups_adaptive(self.policy, self.source, tasks, group_size=g.group_size,
+            sampled = sample_groups_adaptive(self.generator, self.policy, self.source, tasks, group_size=g.group_size,
                                              round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
                                              mode=cfg.sampling.mode, **common)
         t_gen = time.perf_counter()
@@ -260,6 +281,7 @@ class Node:
         local_signal = assign_advantages(local, cfg.train.advantage)[: cfg.sapo.local_groups]
         signal_groups = local_signal + external
         stats = self.trainer.step(signal_groups)
+        sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
         rewards = [r for grp in local for r in (grp.all_rewards or grp.rewards)]  # everything sampled
@@ -277,6 +299,7 @@ class Node:
             "grad_norm": stats.get("grad_norm", 0.0),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
+        record.update({f"gen/{k}": v for k, v in sync.items()})
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
@@ -334,8 +357,8 @@ class Node:
 
     def evaluate(self) -> float:
         g = self.cfg.generation
-        return greedy_accuracy(self.policy, self.source, self.eval_tasks, max_new_tokens=g.max_new_tokens,
-                               batch_size=g.batch_size)
+        return greedy_accuracy(self.generator, self.policy, self.source, self.eval_tasks,
+                               max_new_tokens=g.max_new_tokens)
 
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen)
@@ -349,6 +372,8 @@ class Node:
             self.api.stop()
             (self.run_dir / "api_url").unlink(missing_ok=True)
             self.api = None
+        if getattr(self, "generator", None) is not None:
+            self.generator.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if self.exchange is not None:
