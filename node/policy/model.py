@@ -1,8 +1,9 @@
 """The node's policy: a frozen base causal LM with trainable adapters (peft LoRA or ReMix) and, optionally,
 trainable RMSNorm weights.
 
-The embedded default (``tiny-base``) and a user's model (``Qwen/Qwen2.5-0.5B-Instruct`` or a local folder)
-load through the same ``AutoModelForCausalLM`` / ``AutoTokenizer`` path.
+The embedded models (``tiny-base``, ``small-base``: ``node.policy.embedded``) and a user's model
+(``Qwen/Qwen2.5-0.5B-Instruct`` or a local folder) load through the same ``AutoModelForCausalLM`` /
+``AutoTokenizer`` path.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from node.config import AdapterConfig, ConfigError, ModelConfig
-from node.policy.tiny import resolve_model_path
+from node.policy.embedded import embedded_names, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     except (OSError, ValueError) as exc:
         raise PolicyError(
             f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({exc}); give a local folder "
-            "in save_pretrained format, a model in the local Hugging Face cache, or 'tiny-base'"
+            f"in save_pretrained format, a model in the local Hugging Face cache, or one of {embedded_names()}"
         ) from exc
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:

@@ -17,10 +17,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
+from node.policy.embedded import embedded_model
+
 logger = logging.getLogger(__name__)
 
 TINY_BASE_NAME = "tiny-base"
-EMBEDDED_ALIASES: frozenset[str] = frozenset({TINY_BASE_NAME, "embedded"})
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -36,14 +37,10 @@ MODEL_MAX_LENGTH = 64
 
 def tiny_base_path() -> Path:
     """Return the folder of the shipped tiny base model (``node/assets/tiny-base``)."""
-    return Path(__file__).resolve().parent.parent / "assets" / TINY_BASE_NAME
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Map ``"tiny-base"`` or ``"embedded"`` to the shipped folder; return anything else unchanged."""
-    if name_or_path in EMBEDDED_ALIASES:
-        return str(tiny_base_path())
-    return name_or_path
+    model = embedded_model(TINY_BASE_NAME)
+    if model is None:  # the registry in node.policy.embedded always lists it
+        raise LookupError(f"{TINY_BASE_NAME} is missing from the embedded model registry")
+    return model.path
 
 
 def char_vocab() -> dict[str, int]:
