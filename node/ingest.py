@@ -4,8 +4,9 @@
 ``Ingestor``: a peer's verified batch into ``TrainGroup``s this node can train on. Nothing the peer claims
 is believed: the task is regenerated from its ``TaskRef`` and every completion is re-scored with our own
 verifier; the prompt is our own formatting of the regenerated task; token ids and behaviour log-probs are
-used only when the peer's tokenizer fingerprint equals ours, otherwise the text is re-tokenized and our
-own log-probs at ingestion become the anchor. Rejections are counted by reason, never raised.
+used only when the peer's tokenizer fingerprint equals ours, otherwise the text is re-tokenized (and
+rejected when our tokenizer cannot spell it) and our own log-probs at ingestion become the anchor.
+Rejections are counted by reason, never raised.
 """
 
 from __future__ import annotations
@@ -124,12 +125,10 @@ class Ingestor:
                 self._reject("bad_logprobs", "non-finite or positive log-prob")
                 return None, None
         else:
-            tok = self.policy.tokenizer
-            ids = tok(rollout.completion, add_special_tokens=False)["input_ids"]
-            if rollout.finish_reason == "eos" and tok.eos_token_id is not None:
-                ids = [*ids, tok.eos_token_id]
+            ids = self._retokenize(rollout)
+            if ids is None:
+                return None, None
             lps = None
-            self.retokenized += 1
         if not ids:
             self._reject("empty_completion", "no tokens")
             return None, None
@@ -137,6 +136,20 @@ class Ingestor:
             self._reject("too_long", f"{len(ids)} tokens > {self.max_completion_tokens}")
             return None, None
         return ids, lps
+
+    def _retokenize(self, rollout: Rollout) -> list[int] | None:
+        """Our ids for a peer's text, with our EOS when the peer's sample ended on its own; None when our
+        tokenizer cannot spell the text (characters outside its vocabulary, or text of a special token)."""
+        tok = self.policy.tokenizer
+        ids: list[int] = tok(rollout.completion, add_special_tokens=False)["input_ids"]
+        unknown = tok.unk_token_id is not None and tok.unk_token_id in ids
+        if unknown or tok.decode(ids, skip_special_tokens=True) != rollout.completion:
+            self._reject("untokenizable", f"our tokenizer cannot spell {rollout.completion[:40]!r}")
+            return None
+        if rollout.finish_reason == "eos" and tok.eos_token_id is not None:
+            ids = [*ids, tok.eos_token_id]
+        self.retokenized += 1
+        return ids
 
     @torch.no_grad()
     def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:
