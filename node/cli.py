@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from node.config import ConfigError, NodeConfig, load_config
+from node.config import NodeConfig, load_config, with_initial_peers
+from node.errors import ConfigError
 
 logger = logging.getLogger("node")
 
@@ -55,11 +56,11 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_silo(args: argparse.Namespace) -> int:
+    cfg = _load(args)  # validated before the heavy imports below, so a bad config fails at once
+    _setup_logging(args.log_level)
     from node.runner import Node
 
-    cfg = _load(args)
-    _setup_logging(args.log_level)
-    node = Node(cfg, cfg.run_dir, show_progress=not args.no_progress)
+    node = Node(cfg, show_progress=not args.no_progress)
     node.install_signal_handlers()
     try:
         node.setup()
@@ -73,14 +74,14 @@ def cmd_silo(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from node.daemon import run_daemon
-
-    cfg = _load(args)
-    _setup_logging(args.log_level)
     from swarm.settings import parse_initial_peers
 
     peers = [p for item in (args.initial_peers or []) for p in parse_initial_peers(item)]
-    return run_daemon(cfg, initial_peers=peers or None, show_progress=not args.no_progress)
+    cfg = with_initial_peers(_load(args), peers or None)  # validated before the heavy imports below
+    _setup_logging(args.log_level)
+    from node.daemon import run_daemon
+
+    return run_daemon(cfg, show_progress=not args.no_progress)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

@@ -13,15 +13,21 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from swarm.settings import SwarmSettings
+from node.errors import ConfigError, TaskError
+from node.modes import (
+    AdvantageKind,
+    ChatTemplateMode,
+    LossKind,
+    SamplingMode,
+    SelectionPolicy,
+    TaskSourceName,
+)
+from swarm.settings import SwarmSettings, initial_peers_from_env
 
-AdvantageKind = Literal["rloo", "grpo", "global"]
-LossKind = Literal["topr", "rec", "grpo", "reinforce"]
-SelectionPolicy = Literal["uniform", "highest_reward", "round_robin"]
+__all__ = ["ConfigError", "NodeConfig", "apply_overrides", "load_config", "with_initial_peers"]
 
-
-class ConfigError(Exception):
-    """A user's configuration or command line is wrong; the message says which field and how to fix it."""
+_PEER_TOKENS_FACTOR = 4
+_RENAMED = {"swarm.staleness_epochs": "swarm.read_epochs"}
 
 
 class _Section(BaseModel):
@@ -32,7 +38,7 @@ class ModelConfig(_Section):
     name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), a hub name or a local folder")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
-    chat_template: Literal["auto", "always", "never"] = "auto"
+    chat_template: ChatTemplateMode = "auto"
     trust_remote_code: bool = False
 
 
@@ -64,7 +70,7 @@ class AdapterConfig(_Section):
 
 
 class TasksConfig(_Section):
-    source: Literal["arith", "reasoning_gym"] = "arith"
+    source: TaskSourceName = "arith"
     datasets: list[str] = Field(default_factory=lambda: ["add"])
     weights: list[float] | None = None
     eval_size: int = Field(128, ge=1)
@@ -76,6 +82,14 @@ class TasksConfig(_Section):
             raise ValueError("datasets must name at least one dataset")
         if self.weights is not None and len(self.weights) != len(self.datasets):
             raise ValueError(f"weights has {len(self.weights)} entries but datasets has {len(self.datasets)}")
+        from node.tasks.registry import (
+            check_datasets,  # cheap; imported here to keep config.py's imports small
+        )
+
+        try:
+            check_datasets(self.source, [*self.datasets, *(self.eval_datasets or [])])
+        except TaskError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
 
@@ -87,9 +101,15 @@ class GenerationConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     batch_size: int = Field(256, ge=1, description="sequences per generate() call")
 
+    @property
+    def peer_completion_tokens(self) -> int:
+        """Longest peer completion ingested, in this node's tokens: room for a peer whose tokenizer
+        splits the same text into more tokens than ours (a character model against a BPE one)."""
+        return _PEER_TOKENS_FACTOR * self.max_new_tokens
+
 
 class SamplingConfig(_Section):
-    mode: Literal["standard", "ada_balanced", "ada_positive"] = "standard"
+    mode: SamplingMode = "standard"
     round_size: int = Field(8, ge=1, description="Reinforce-Ada: completions per round (M)")
     max_rounds: int = Field(4, ge=1, description="Reinforce-Ada: rounds at most (R)")
 
@@ -125,6 +145,21 @@ class SapoConfig(_Section):
     staleness_epochs: int = Field(2, ge=0)
 
 
+class IngestConfig(_Section):
+    """Budgets of the ingestion of peers' rollouts, per step (see ``node.ingest``)."""
+
+    max_groups_per_step: int = Field(64, ge=0, description="at most this many (and what the pool can use)")
+    max_groups_per_peer_step: int = Field(16, ge=1)
+    max_rollouts_per_step: int = Field(1024, ge=1)
+    max_tokens_per_step: int = Field(256 * 1024, ge=1)
+    max_seconds_per_step: float = Field(5.0, gt=0, description="wall time of ingestion and scoring a step")
+    max_seconds_per_peer_step: float = Field(2.0, gt=0)
+    max_seeds_per_peer_epoch: int = Field(2, ge=1, description="distinct task seeds of one peer per epoch")
+    score_timeout: float = Field(2.0, gt=0, description="per completion, for sources scored in a child process")
+    min_logprob: float = Field(-100.0, lt=0, description="lowest behaviour log-prob accepted from a peer")
+    anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
+
+
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here; None: off")
     prometheus_host: str = "127.0.0.1"
@@ -141,6 +176,7 @@ class NodeConfig(_Section):
     sampling: SamplingConfig = SamplingConfig()
     train: TrainConfig = TrainConfig()
     sapo: SapoConfig = SapoConfig()
+    ingest: IngestConfig = IngestConfig()
     swarm: SwarmSettings = SwarmSettings()
 
 
@@ -173,12 +209,15 @@ def _format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
+        msg = str(e["msg"]).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; check the spelling against configs/ and the README"
+            msg = f"renamed to {_RENAMED[field]}" if field in _RENAMED else (
+                "unknown key; check the spelling against configs/ and the README")
         elif e["type"] == "literal_error":
             msg = msg.replace("Input should be", "must be")
-        lines.append(f"{field}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"{field}: {msg}")
+        if e["type"] != "extra_forbidden" and not isinstance(e.get("input"), dict):  # a section's value says nothing
+            msg += f" (got {e.get('input')!r})"
+        lines.append(f"{field}: {msg}")
     return "; ".join(lines)
 
 
@@ -201,3 +240,22 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
         return NodeConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config: {_format_errors(exc)}") from None
+
+
+def resolve_initial_peers(cfg: NodeConfig, cli_peers: list[str] | None) -> list[str]:
+    """CLI flag, then ``SWARM_INITIAL_PEERS``, then the config, first non-empty wins."""
+    if cli_peers:
+        return list(cli_peers)
+    env = initial_peers_from_env()
+    return env or list(cfg.swarm.initial_peers)
+
+
+def with_initial_peers(cfg: NodeConfig, cli_peers: list[str] | None) -> NodeConfig:
+    """``cfg`` with its swarm settings' initial peers resolved and checked (``ConfigError`` if bad)."""
+    peers = resolve_initial_peers(cfg, cli_peers)
+    try:
+        settings = SwarmSettings.model_validate({**cfg.swarm.model_dump(), "initial_peers": peers})
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise ConfigError(f"swarm: {reasons}") from None
+    return cfg.model_copy(update={"swarm": settings})

@@ -3,6 +3,10 @@
 One step: sample local tasks, generate G completions each, score them with the tasks' own verifiers,
 (in swarm mode: publish them and collect peers'), mix I local and J external groups, one trainer step,
 metrics; a checkpoint every ``train.checkpoint_every`` steps. Silo mode is the same loop with no exchange.
+
+``Node`` is the one place a node is built, with or without an exchange: ``transport=None`` gives a silo
+node; a ``TransportFactory`` (the hivemind ``SwarmTransport`` in a daemon, an in-memory hub's transport in
+benchmarks and tests) gives a swarm node whose exchange is built last in ``setup()``.
 """
 
 from __future__ import annotations
@@ -11,54 +15,55 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
-from node.config import ConfigError, NodeConfig
+from node.config import NodeConfig
+from node.errors import ConfigError, TaskError
+from node.exchange import BatchTransport, SwarmExchange
+from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy
-from node.rollouts import SampledGroup, greedy_accuracy, sample_groups, sample_groups_adaptive
-from node.tasks import Task, TaskError, TaskSource, build_task_source
+from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
+from node.scoring import ScoringWorker, SourceSpec
+from node.tasks import Task, TaskSource, build_task_source
+from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix
-from node.train.trainer import Trainer, TrainGroup, assign_advantages
+from node.train.trainer import Trainer
+from protocol.errors import IdentityError
+from protocol.identity import Identity
+from swarm.settings import SwarmSettings
 
 logger = logging.getLogger(__name__)
 
 _MAX_POOL_PER_J = 64  # peer groups held for selection, per external group trained on a step
 
-
-class Exchange(Protocol):
-    """What the loop needs from a swarm: hand over our groups, receive verified, re-scored peer groups."""
-
-    def share(self, step: int, groups: list[SampledGroup]) -> None: ...
-
-    def receive(self, step: int) -> list[TrainGroup]: ...
-
-    def current_epoch(self) -> int: ...
-
-    def metrics(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
+TransportFactory = Callable[[SwarmSettings, Identity], BatchTransport]
+"""Builds (and starts) the transport of a swarm node from its settings and identity."""
 
 
 class Node:
-    """A training node. ``exchange`` is None in silo mode."""
+    """A training node; ``exchange`` is None in silo mode (no ``transport`` given)."""
 
-    def __init__(self, cfg: NodeConfig, run_dir: str | Path, *, show_progress: bool = True) -> None:
+    def __init__(self, cfg: NodeConfig, run_dir: str | Path | None = None, *, show_progress: bool = True,
+                 transport: TransportFactory | None = None) -> None:
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(cfg.run_dir if run_dir is None else run_dir)
         self.show_progress = show_progress
         self.stop_requested = False
         self.step = 0
-        self.exchange: Exchange | None = None
+        self.exchange: SwarmExchange | None = None
+        self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
 
-    # ----- setup: ordering matters -- the policy exists before the trainer (its parameters), and the
-    # checkpoint is restored last, over freshly seeded state.
+    # ----- setup: ordering matters -- the policy exists before the trainer (its parameters); the
+    # checkpoint is restored over freshly seeded state; the exchange comes last, so a broken model or
+    # config fails before any network is touched.
     def setup(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
@@ -72,6 +77,8 @@ class Node:
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      prometheus=self._build_prometheus())
         self.eval_tasks: list[Task] = self._build_eval_tasks()
+        if self._transport_factory is not None:
+            self.exchange = self._build_exchange(self._transport_factory)
 
     def _build_prometheus(self) -> PrometheusExporter | None:
         mc = self.cfg.metrics
@@ -113,6 +120,40 @@ class Node:
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed)
+
+    def _build_identity(self) -> Identity:
+        path = Path(self.cfg.swarm.identity_path)
+        if not path.is_absolute():
+            path = self.run_dir / path
+        try:
+            return Identity.load_or_create(path)
+        except IdentityError as exc:
+            raise ConfigError(f"swarm.identity_path: {exc}") from None
+
+    def _build_exchange(self, factory: TransportFactory) -> SwarmExchange:
+        settings = self.cfg.swarm
+        identity = self._build_identity()
+        g, ic = self.cfg.generation, self.cfg.ingest
+        limits = IngestLimits(max_groups_per_peer=ic.max_groups_per_peer_step, max_rollouts=ic.max_rollouts_per_step,
+                              max_tokens=ic.max_tokens_per_step, max_seconds=ic.max_seconds_per_step,
+                              max_seconds_per_peer=ic.max_seconds_per_peer_step,
+                              max_seeds_per_peer_epoch=ic.max_seeds_per_peer_epoch, min_logprob=ic.min_logprob,
+                              anchor_bytes=ic.anchor_memory_mb * 1024 * 1024)
+        return SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
+                             swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
+                             max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
+                             ingest_limits=limits, scorer=self._build_scorer())
+
+    def _build_scorer(self) -> ScoringWorker | None:
+        """A child process for peers' completions when the source's scorers may be slow (started lazily)."""
+        if not self.source.isolated_scoring:
+            return None
+        t = self.cfg.tasks
+        spec = SourceSpec(t.source, tuple(t.datasets), tuple(t.weights) if t.weights is not None else None,
+                          self.cfg.seed, {"chat_template": self.cfg.model.chat_template})
+        scorer = ScoringWorker(spec, timeout=self.cfg.ingest.score_timeout)
+        scorer.start()  # imports its libraries while the node sets up and takes its first steps
+        return scorer
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()
@@ -214,11 +255,14 @@ class Node:
         if self.exchange is None:
             return []
         sapo = self.cfg.sapo
-        # Advantages once, on arrival; a group without signal never gains any, so it is not kept.
-        arrived = assign_advantages(self.exchange.receive(self.step), self.cfg.train.advantage,
+        # Only what the pool can hold is ingested (none when J is 0). Advantages once, on arrival; a group
+        # without signal never gains any, so it is not kept.
+        capacity = _MAX_POOL_PER_J * sapo.external_groups
+        room = min(self.cfg.ingest.max_groups_per_step, max(0, capacity - len(self._external_pool)))
+        arrived = assign_advantages(self.exchange.receive(self.step, max_groups=room), self.cfg.train.advantage,
                                     self.cfg.train.external_shift)
         fresh = [grp for grp in self._external_pool + arrived if grp.epoch >= epoch - sapo.staleness_epochs]
-        self._external_pool = fresh[-_MAX_POOL_PER_J * max(sapo.external_groups, 1) :]  # newest kept
+        self._external_pool = fresh[-max(capacity, 1) :]  # newest kept
         if sapo.external_groups == 0 or not self._external_pool:
             return []
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,

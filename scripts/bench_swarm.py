@@ -66,11 +66,6 @@ def make_batch(
     return RolloutBatch(SWARM_ID, identity.public_key, (), 0, 0, time.time(), tuple(groups))
 
 
-def p2pd_pid(node: SwarmTransport) -> int:
-    pid: int = node._call_on_loop(lambda core: core.p2p._child.pid)
-    return pid
-
-
 def start_nodes(n: int, limits: Limits) -> list[SwarmTransport]:
     settings: dict[str, object] = {"swarm_id": SWARM_ID, "collect_interval": 0.25, "request_timeout": 5.0}
     first = SwarmTransport(SwarmSettings.model_validate(settings), Identity.generate(), limits)
@@ -178,7 +173,7 @@ def main() -> None:
         latencies = measure_latency(nodes, args.rounds, args.gap)
         throughput, pull_bytes = measure_pull(nodes, args.pull_mib, args.pulls)
         process_rss = me.memory_info().rss
-        p2pd_rss = [psutil.Process(p2pd_pid(node)).memory_info().rss for node in nodes]
+        p2pd_rss = [psutil.Process(node.p2pd_pid()).memory_info().rss for node in nodes]
         rejected = 0
         for node in nodes:
             reasons = node.stats()["batches_rejected"]

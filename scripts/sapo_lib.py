@@ -22,8 +22,7 @@ from typing import Any
 from node.config import NodeConfig, load_config
 from node.exchange import SwarmExchange
 from node.runner import Node
-from node.train.trainer import TrainGroup
-from protocol.identity import Identity
+from node.train.groups import TrainGroup
 from swarm.memory import InMemoryHub
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-silo.yaml"
@@ -121,18 +120,13 @@ def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Node], InMemoryHub]:
     nodes = []
     for i in range(spec.nodes):
         cfg = node_config(spec, i, str(root / f"node{i}"))
-        node = Node(cfg, cfg.run_dir, show_progress=False)
+        sharing = spec.external_groups > 0
+        node = Node(cfg, show_progress=False, transport=(lambda _settings, _identity: hub.join()) if sharing else None)
         node.setup()
-        if spec.external_groups > 0:
-            g = cfg.generation
-            exchange = SwarmExchange(node.policy, node.source, hub.join(), Identity.generate(),
-                                     swarm_id="bench-sapo", temperature=g.temperature, top_p=g.top_p,
-                                     max_completion_tokens=4 * g.max_new_tokens)
-            node.exchange = exchange
-            if spec.relevance_filter:
-                datasets = list(cfg.tasks.datasets)
-                weights = list(cfg.tasks.weights or [1.0] * len(datasets))
-                node.exchange = RelevanceFilter(exchange, datasets, weights, seed=cfg.seed)
+        if sharing and spec.relevance_filter and node.exchange is not None:
+            datasets = list(cfg.tasks.datasets)
+            weights = list(cfg.tasks.weights or [1.0] * len(datasets))
+            node.exchange = RelevanceFilter(node.exchange, datasets, weights, seed=cfg.seed)  # type: ignore[assignment]
         nodes.append(node)
     return nodes, hub
 

@@ -9,8 +9,10 @@ Modules, top to bottom:
   stats, restart, close) over one network thread with its own asyncio loop.
 - ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
   health loops and the ``rpc_get_batch`` handler that serves signed batches by id.
-- ``validator``  ``ManifestValidator``: hivemind record validator binding subkeys to manifest authors.
-- ``peer_book``  ``PeerBook``: quotas, staleness window, dedup, bans with backoff, counters (pure).
+- ``validator``  ``ManifestValidator``: hivemind record validator: owner-bound manifests in a window of
+  epochs, finite and bounded records, bounded storage, checks on read.
+- ``peer_book``  ``PeerBook``: quotas (per author and global), staleness window, dedup, offences and bans
+  with backoff, counters; pruned and bounded (pure).
 - ``keys``       epochs, DHT keys, shards and owner-bound subkeys (pure).
 - ``state``      ``SharedState``: what the network thread and callers share, behind one lock.
 - ``watchdog``   kills an orphaned p2pd if this process dies without cleaning up.

@@ -36,9 +36,9 @@ def epoch_at(dht_time: float, epoch_seconds: float) -> int:
     return math.floor(dht_time / epoch_seconds)
 
 
-def epochs_to_read(current: int, staleness_epochs: int) -> list[int]:
-    """The current epoch and the ``staleness_epochs - 1`` before it, newest first, never negative."""
-    return [e for e in range(current, current - staleness_epochs, -1) if e >= 0]
+def epochs_to_read(current: int, read_epochs: int) -> list[int]:
+    """The current epoch and the ``read_epochs - 1`` before it, newest first, never negative."""
+    return [e for e in range(current, current - read_epochs, -1) if e >= 0]
 
 
 def shard_of(peer_id: str) -> int:

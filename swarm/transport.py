@@ -29,6 +29,7 @@ from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem, SwarmCore
+from swarm.hivemind_compat import p2pd_pid
 from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
@@ -57,6 +58,8 @@ class SwarmTransport:
             epoch_seconds=settings.epoch_seconds,
             max_ttl=settings.max_manifest_ttl,
             limits=limits,
+            max_store_bytes=settings.max_dht_store_bytes,
+            max_foreign_bytes=settings.max_foreign_dht_bytes,
         )
         self._lifecycle = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -121,9 +124,9 @@ class SwarmTransport:
         thread.join(timeout=3 * self.settings.request_timeout + 10.0)
         if thread.is_alive():
             logger.error("swarm network thread did not stop in time; killing p2pd")
-            child = getattr(core.p2p, "_child", None) if core is not None else None
-            if child is not None:
-                kill_process(child.pid)
+            pid = p2pd_pid(core.p2p) if core is not None else None
+            if pid is not None:
+                kill_process(pid)
         self._shared.set_network(up=False, dht_peers=[])
 
     def _thread_main(self, ready: threading.Event) -> None:
@@ -254,10 +257,22 @@ class SwarmTransport:
         """Peers' batches verified since the last call (signature, hash, limits, quotas, dedup)."""
         return self._shared.drain()
 
+    def penalize(self, peer_id: str, reason: str) -> None:
+        """Count an offence found in an author's accepted batch (e.g. rollouts that fail the node's own
+        checks) and ban the author with backoff, exactly as for invalid bytes."""
+        with self._shared.lock:
+            length = self._shared.peer_book.penalize(peer_id, reason, time.monotonic())
+        logger.debug("banned %s for %.0f s: %s", peer_id[:12], length, reason)
+
     def peers(self) -> list[str]:
         """libp2p ids of this node's current DHT neighbours."""
         with self._shared.lock:
             return list(self._shared.dht_peers)
+
+    def p2pd_pid(self) -> int | None:
+        """The pid of this node's p2pd while the network side runs, else None (for tools and tests)."""
+        core = self._core
+        return None if core is None else p2pd_pid(core.p2p)
 
     def visible_multiaddrs(self) -> list[str]:
         """Full multiaddrs (with ``/p2p/<id>``) other nodes can use as initial peers; empty until up."""
@@ -290,6 +305,16 @@ class SwarmTransport:
                 "bytes_in": counters["bytes_in"],
                 "bytes_out": counters["bytes_out"],
                 "inbox": len(shared.inbox),
+                "inbox_bytes": shared.inbox_bytes,
+                "offences": dict(book.offences),
+                "pulls_failed": counters["pulls_failed"],
+                "pulls_stalled": counters["pulls_stalled"],
+                "serve_failed": counters["serve_failed"],
+                "poll_failed": counters["poll_failed"],
+                "poll_key_timeouts": counters["poll_key_timeouts"],
+                "poll_key_failures": counters["poll_key_failures"],
+                "duplicate_groups": counters["duplicate_groups"],
+                "dht_store_bytes": self._validator.stored_bytes,
                 "join_attempts": counters["join_attempts"],
                 "join_failures": counters["join_failures"],
                 "start_failures": counters["start_failures"],

@@ -18,16 +18,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from node.config import AdapterConfig, ConfigError, ModelConfig
+from node.config import AdapterConfig, ModelConfig
+from node.errors import PolicyError
 from node.policy.embedded import embedded_names, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class PolicyError(ConfigError):
-    """The model or its adapters cannot be built as configured (a user's mistake: exit code 2)."""
 
 
 def pick_device(name: str) -> torch.device:

@@ -18,10 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from node.errors import NodeError
+
 logger = logging.getLogger(__name__)
 
 
-class RemixError(ValueError):
+class RemixError(NodeError, ValueError):
     """A ReMix adapter is used wrongly (missing prompt mask, mismatched shapes, bad checkpoint)."""
 
 

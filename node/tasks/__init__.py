@@ -1,13 +1,16 @@
 """Verifiable tasks, named by ``TaskRef`` so any node regenerates and scores them itself.
 
-- ``base``: ``Task``, ``TaskError``, the ``TaskSource`` interface (regenerate, sample, held-out eval refs,
-  score, format the prompt) and the ``build_task_source`` factory.
+- ``base``: ``Task`` and the ``TaskSource`` interface (regenerate, sample, held-out eval refs, score,
+  format the prompt).
+- ``registry``: the sources by name and ``build_task_source``.
 - ``arith``: the built-in two-digit ``add``/``sub``/``mul`` source (text format in ``arith_format``).
 - ``reasoning_gym``: the nine reasoning-gym datasets of the SAPO paper, scored by reasoning-gym itself.
 - ``prompting``: chat-template or plain prompt formatting, and final-answer extraction.
 - ``cache``: the LRU cache for regenerated tasks.
 """
 
-from node.tasks.base import Task, TaskError, TaskSource, build_task_source
+from node.errors import TaskError
+from node.tasks.base import Task, TaskSource
+from node.tasks.registry import build_task_source
 
 __all__ = ["Task", "TaskError", "TaskSource", "build_task_source"]

@@ -4,16 +4,22 @@ Each dataset's distinct problems (10,000 for ``add`` and ``mul``, 5,050 for ``su
 a >= b) are put in an order that is a pure function of (seed, dataset): problems sorted by a sha256 of
 (seed, dataset, a, b). Ref index i is the i-th problem of that order, so training (even i) and
 evaluation (odd i) problems never coincide.
+
+Building one order costs tens of milliseconds (10,000 hashes and a sort), so orders are cached compactly
+(two bytes a problem, about 20 KB an order) for the 256 most recent (seed, dataset) pairs; how many
+distinct seeds a peer may bring is capped at ingestion (``node.ingest``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from array import array
 from typing import Any
 
+from node.modes import ChatTemplateMode
 from node.tasks.arith_format import OPERATIONS, make_problem
-from node.tasks.base import ChatTemplateMode, Task, TaskSource
+from node.tasks.base import Task, TaskSource
 from node.tasks.cache import LRUCache
 from protocol.taskref import TaskRef
 
@@ -21,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 OPERAND_MAX = 99
+ORDER_CACHE_SIZE = 256
 
 
 def _problems(dataset: str) -> list[tuple[int, int]]:
@@ -39,10 +46,8 @@ def problem_order(seed: int, dataset: str) -> list[tuple[int, int]]:
 
 
 def score_digits(answer: str, completion: str) -> float:
-    """1.0 iff the completion, stripped and cut at its first newline, is exactly ``answer``."""
-    stripped = completion.strip()
-    first_line = stripped.split("\n", 1)[0].strip()
-    return 1.0 if first_line == answer else 0.0
+    """1.0 iff the whole completion is ``answer`` (surrounding whitespace aside): nothing may follow it."""
+    return 1.0 if completion.strip() == answer else 0.0
 
 
 class ArithTaskSource(TaskSource):
@@ -60,7 +65,7 @@ class ArithTaskSource(TaskSource):
     ) -> None:
         # chat_template is accepted so every source takes the same options; arith prompts stay raw.
         super().__init__(datasets, weights, seed, chat_template)
-        self._orders: LRUCache[tuple[int, str], list[tuple[int, int]]] = LRUCache(16)
+        self._orders: LRUCache[tuple[int, str], array[int]] = LRUCache(ORDER_CACHE_SIZE)
 
     def _settings(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "operand_max": OPERAND_MAX, "order": "sha256-sort"}
@@ -71,9 +76,10 @@ class ArithTaskSource(TaskSource):
 
     def _generate(self, ref: TaskRef) -> Task:
         order = self._orders.get_or_create(
-            (ref.seed, ref.dataset), lambda: problem_order(ref.seed, ref.dataset)
+            (ref.seed, ref.dataset),
+            lambda: array("H", (a * (OPERAND_MAX + 1) + b for a, b in problem_order(ref.seed, ref.dataset))),
         )
-        a, b = order[ref.index]
+        a, b = divmod(order[ref.index], OPERAND_MAX + 1)
         prompt, answer = make_problem(ref.dataset, a, b)
         return Task(ref=ref, prompt=prompt, answer=answer, metadata={"op": ref.dataset, "a": a, "b": b})
 

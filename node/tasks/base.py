@@ -16,21 +16,18 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar
 
+from node.errors import TaskError
+from node.modes import CHAT_TEMPLATE_MODES, ChatTemplateMode
 from protocol.taskref import TaskRef
+
+__all__ = ["Task", "TaskError", "TaskSource", "settings_hash"]
 
 logger = logging.getLogger(__name__)
 
-ChatTemplateMode = Literal["auto", "always", "never"]
-CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
-
 # Most attempts ``sample``/``eval_refs`` make to find an index whose task the source accepts.
 _MAX_DRAWS_PER_REF = 64
-
-
-class TaskError(Exception):
-    """A task cannot be built: bad settings, or a ref this source cannot regenerate."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +68,9 @@ class TaskSource(ABC):
 
     name: ClassVar[str]
     known_datasets: ClassVar[tuple[str, ...]]
+    isolated_scoring: ClassVar[bool] = False
+    """True when a scorer may take long on text a peer chose: peers' completions are then scored in a
+    child process with a time limit (``node.scoring``)."""
 
     def __init__(
         self,
@@ -101,6 +101,7 @@ class TaskSource(ABC):
         self.seed = seed
         self.chat_template: ChatTemplateMode = chat_template
         self._config_hash: str | None = None
+        self.score_errors = 0  # scorer exceptions turned into a zero reward
 
     @property
     def config_hash(self) -> str:
@@ -132,6 +133,10 @@ class TaskSource(ABC):
         """The text the model is conditioned on for ``task``."""
 
     # ----------------------------------------------------------------------------------- public API
+
+    def warm_up(self) -> None:
+        """Import what scoring needs now, so a first score does not pay for it (no-op by default)."""
+        return None
 
     def task(self, ref: TaskRef) -> Task:
         """Regenerate exactly the task ``ref`` names; raise ``TaskError`` when it is not ours to make."""
@@ -205,31 +210,3 @@ class TaskSource(ABC):
                 continue
             return ref
         raise TaskError(f"no acceptable task of {dataset!r} in {_MAX_DRAWS_PER_REF} draws: {last_error}")
-
-
-def build_task_source(
-    source: str,
-    datasets: list[str],
-    weights: list[float] | None,
-    seed: int,
-    **options: Any,
-) -> TaskSource:
-    """Build the task source named ``source`` (``arith`` or ``reasoning_gym``) with its options."""
-    # Imported on demand: the reasoning-gym library takes over a second to import.
-    cls: type[TaskSource]
-    if source == "arith":
-        from node.tasks.arith import ArithTaskSource
-
-        cls = ArithTaskSource
-    elif source == "reasoning_gym":
-        from node.tasks.reasoning_gym import ReasoningGymTaskSource
-
-        cls = ReasoningGymTaskSource
-    else:
-        raise TaskError(f"unknown task source {source!r}; choose from ['arith', 'reasoning_gym']")
-    try:
-        built = cls(datasets, weights, seed, **options)
-    except TypeError as error:
-        raise TaskError(f"bad options for task source {source!r}: {error}") from error
-    logger.info("task source %s (config %s): datasets %s", source, built.config_hash, built.datasets)
-    return built

@@ -6,7 +6,8 @@ import logging
 import re
 from typing import Any
 
-from node.tasks.base import ChatTemplateMode, TaskError
+from node.errors import TaskError
+from node.modes import ChatTemplateMode
 
 logger = logging.getLogger(__name__)
 

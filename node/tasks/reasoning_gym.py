@@ -24,9 +24,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import reasoning_gym
-
-from node.tasks.base import ChatTemplateMode, Task, TaskError, TaskSource
+from node.errors import TaskError
+from node.modes import ChatTemplateMode
+from node.tasks.base import Task, TaskSource
 from node.tasks.cache import LRUCache
 from node.tasks.prompting import ANSWER_INSTRUCTION, DEFAULT_SYSTEM_PROMPT, extract_answer, format_for_model
 from protocol.taskref import TaskRef
@@ -49,13 +49,21 @@ MAX_ANSWER_CHARS = 4096
 _SLOW_ITEM_S = 0.05
 # binary_matrix's scorer eval()s the answer when it is not an exact match: only a list literal may get there.
 _MATRIX_LITERAL = re.compile(r"[0-9\s\[\],]*")
+_CLOSING_TAG = "</answer>"
+
+
+def _library() -> Any:
+    """The reasoning-gym package, imported on first use (it takes seconds to import)."""
+    import reasoning_gym
+
+    return reasoning_gym
 
 
 def reasoning_gym_version() -> str:
     try:
         return importlib.metadata.version("reasoning-gym")
     except importlib.metadata.PackageNotFoundError:
-        return str(getattr(reasoning_gym, "__version__", "unknown"))
+        return str(getattr(_library(), "__version__", "unknown"))
 
 
 def dataset_seed(seed: int, dataset: str) -> int:
@@ -76,7 +84,7 @@ def _check_dataset_configs(configs: Mapping[str, Mapping[str, Any]] | None) -> d
             raise TaskError(f"dataset_configs.{name} must not set {sorted(fixed)}: task refs decide them")
         try:
             json.dumps(dict(overrides), sort_keys=True)
-            reasoning_gym.create_dataset(name, seed=0, size=1, **overrides)
+            _library().create_dataset(name, seed=0, size=1, **overrides)
         except Exception as error:  # unknown field (TypeError), failed validate() (AssertionError), ...
             raise TaskError(f"dataset_configs.{name} is invalid: {error!r}") from error
         checked[name] = dict(overrides)
@@ -89,6 +97,7 @@ class ReasoningGymTaskSource(TaskSource):
 
     name = "reasoning_gym"
     known_datasets = SAPO_DATASETS
+    isolated_scoring = True  # e.g. propositional_logic's parser is superlinear in the answer
 
     def __init__(
         self,
@@ -126,7 +135,7 @@ class ReasoningGymTaskSource(TaskSource):
     def _dataset(self, dataset: str, seed: int) -> Any:
         def build() -> Any:
             overrides = self.dataset_configs.get(dataset, {})
-            return reasoning_gym.create_dataset(
+            return _library().create_dataset(
                 dataset, seed=dataset_seed(seed, dataset), size=INDEX_LIMIT, **overrides
             )
 
@@ -159,9 +168,15 @@ class ReasoningGymTaskSource(TaskSource):
         )
 
     def score(self, task: Task, completion: str) -> float:
-        """The dataset's own ``score_answer`` on the extracted answer, clipped to [0, 1]; 0 on any failure."""
+        """The dataset's own ``score_answer`` on the extracted answer, clipped to [0, 1]; 0 on any failure.
+
+        The answer must end the completion: text after the last ``</answer>`` scores 0.
+        """
         self.check_ref(task.ref)
         entry = self._entry(task.ref)
+        closing = completion.lower().rfind(_CLOSING_TAG)
+        if closing != -1 and completion[closing + len(_CLOSING_TAG) :].strip():
+            return 0.0
         answer = extract_answer(completion)
         if answer is None or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
@@ -171,9 +186,13 @@ class ReasoningGymTaskSource(TaskSource):
         try:
             value = float(scorer(answer, copy.deepcopy(entry)))
         except Exception as error:  # a scorer crashing on odd input is a zero reward, not a node failure
+            self.score_errors += 1
             logger.debug("scorer of %s failed on %r: %r", task.ref.key(), answer[:80], error)
             return 0.0
         return min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
+
+    def warm_up(self) -> None:
+        _library()
 
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
         return format_for_model(task.prompt, tokenizer, self.chat_template, self.system_prompt)

@@ -20,13 +20,11 @@ advantage ``delta`` everywhere (not zero) and is kept by :func:`nonzero_groups`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-AdvantageKind = Literal["rloo", "grpo", "global"]
-ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
+from node.modes import ADVANTAGE_KINDS, AdvantageKind
 
 
 def _as_float(rewards: Tensor) -> Tensor:

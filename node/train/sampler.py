@@ -19,15 +19,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from node.modes import SELECTION_POLICIES, SelectionPolicy
 from node.train.advantages import has_signal
-
-SelectionPolicy = Literal["uniform", "highest_reward", "round_robin"]
-SELECTION_POLICIES: tuple[str, ...] = get_args(SelectionPolicy)
 
 LOCAL_PEER_ID = ""
 """The ``peer_id`` of a node's own groups."""

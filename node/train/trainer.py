@@ -1,67 +1,24 @@
 """One optimisation step of off-policy-corrected REINFORCE on a list of scored groups.
 
 The math lives in pure functions (``advantages.py``, ``losses.py``); this module only batches sequences,
-runs forward/backward in micro-batches and steps the optimizer.
+runs forward/backward in micro-batches and steps the optimizer. A step whose loss or gradient is not
+finite is never applied: the gradients are dropped, the step is counted (``skipped_steps``) and logged.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import math
 from typing import Any
 
 import torch
 
 from node.generation import left_pad, right_pad, sequence_logprobs
 from node.policy.model import Policy
-from node.train.advantages import group_advantages, nonzero_groups
+from node.train.groups import TrainGroup
 from node.train.losses import policy_loss, sequence_values
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainGroup:
-    """One task's completions, tokenized for this node's policy.
-
-    ``anchor_logprobs`` are the behaviour log-probs used as the ratio's denominator: the sampler's own
-    when the tokens came from this node or from a peer with our tokenizer, otherwise the node's own
-    log-probs computed when the text was ingested.
-    """
-
-    key: str
-    peer_id: str  # "" for the node's own groups
-    epoch: int
-    prompt_ids: list[int]
-    completions: list[list[int]]
-    anchor_logprobs: list[list[float]]
-    rewards: list[float]
-    advantages: torch.Tensor | None = None
-    routings: list[list[int]] = field(default_factory=list)
-    all_rewards: list[float] | None = None  # Reinforce-Ada: every reward drawn for the task (global baseline)
-
-    @property
-    def is_local(self) -> bool:
-        return self.peer_id == ""
-
-
-def assign_advantages(groups: list[TrainGroup], kind: str, external_shift: float = 0.0) -> list[TrainGroup]:
-    """Fill ``advantages`` for every group; return only the groups that carry signal.
-
-    Signal is judged before the AsymRE shift of external groups: a group whose unshifted advantages are
-    all zero (e.g. every completion wrong) is dropped, so the shift never reinforces uniform failures.
-    """
-    unshifted = []
-    for g in groups:
-        everything = torch.tensor(g.all_rewards) if (kind == "global" and g.all_rewards) else None
-        rewards = torch.tensor(g.rewards, dtype=torch.float32)
-        base = group_advantages(rewards, kind, all_rewards=everything)  # type: ignore[arg-type]
-        shift = 0.0 if g.is_local else external_shift
-        g.advantages = base if shift == 0.0 else group_advantages(rewards, kind, shift=shift,  # type: ignore[arg-type]
-                                                                  all_rewards=everything)
-        unshifted.append(base)
-    keep = set(nonzero_groups(unshifted))
-    return [g for i, g in enumerate(groups) if i in keep]
 
 
 class Trainer:
@@ -85,6 +42,7 @@ class Trainer:
         self.routings = routings
         self.off_policy_correction = off_policy_correction
         self.routing_generator = torch.Generator(device=policy.device).manual_seed(seed)  # ReMix routings sampled in training
+        self.skipped_steps = 0
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -112,10 +70,17 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
             n_tokens += sum(len(r[1]) for r in chunk)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm)
-        self.optimizer.step()
+        finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+            logger.warning("skipped an optimizer step: loss %s, gradient norm %s (not finite)", sums["loss"],
+                           float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
-        return {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens), "grad_norm": float(grad_norm)}
+        return {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens),
+                "grad_norm": float(grad_norm) if finite else 0.0, "skipped_steps": float(self.skipped_steps)}
 
     def _micro_step(self, rows: list[tuple[list[int], list[int], list[float], float]], weight: float) -> dict[str, float]:
         device = self.policy.device

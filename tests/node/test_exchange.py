@@ -10,10 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
-from node.exchange import SwarmExchange
 from node.policy.tiny import tiny_base_path
 from node.runner import Node
-from protocol.identity import Identity
 from protocol.records import RolloutBatch
 from swarm.memory import InMemoryHub
 from tests.node.conftest import make_config
@@ -57,11 +55,8 @@ def _permuted_tiny_model(folder) -> None:
 
 def _node(run_dir, hub, *overrides):
     cfg = make_config(str(run_dir), "sapo.external_groups=4", "train.steps=3", *overrides)
-    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node = Node(cfg, show_progress=False, transport=lambda _settings, _identity: hub.join())
     node.setup()
-    g = cfg.generation
-    node.exchange = SwarmExchange(node.policy, node.source, hub.join(), Identity.generate(), swarm_id="t",
-                                  temperature=g.temperature, top_p=g.top_p, max_completion_tokens=4 * g.max_new_tokens)
     return node
 
 
@@ -172,6 +167,8 @@ def test_ids_that_do_not_spell_the_scored_text_are_rejected(tmp_path):
     g0 = batch.groups[0]
     task = b.source.task(g0.task)
     wrong_ids = tuple(b.policy.tokenizer("999", add_special_tokens=False)["input_ids"])
+    if g0.rollouts[0].finish_reason == "eos":
+        wrong_ids = (*wrong_ids, b.policy.tokenizer.eos_token_id)
     forged_rollout = dataclasses.replace(g0.rollouts[0], completion=task.answer, completion_ids=wrong_ids,
                                          behavior_logprobs=(-0.1,) * len(wrong_ids))
     forged = dataclasses.replace(batch, groups=(dataclasses.replace(g0, rollouts=(forged_rollout,)),))

@@ -18,7 +18,8 @@ _P2PD_PIDS: set[int] = set()
 
 
 def p2pd_pid(transport: SwarmTransport) -> int:
-    pid: int = transport._call_on_loop(lambda core: core.p2p._child.pid)
+    pid = transport.p2pd_pid()
+    assert pid is not None, "the transport's network side is not running"
     _P2PD_PIDS.add(pid)
     return pid
 

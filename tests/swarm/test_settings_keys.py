@@ -25,7 +25,7 @@ def test_defaults() -> None:
     assert (
         s.swarm_id == "swarm-node-dev" and s.initial_peers == [] and s.host_maddrs == ["/ip4/127.0.0.1/tcp/0"]
     )
-    assert s.startup_timeout == 60.0 and s.staleness_epochs == 2
+    assert s.startup_timeout == 60.0 and s.read_epochs == 2
 
 
 def test_initial_peers_from_env_splits_commas_and_spaces() -> None:

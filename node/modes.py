@@ -1,0 +1,24 @@
+"""Every mode the configuration can select, as ``Literal`` types, defined once.
+
+Imported by the typed config (``node.config``) and by the pure modules that implement the modes
+(advantages, losses, the SAPO sampler, prompting), so a mode is spelled in exactly one place. This
+module imports nothing heavy: the config must validate before torch is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+AdvantageKind = Literal["rloo", "grpo", "global"]
+LossKind = Literal["topr", "rec", "grpo", "reinforce"]
+SelectionPolicy = Literal["uniform", "highest_reward", "round_robin"]
+SamplingMode = Literal["standard", "ada_balanced", "ada_positive"]
+ChatTemplateMode = Literal["auto", "always", "never"]
+TaskSourceName = Literal["arith", "reasoning_gym"]
+
+ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
+LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
+SELECTION_POLICIES: tuple[str, ...] = get_args(SelectionPolicy)
+SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
+CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
+TASK_SOURCES: tuple[str, ...] = get_args(TaskSourceName)

@@ -1,0 +1,60 @@
+"""``TrainGroup``, one task's completions ready to train on, and the advantages assigned to groups.
+
+Produced by the node's own sampling (``node.rollouts``) and by ingestion of peers' records
+(``node.ingest``); consumed by the SAPO mix and the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from node.modes import AdvantageKind
+from node.train.advantages import group_advantages, nonzero_groups
+
+__all__ = ["TrainGroup", "assign_advantages"]
+
+
+@dataclass
+class TrainGroup:
+    """One task's completions, tokenized for this node's policy.
+
+    ``anchor_logprobs`` are the behaviour log-probs used as the ratio's denominator: the sampler's own
+    when the tokens came from this node or from a peer with our tokenizer, otherwise the node's own
+    log-probs computed when the text was ingested.
+    """
+
+    key: str
+    peer_id: str  # "" for the node's own groups
+    epoch: int
+    prompt_ids: list[int]
+    completions: list[list[int]]
+    anchor_logprobs: list[list[float]]
+    rewards: list[float]
+    advantages: torch.Tensor | None = None
+    routings: list[list[int]] = field(default_factory=list)
+    all_rewards: list[float] | None = None  # Reinforce-Ada: every reward drawn for the task (global baseline)
+
+    @property
+    def is_local(self) -> bool:
+        return self.peer_id == ""
+
+
+def assign_advantages(groups: list[TrainGroup], kind: AdvantageKind, external_shift: float = 0.0) -> list[TrainGroup]:
+    """Fill ``advantages`` for every group; return only the groups that carry signal.
+
+    Signal is judged before the AsymRE shift of external groups: a group whose unshifted advantages are
+    all zero (e.g. every completion wrong) is dropped, so the shift never reinforces uniform failures.
+    """
+    unshifted = []
+    for g in groups:
+        everything = torch.tensor(g.all_rewards) if (kind == "global" and g.all_rewards) else None
+        rewards = torch.tensor(g.rewards, dtype=torch.float32)
+        base = group_advantages(rewards, kind, all_rewards=everything)
+        shift = 0.0 if g.is_local else external_shift
+        g.advantages = base if shift == 0.0 else group_advantages(rewards, kind, shift=shift,
+                                                                  all_rewards=everything)
+        unshifted.append(base)
+    keep = set(nonzero_groups(unshifted))
+    return [g for i, g in enumerate(groups) if i in keep]
