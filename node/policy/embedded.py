@@ -1,9 +1,13 @@
-"""The models shipped inside the package, by name: a config says ``model.name_or_path: small-base`` and the
-node loads the folder ``node/assets/small-base/`` through ``AutoModelForCausalLM`` / ``AutoTokenizer``, the
-same path that serves a hub model or a local folder.
+"""The embedded models, by name: a config says ``model.name_or_path: tiny-base`` (or ``small-base``) and the
+node loads that model's folder through ``AutoModelForCausalLM`` / ``AutoTokenizer``, the same path that
+serves a hub model or a local folder.
 
-Each folder is written by its build script (``scripts/build_<name>.py``) and holds a ``build_info.json``
-of what the build measured. Any other name is returned unchanged, for transformers to resolve.
+``tiny-base`` (1.7 MB) is shipped in the package (``node/assets/tiny-base/``). ``small-base`` (about 10 MB)
+is not: it is built deterministically on this machine the first time it is named (minutes on a CPU, by
+``node.policy.small_build``, which ``scripts/build_small_base.py`` also runs) and cached under
+``~/.cache/swarm-node/`` (``$SWARM_NODE_CACHE`` to move it); later runs reuse the cached folder. Each
+folder holds a ``build_info.json`` of what its build measured. Any other name is returned unchanged, for
+transformers to resolve.
 """
 
 from __future__ import annotations
@@ -22,10 +26,24 @@ class EmbeddedModel:
     aliases: tuple[str, ...]
     build_script: str
     summary: str
+    shipped: bool = True  # False: built on first use and cached (``node.policy.small_build``)
 
     @property
     def path(self) -> Path:
-        return ASSETS_DIR / self.name
+        """Where the model's folder is (a cached model's folder may not be built yet)."""
+        if self.shipped:
+            return ASSETS_DIR / self.name
+        from node.policy.small_build import cached_path
+
+        return cached_path()
+
+    def ensure(self) -> Path:
+        """The model's folder, built first if it is a cached model not built on this machine yet."""
+        if self.shipped:
+            return self.path
+        from node.policy.small_build import ensure_built
+
+        return ensure_built()
 
 
 EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
@@ -39,7 +57,8 @@ EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
         name="small-base",
         aliases=(),
         build_script="scripts/build_small_base.py",
-        summary="Qwen2-architecture model, BPE tokenizer and ChatML template, arith and reasoning-gym",
+        summary="5M-parameter Qwen2, byte-level BPE tokenizer and ChatML template, arith and reasoning-gym",
+        shipped=False,
     ),
 )
 
@@ -57,26 +76,7 @@ def embedded_names() -> list[str]:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map an embedded model's name to its shipped folder; return anything else unchanged."""
+    """Map an embedded model's name to its folder (building a cached model the first time); return anything
+    else unchanged."""
     model = embedded_model(name_or_path)
-    return str(model.path) if model is not None else name_or_path
-
-
-def build_environment() -> dict[str, str]:
-    """What a byte-identical rebuild needs to match (recorded in ``build_info.json``): library versions
-    and the CPU kernels torch dispatches to (e.g. ``AVX512``); the thread count is recorded separately."""
-    import tokenizers
-    import torch
-    import transformers
-
-    return {
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "tokenizers_version": tokenizers.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def environment_differences(info: dict[str, object]) -> dict[str, tuple[object, str]]:
-    """The build-environment fields where ``info`` (a ``build_info.json``) differs from this machine."""
-    return {k: (info.get(k), v) for k, v in build_environment().items() if info.get(k) != v}
+    return str(model.ensure()) if model is not None else name_or_path
