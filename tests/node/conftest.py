@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
+from node.policy.small_build import QUICK, ensure_built
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -31,3 +32,10 @@ def fast_config(tmp_path):
         return make_config(str(tmp_path / "run"), *overrides)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def small_base():
+    """small-base's quick build (the same model, 600 pretraining steps: ``node.policy.small_build.QUICK``),
+    built here first if this machine has not built it (a couple of minutes on 2 idle cores, once per cache)."""
+    return ensure_built(QUICK)
