@@ -6,8 +6,8 @@ serves a hub model or a local folder.
 is not: it is built deterministically on this machine the first time it is named (minutes on a CPU, by
 ``node.policy.small_build``, which ``scripts/build_small_base.py`` also runs) and cached under
 ``~/.cache/swarm-node/`` (``$SWARM_NODE_CACHE`` to move it); later runs reuse the cached folder. Each
-folder holds a ``build_info.json`` of what its build measured. Any other name is returned unchanged, for
-transformers to resolve.
+folder holds a ``build_info.json`` of what its build measured. ``node.policy.locate`` maps names to folders.
+This module is light (no torch): the CLI reads it before the heavy imports.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ class EmbeddedModel:
         """Where the model's folder is (a cached model's folder may not be built yet)."""
         if self.shipped:
             return ASSETS_DIR / self.name
-        from node.policy.small_build import cached_path
+        from node.policy.small_recipe import cached_path  # light: no torch
 
         return cached_path()
+
+    def is_built(self) -> bool:
+        return (self.path / "build_info.json").is_file()
 
     def ensure(self) -> Path:
         """The model's folder, built first if it is a cached model not built on this machine yet."""
@@ -73,10 +76,3 @@ def embedded_model(name: str) -> EmbeddedModel | None:
 
 def embedded_names() -> list[str]:
     return [model.name for model in EMBEDDED_MODELS]
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Map an embedded model's name to its folder (building a cached model the first time); return anything
-    else unchanged."""
-    model = embedded_model(name_or_path)
-    return str(model.ensure()) if model is not None else name_or_path

@@ -12,16 +12,18 @@ special tokens are added automatically (``encode`` never prepends ``<bos>``): th
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from node.policy.embedded import embedded_model
+from node.policy.locate import (  # noqa: F401  -- re-exported: the embedded model's name and folder
+    EMBEDDED_ALIASES,
+    TINY_BASE_NAME,
+    resolve_model_path,
+    tiny_base_path,
+)
 
 logger = logging.getLogger(__name__)
-
-TINY_BASE_NAME = "tiny-base"
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -33,14 +35,6 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 CHAR_VOCAB: tuple[str, ...] = tuple("0123456789abcdefghijklmnopqrstuvwxyz +-*=/.,:?()\n")
 
 MODEL_MAX_LENGTH = 64
-
-
-def tiny_base_path() -> Path:
-    """Return the folder of the shipped tiny base model (``node/assets/tiny-base``)."""
-    model = embedded_model(TINY_BASE_NAME)
-    if model is None:  # the registry in node.policy.embedded always lists it
-        raise LookupError(f"{TINY_BASE_NAME} is missing from the embedded model registry")
-    return model.path
 
 
 def char_vocab() -> dict[str, int]:
