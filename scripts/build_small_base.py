@@ -22,7 +22,8 @@ from pathlib import Path
 # every step several-fold. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from node.policy.small_build import FULL, build, cached_path, ensure_built, measure, reward_table  # noqa: E402
+from node.policy.small_build import build, ensure_built, measure, reward_table  # noqa: E402
+from node.policy.small_recipe import FULL, cached_path  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

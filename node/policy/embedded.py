@@ -60,7 +60,7 @@ EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
         name="small-base",
         aliases=(),
         build_script="scripts/build_small_base.py",
-        summary="5M-parameter Qwen2, byte-level BPE tokenizer and ChatML template, arith and reasoning-gym",
+        summary="5M-parameter Llama, byte-level BPE tokenizer and ChatML template, arith and reasoning-gym",
         shipped=False,
     ),
 )

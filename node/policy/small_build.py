@@ -1,5 +1,5 @@
 """Build the embedded ``small-base`` model once and cache it: a BPE tokenizer trained on the task corpora
-and a small Qwen2 pretrained on formatted solutions.
+and a small Llama pretrained on formatted solutions.
 
 1. Task pools, generated offline by the node's own task sources: 2-digit addition (``arith/add``, raw
    prompts such as ``07+35=``) and two reasoning-gym datasets (chat-formatted prompts, as the node formats
@@ -8,7 +8,9 @@ and a small Qwen2 pretrained on formatted solutions.
    not trained on.
 2. A byte-level BPE tokenizer (``node.policy.small``) trained on those formatted texts, with a ChatML
    chat template, so the node's ``chat_template: auto`` formats prompts through ``apply_chat_template``.
-3. A Qwen2 model (tied embeddings) trained for a fixed number of steps on ``prompt + completion`` (loss on
+3. A Llama-architecture model (tied embeddings; Llama rather than Qwen2 because transformers' AutoTokenizer
+   replaces a ``qwen2`` model's tokenizer by ``Qwen2Tokenizer``, whose pre-tokenizer would split text unlike
+   the trained one) trained for a fixed number of steps on ``prompt + completion`` (loss on
    the completion only), short of mastery: a base that earns reward but leaves room for RL.
 4. Weights saved in bfloat16, then measured as the node loads them: greedy and sampled (temperature 1)
    reward and exact-match accuracy per dataset on the node's held-out tasks, in ``build_info.json``.
@@ -21,7 +23,6 @@ for (under a file lock, so concurrent nodes build it once) and returns the cache
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -31,96 +32,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from node.generation import generate
 from node.policy.build_env import build_environment
 from node.policy.small import SMALL_BASE_NAME, template_tokenizer, train_bpe_tokenizer
+from node.policy.small_recipe import DONE_FILE, FULL, Recipe, cached_path, is_built
 from node.tasks import Task, TaskSource, build_task_source
 from node.tasks.prompting import extract_answer
 
 logger = logging.getLogger(__name__)
 
-# Bump when the build changes in a way the recipe fields do not show: cached builds of older recipes are
-# then not reused.
-RECIPE_VERSION = 1
-CACHE_ENV = "SWARM_NODE_CACHE"
 POOL_TASK_SEED = 1_000_003  # ref seed of the pretraining pools; node configs use small seeds
 MAX_NEW_TOKENS = {"arith": 5, "reasoning_gym": 32}
-DONE_FILE = "build_info.json"  # written last: a folder without it is an interrupted build
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that decides the built files (with the build environment)."""
-
-    name: str
-    steps: int
-    seed: int = 0
-    threads: int = 2
-    # Examples per batch by source: about 640 tokens a batch either way (arith texts are 10 tokens,
-    # reasoning-gym ones about 26), so addition, which learns slowest, gets many cheap examples.
-    batch_size: tuple[tuple[str, int], ...] = (("arith", 64), ("reasoning_gym", 24))
-    learning_rate: float = 3e-3
-    warmup_steps: int = 30  # then linear decay to a tenth at the last step
-    vocab_size: int = 2048
-    pool_size: int = 3000  # reasoning-gym items per dataset; arith uses its whole problem set
-    hidden_size: int = 256
-    intermediate_size: int = 768
-    num_layers: int = 6
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    # Share of training batches per "source/dataset": addition learns slowest and has the shortest sequences.
-    mix: tuple[tuple[str, float], ...] = (
-        ("arith/add", 0.65),
-        ("reasoning_gym/calendar_arithmetic", 0.2),
-        ("reasoning_gym/propositional_logic", 0.15),
-    )
-    eval_tasks: int = 100  # per dataset, from the node's held-out split (seed 0)
-    version: int = field(default=RECIPE_VERSION)
-
-    def key(self) -> str:
-        """Names the cached folder: a hash of every field."""
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return f"{self.name}-{hashlib.sha256(blob).hexdigest()[:12]}"
-
-    @property
-    def datasets(self) -> list[str]:
-        return [key for key, _ in self.mix]
-
-
-# The model ``small-base`` names.
-FULL = Recipe(
-    name="small-base",
-    steps=1500,
-    mix=(("arith/add", 0.7), ("reasoning_gym/calendar_arithmetic", 0.15), ("reasoning_gym/propositional_logic", 0.15)),
-)
-# The same model trained for 600 steps on a mix with less addition: a weaker base (reward a few percent
-# rather than clearly above zero) that builds in a couple of minutes, for the default test run, which
-# needs some BPE chat model of this kind but not the full pretraining.
-QUICK = Recipe(name="small-base-quick", steps=600)
-
-
-def cache_root() -> Path:
-    """``$SWARM_NODE_CACHE``, else ``$XDG_CACHE_HOME/swarm-node``, else ``~/.cache/swarm-node``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "swarm-node"
-
-
-def cached_path(recipe: Recipe = FULL) -> Path:
-    return cache_root() / recipe.key()
-
-
-def is_built(path: Path) -> bool:
-    return (path / DONE_FILE).is_file()
 
 
 def ensure_built(recipe: Recipe = FULL, *, echo: Callable[[str], None] | None = None) -> Path:
@@ -224,8 +154,8 @@ def encode_examples(pairs: dict[str, list[tuple[str, str]]],
 # -- model and training ----------------------------------------------------------------------------------
 
 
-def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
+def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
         intermediate_size=recipe.intermediate_size,
@@ -234,12 +164,13 @@ def build_model(recipe: Recipe, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForC
         num_key_value_heads=recipe.num_kv_heads,
         max_position_embeddings=512,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # type: ignore[call-arg]  # accepted as a keyword, not in the stubs
+        rms_norm_eps=1e-6,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return Qwen2ForCausalLM(config)
+    return LlamaForCausalLM(config)
 
 
 def make_batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -256,7 +187,7 @@ def make_batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torc
     return input_ids, mask, labels
 
 
-def completion_loss(model: Qwen2ForCausalLM, input_ids: torch.Tensor, mask: torch.Tensor,
+def completion_loss(model: LlamaForCausalLM, input_ids: torch.Tensor, mask: torch.Tensor,
                     labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the completion tokens; the LM head runs only where a label is predicted."""
     hidden = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # [B, T, H]
@@ -274,7 +205,7 @@ def lr_at(recipe: Recipe, step: int) -> float:
     return recipe.learning_rate * (0.1 + 0.9 * remaining)
 
 
-def train(recipe: Recipe, model: Qwen2ForCausalLM, pad_id: int, examples: dict[str, list[Example]],
+def train(recipe: Recipe, model: LlamaForCausalLM, pad_id: int, examples: dict[str, list[Example]],
           echo: Callable[[str], None]) -> list[float]:
     """``recipe.steps`` AdamW steps, each on one dataset drawn by the mix; returns the loss per step."""
     gen = torch.Generator().manual_seed(recipe.seed + 1)
@@ -365,10 +296,10 @@ def measure(path: Path, recipe: Recipe, count: int | None = None, seed: int = 2)
 # -- the build -------------------------------------------------------------------------------------------
 
 
-def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
+def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     """Weights in bfloat16; the tokenizer config in the classic keys transformers 4 and 5 both read."""
     out.mkdir(parents=True, exist_ok=True)
-    model = model.to(torch.bfloat16)
+    model = model.to(dtype=torch.bfloat16)
     model.generation_config.do_sample = False
     model.generation_config.max_new_tokens = MAX_NEW_TOKENS["reasoning_gym"]
     model.save_pretrained(out, safe_serialization=True)

@@ -2,9 +2,7 @@
 has a byte-level BPE tokenizer with a ChatML template the node's prompt formatting uses, and earns some
 (not all) reward on arith and two reasoning-gym datasets.
 
-The default tests use the quick build (``QUICK``: the same model, fewer pretraining steps; the fixture
-``small_base`` builds it once per cache, a couple of minutes on 2 idle cores); the full build's reward is
-checked by a slow test."""
+The fixture ``small_base`` builds the cached model the first time (minutes on 2 idle cores, once per cache)."""
 
 from __future__ import annotations
 
@@ -15,18 +13,21 @@ from typing import Any
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.config import ModelConfig, load_config
 from node.generation import generate
-from node.policy.embedded import embedded_model, embedded_names, resolve_model_path
+from node.policy.embedded import embedded_model, embedded_names
+from node.policy.locate import locate_model, resolve_model_path
 from node.policy.model import load_base
 from node.policy.small import CHAT_TEMPLATE, template_tokenizer, train_bpe_tokenizer
-from node.policy.small_build import FULL, QUICK, build, cached_path, ensure_built, is_built
+from node.policy.small_build import build, ensure_built
+from node.policy.small_recipe import FULL, cached_path
 from node.tasks import build_task_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FULL_MIN_SAMPLED_REWARD = 0.1
+MIN_SAMPLED_REWARD = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -47,29 +48,37 @@ def model(small_base: Path) -> Any:
     return loaded
 
 
-def test_registry_names_the_cached_folder(small_base: Path) -> None:
+def test_registry_names_the_cached_folder_and_reuses_it(small_base: Path) -> None:
     assert embedded_names() == ["tiny-base", "small-base"]
     small = embedded_model("small-base")
-    assert small is not None and not small.shipped and small.path == cached_path(FULL)
-    assert small_base == cached_path(QUICK) != small.path and is_built(small_base)
-    if is_built(small.path):  # built by an earlier run: reused, not rebuilt
-        assert resolve_model_path("small-base") == str(small.path)
-    assert resolve_model_path("tiny-base") == resolve_model_path("embedded")
+    assert small is not None and not small.shipped and small.path == cached_path(FULL) == small_base
+    assert resolve_model_path("small-base") == str(small_base)
+    where = locate_model("small-base")
+    assert (where.path, where.build) == (str(small_base), None)  # built: reused, not rebuilt
+    assert resolve_model_path("tiny-base") == resolve_model_path("embedded") != str(small_base)
     assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (REPO_ROOT / small.build_script).is_file()
 
 
-def test_built_folder_is_a_small_bf16_qwen2(small_base: Path, model: Any, info: dict[str, Any]) -> None:
+def test_locating_an_unbuilt_model_builds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI locates the model before the heavy imports; the build happens when the node loads it."""
+    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path))
+    where = locate_model("small-base")
+    assert where.path == str(tmp_path / FULL.key()) and where.build is not None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_built_folder_is_a_small_bf16_llama(small_base: Path, model: Any, info: dict[str, Any]) -> None:
     assert sum(f.stat().st_size for f in small_base.iterdir()) < 12_500_000
     assert json.loads((small_base / "config.json").read_text())["dtype"] == "bfloat16"
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params == info["parameters"] and 5_000_000 <= n_params <= 30_000_000
-    assert model.config.model_type == "qwen2" and model.config.tie_word_embeddings is True
-    assert info["recipe_key"] == QUICK.key() and info["recipe"]["steps"] == QUICK.steps
+    assert model.config.model_type == "llama" and model.config.tie_word_embeddings is True
+    assert info["recipe_key"] == FULL.key() and info["recipe"]["steps"] == FULL.steps
 
 
 def test_tokenizer_is_byte_level_bpe_without_bos(tokenizer: Any, info: dict[str, Any]) -> None:
-    assert len(tokenizer) == info["vocab_size"] == FULL.vocab_size == QUICK.vocab_size
+    assert len(tokenizer) == info["vocab_size"] == FULL.vocab_size
     assert tokenizer.bos_token_id is None
     assert (tokenizer.pad_token, tokenizer.eos_token) == ("<|endoftext|>", "<|im_end|>")
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 2)
@@ -78,8 +87,19 @@ def test_tokenizer_is_byte_level_bpe_without_bos(tokenizer: Any, info: dict[str,
         assert tokenizer.decode(ids) == text
     digits = tokenizer("2022", add_special_tokens=False)["input_ids"]
     assert tokenizer.convert_ids_to_tokens(digits) == ["2", "0", "2", "2"]
-    # Phrases every prompt repeats are single tokens: prompts stay short.
-    assert len(tokenizer("<answer>", add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_loaded_tokenizer_splits_text_as_trained(small_base: Path, tokenizer: Any, info: dict[str, Any]) -> None:
+    """AutoTokenizer keeps the trained pre-tokenizer (it would swap in Qwen2's for a ``qwen2`` model), so a
+    formatted prompt has the ids and the short length the model was pretrained on: phrases every prompt
+    repeats (the system prompt, the answer instruction) are a few tokens."""
+    trained = Tokenizer.from_file(str(small_base / "tokenizer.json"))
+    source = build_task_source("reasoning_gym", ["calendar_arithmetic"], None, 0)
+    for ref in source.eval_refs(4):
+        text = source.format_prompt(source.task(ref), tokenizer)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ids == trained.encode(text, add_special_tokens=False).ids
+        assert len(ids) < info["mean_tokens"]["reasoning_gym/calendar_arithmetic"] * 2 < len(text) / 5
 
 
 def test_tokenizer_training_is_deterministic() -> None:
@@ -101,8 +121,8 @@ def test_node_formats_prompts_through_the_chat_template(tokenizer: Any) -> None:
     assert arith.format_prompt(arith.task(arith.eval_refs(1)[0]), tokenizer).endswith("=")  # raw, no template
 
 
-def test_load_base_pads_left_and_ends_on_im_end(small_base: Path) -> None:
-    model, tokenizer = load_base(ModelConfig(name_or_path=str(small_base)))
+def test_load_base_by_name_pads_left_and_ends_on_im_end(small_base: Path) -> None:
+    model, tokenizer = load_base(ModelConfig(name_or_path="small-base"))
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id == 0
     assert model.config.eos_token_id == tokenizer.eos_token_id
     assert next(model.parameters()).dtype == torch.float32  # bf16 on disk, the config's dtype in memory
@@ -130,15 +150,8 @@ def _check_reward(info: dict[str, Any], low: float) -> None:
         assert info["greedy"][key]["reward"] < 0.95, key
 
 
-def test_quick_build_earns_some_reward(info: dict[str, Any]) -> None:
-    _check_reward(info, low=0.01)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_full_build_earns_reward_clearly_above_zero() -> None:
-    full: dict[str, Any] = json.loads((ensure_built(FULL) / "build_info.json").read_text())
-    _check_reward(full, low=FULL_MIN_SAMPLED_REWARD)
+def test_reward_is_clearly_above_zero_and_short_of_mastery(info: dict[str, Any]) -> None:
+    _check_reward(info, low=MIN_SAMPLED_REWARD)
 
 
 @pytest.mark.parametrize("config", ["configs/small-silo.yaml", "configs/small-swarm.yaml"])
