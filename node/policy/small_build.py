@@ -299,7 +299,7 @@ def measure(path: Path, recipe: Recipe, count: int | None = None, seed: int = 2)
 def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     """Weights in bfloat16; the tokenizer config in the classic keys transformers 4 and 5 both read."""
     out.mkdir(parents=True, exist_ok=True)
-    model = model.to(dtype=torch.bfloat16)
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # the stubs miss the dtype overload
     model.generation_config.do_sample = False
     model.generation_config.max_new_tokens = MAX_NEW_TOKENS["reasoning_gym"]
     model.save_pretrained(out, safe_serialization=True)
