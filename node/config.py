@@ -43,7 +43,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    name_or_path: str = Field("tiny-base", description="'tiny-base' (embedded), a hub name or a local folder")
+    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), a hub name or a local folder")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     chat_template: ChatTemplateMode = "auto"

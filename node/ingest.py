@@ -17,7 +17,8 @@ step has all the groups it can use). Checks run cheapest first:
   (``seed_cap``: a new seed makes the task source build a new table);
 * each rollout as this node would have generated it: at most our own ``max_new_tokens`` (or the wider
   limit for re-tokenized text; ``too_long``), ids in the vocabulary, an EOS at the end exactly when
-  ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), ids that
+  ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), re-tokenized
+  text our tokenizer spells exactly (``untokenizable``: characters outside its vocabulary), ids that
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
   log-probs no lower than ``min_logprob`` (``bad_logprobs``);
 * scoring, in a child process with a time limit per completion for sources whose scorers may be slow
@@ -286,7 +287,11 @@ class Ingestor:
         if len(rollout.completion) > _CHARS_PER_TOKEN * self.max_peer_tokens:
             return None, None, "too_long"
         ids = list(tok(rollout.completion, add_special_tokens=False)["input_ids"])
-        if any(i in self._special for i in ids):  # literal special tokens, or text our vocabulary lacks
+        # Text our tokenizer cannot spell (characters outside a character vocabulary become <unk>; a
+        # normalizer may rewrite text): we would train on other text than the one we score.
+        if tok.decode(ids, skip_special_tokens=False) != rollout.completion:
+            return None, None, "untokenizable"
+        if any(i in self._special for i in ids):  # literal special-token text, e.g. our EOS mid-completion
             return None, None, "special_token"
         if ends_with_eos and self._eos is not None:
             ids.append(self._eos)

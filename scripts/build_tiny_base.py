@@ -25,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
+from node.policy.build_env import build_environment  # noqa: E402
 from node.policy.tiny import build_char_tokenizer, tiny_base_path  # noqa: E402
 from node.tasks.arith_format import make_problem  # noqa: E402
 
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": n_params,
         "train_seconds": round(train_seconds, 1),
         "threads": args.threads,
-        "torch_version": torch.__version__,
+        **build_environment(),
     }
     save(model, tokenizer, args.out, info)
     print(
