@@ -23,6 +23,7 @@ from node.runner import Node
 from swarm.transport import SwarmTransport
 from tests.chromium import Chromium, chromium_or_skip
 from tests.node.conftest import make_config
+from tests.node.test_api import wait_until
 
 SWARM = ["sapo.external_groups=4", "swarm.swarm_id=api-test", "swarm.collect_interval=0.2", "swarm.request_timeout=3",
          "swarm.join_retry_seconds=0.5", "swarm.join_retry_max_seconds=2", "swarm.startup_timeout=30", "api.port=0"]
@@ -42,16 +43,6 @@ def transport(node: Node) -> SwarmTransport:
 
 def libp2p_id(node: Node) -> str:
     return transport(node).visible_multiaddrs()[0].rsplit("/p2p/", 1)[1]
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
