@@ -1,7 +1,8 @@
 """The node's side of the swarm: publish our groups as signed batches, ingest what peers published.
 
 ``SwarmExchange`` works over any ``BatchTransport``: the hivemind ``swarm.transport.SwarmTransport`` in a
-daemon, or ``InMemoryHub`` transports for experiments that isolate learning from the network. It never
+daemon, or ``InMemoryHub`` transports (the same signed bytes and checks, carried in memory) for
+experiments that isolate learning from the network. It never
 blocks the training loop: publishing queues, collecting returns what has arrived, and a dead transport is
 restarted with backoff while the node keeps training on its own groups.
 """
@@ -123,6 +124,7 @@ class SwarmExchange:
             "batches_accepted": int(stats.get("batches_accepted", 0)),
             "batches_rejected": rejected,
             "network_up": bool(self.transport.is_alive()),
+            **{k: float(v) for k, v in stats.items() if k.startswith("wire_")},  # in-process hub: encode/verify time
             **self.ingestor.metrics(),
         }
 

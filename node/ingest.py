@@ -1,7 +1,8 @@
 """Inbound records: a peer's verified batch into ``TrainGroup``s this node can train on.
 
 Nothing the peer claims is believed: the task is regenerated from its ``TaskRef`` and every completion is
-re-scored with our own verifier; the prompt is our own formatting of the regenerated task; token ids and
+re-scored with our own verifier; a task of the held-out evaluation split (a property of the task's
+content, the same on every node) is rejected, so a node never trains on what it is evaluated on; the prompt is our own formatting of the regenerated task; token ids and
 behaviour log-probs are used only when the peer's tokenizer fingerprint equals ours, otherwise the text
 is re-tokenized and our own log-probs at ingestion become the anchor. Rejections are counted by reason,
 never raised. The outbound direction (our groups as records) is ``node.outbound``.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from typing import Any
 
@@ -40,6 +42,7 @@ class Ingestor:
         self.rejected: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
+        self.seconds = 0.0  # spent ingesting, for the per-step cost of sharing
         self._vocab_size = len(policy.tokenizer)
 
     def _reject(self, reason: str, detail: str) -> None:
@@ -48,6 +51,7 @@ class Ingestor:
 
     def ingest(self, batch: RolloutBatch) -> list[TrainGroup]:
         """All usable groups of one verified batch, with our own rewards and anchors."""
+        started = time.perf_counter()
         peer_id = peer_id_from_public_key(batch.author)
         groups: list[TrainGroup] = []
         pending: list[tuple[TrainGroup, int]] = []  # (group, index) whose anchor we must compute
@@ -57,6 +61,7 @@ class Ingestor:
                 groups.append(group)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
+        self.seconds += time.perf_counter() - started
         return groups
 
     def _ingest_group(self, rgroup: RolloutGroup, peer_id: str, epoch: int,
@@ -66,8 +71,11 @@ class Ingestor:
         except TaskError as exc:
             self._reject("unknown_task", str(exc))
             return None
+        if self.source.is_held_out(task):
+            self._reject("held_out", task.ref.key())
+            return None
         prompt_ids = encode_prompt(self.policy, self.source.format_prompt(task, self.policy.tokenizer))
-        group = TrainGroup(key=task.ref.key(), peer_id=peer_id, epoch=epoch, prompt_ids=prompt_ids,
+        group = TrainGroup(key=task.ref.key(), dataset=task.ref.dataset, peer_id=peer_id, epoch=epoch, prompt_ids=prompt_ids,
                            completions=[], anchor_logprobs=[], rewards=[])
         for rollout in rgroup.rollouts:
             if rollout.task != rgroup.task:
@@ -136,4 +144,4 @@ class Ingestor:
 
     def metrics(self) -> dict[str, Any]:
         return {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
-                "ingest_rejected": dict(self.rejected)}
+                "ingest_rejected": dict(self.rejected), "ingest_seconds": self.seconds}

@@ -4,6 +4,10 @@ One step: sample local tasks, generate G completions each, score them with the t
 (in swarm mode: publish them and collect peers'), mix I local and J external groups, one trainer step,
 metrics; a checkpoint every ``train.checkpoint_every`` steps. Silo mode is the same loop with no exchange.
 
+Randomness comes from separate seeded streams, all checkpointed: ``task_rng`` draws the node's tasks,
+``select_rng`` picks peer groups and ``sample_gen`` drives generation. Task draws never depend on what
+peers sent, so a silo node and a swarm node with the same seed train on the same task stream.
+
 ``Node`` is the one place a node is built, with or without an exchange: ``transport=None`` gives a silo
 node; a ``TransportFactory`` (the hivemind ``SwarmTransport`` in a daemon, an in-memory hub's transport in
 benchmarks and tests) gives a swarm node whose exchange is built last in ``setup()``.
@@ -11,10 +15,12 @@ benchmarks and tests) gives a swarm node whose exchange is built last in ``setup
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,7 @@ from node.policy.model import Policy, build_policy
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.groups import TrainGroup, assign_advantages
-from node.train.sampler import CandidateGroup, mix
+from node.train.sampler import CandidateGroup, mix, preference_weights
 from node.train.trainer import Trainer
 from protocol.errors import IdentityError
 from protocol.identity import Identity
@@ -43,6 +49,11 @@ _MAX_POOL_PER_J = 64  # peer groups held for selection, per external group train
 
 TransportFactory = Callable[[SwarmSettings, Identity], BatchTransport]
 """Builds (and starts) the transport of a swarm node from its settings and identity."""
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    """The seed of the node's named random stream (64 bits of a sha256 of the node seed and the name)."""
+    return int.from_bytes(hashlib.sha256(f"{stream}/{seed}".encode()).digest()[:8], "big")
 
 
 class Node:
@@ -58,6 +69,8 @@ class Node:
         self.exchange: SwarmExchange | None = None
         self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
+        # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
+        self._signal_history: deque[dict[str, list[int]]] = deque(maxlen=cfg.sapo.signal_window)
 
     # ----- setup: ordering matters -- the policy exists before the trainer (its parameters); the
     # checkpoint is restored over freshly seeded state; the exchange comes last, so a broken model or
@@ -69,6 +82,7 @@ class Node:
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
         self.task_rng = random.Random(self.cfg.seed)
+        self.select_rng = random.Random(stream_seed(self.cfg.seed, "select"))
         self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
@@ -143,9 +157,10 @@ class Node:
         state = self.checkpoints.load(path)
         self.policy.load_trainable_state(state.trainable)
         self.trainer.optimizer.load_state_dict(state.optimizer)
-        restore_rng(state.rng, self.task_rng, self.sample_gen)
+        restore_rng(state.rng, self.task_rng, self.sample_gen, self.select_rng)
         if "routing_gen" in state.rng:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])
+        self._signal_history.extend(state.extra.get("signal_history", []))
         self.step = state.step
         logger.info("resumed from %s at step %d", path, self.step)
 
@@ -194,16 +209,19 @@ class Node:
         else:
             sampled = sample_groups_adaptive(self.policy, self.source, tasks, group_size=g.group_size,
                                              round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
-                                             mode=cfg.sampling.mode, **common)
+                                             mode=cfg.sampling.mode, positive_threshold=cfg.sampling.positive_threshold,
+                                             **common)
         t_gen = time.perf_counter()
         local = [s.group for s in sampled]
+        with_signal = assign_advantages(local, cfg.train.advantage)
+        self._record_signal(local, with_signal)
         external: list[TrainGroup] = []
         if self.exchange is not None:
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch)
+        t_exchange = time.perf_counter() - t_gen
         # I local groups with signal (all of them when no more were generated), then the J external ones.
-        local_signal = assign_advantages(local, cfg.train.advantage)[: cfg.sapo.local_groups]
-        signal_groups = local_signal + external
+        signal_groups = with_signal[: cfg.sapo.local_groups] + external
         stats = self.trainer.step(signal_groups)
         self.step += 1
         dt = time.perf_counter() - t0
@@ -217,6 +235,7 @@ class Node:
             "tokens_per_s": (n_gen_tokens + stats.get("n_tokens", 0.0)) / max(dt, 1e-9),
             "gen_tokens_per_s": n_gen_tokens / max(t_gen - t0, 1e-9),
             "step_seconds": dt,
+            "local_signal_fraction": len(with_signal) / max(len(local), 1),
             "n_local_groups": sum(1 for grp in signal_groups if grp.is_local),
             "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),
             "grad_norm": stats.get("grad_norm", 0.0),
@@ -225,11 +244,38 @@ class Node:
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
+            record["exchange_seconds"] = t_exchange
             record.update(self.exchange.metrics())
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
             record["eval_accuracy"] = self.evaluate()
         self.metrics.write(record)
         return record
+
+    def _record_signal(self, local: list[TrainGroup], with_signal: list[TrainGroup]) -> None:
+        """Remember, by dataset, how many of this step's own groups were generated and carried signal."""
+        counts: dict[str, list[int]] = {}
+        kept = {id(grp) for grp in with_signal}
+        for grp in local:
+            entry = counts.setdefault(grp.dataset, [0, 0])
+            entry[0] += 1
+            entry[1] += int(id(grp) in kept)
+        self._signal_history.append(counts)
+
+    def signal_rates(self) -> dict[str, float]:
+        """The fraction of the node's own groups of each dataset that carried signal, over the window."""
+        totals: dict[str, list[int]] = {}
+        for counts in self._signal_history:
+            for dataset, (n, n_signal) in counts.items():
+                entry = totals.setdefault(dataset, [0, 0])
+                entry[0] += n
+                entry[1] += n_signal
+        return {d: n_signal / n for d, (n, n_signal) in totals.items() if n > 0}
+
+    def _dataset_weights(self, datasets: list[str]) -> dict[str, float] | None:
+        sapo, tasks = self.cfg.sapo, self.cfg.tasks
+        mixture = dict(zip(tasks.datasets, tasks.weights or [1.0] * len(tasks.datasets)))
+        return preference_weights(datasets, sapo.dataset_preference, mixture=mixture,
+                                  signal_rates=self.signal_rates(), floor=sapo.preference_floor)
 
     def _select_external(self, epoch: int) -> list[TrainGroup]:
         """Add freshly received peer groups to the pool, drop stale ones, pick up to J (never waits)."""
@@ -244,10 +290,13 @@ class Node:
         if sapo.external_groups == 0 or not self._external_pool:
             return []
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,
-                                     rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp)
+                                     rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp,
+                                     dataset=grp.dataset)
                       for grp in self._external_pool if grp.advantages is not None]
+        weights = self._dataset_weights([c.dataset for c in candidates])
         _, chosen = mix([], candidates, 0, sapo.external_groups, sapo.selection, max_per_peer=sapo.max_per_peer,
-                        current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.task_rng)
+                        current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.select_rng,
+                        dataset_weights=weights)
         picked = {id(c.payload) for c in chosen}
         self._external_pool = [grp for grp in self._external_pool if id(grp) not in picked]  # each used once
         return [c.payload for c in chosen]
@@ -258,11 +307,11 @@ class Node:
                                batch_size=g.batch_size)
 
     def save_checkpoint(self) -> None:
-        rng = capture_rng(self.task_rng, self.sample_gen)
+        rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)
         rng["routing_gen"] = self.trainer.routing_generator.get_state()
+        extra = {"model": self.cfg.model.name_or_path, "signal_history": list(self._signal_history)}
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
-                                              optimizer=self.trainer.optimizer.state_dict(), rng=rng,
-                                              extra={"model": self.cfg.model.name_or_path}))
+                                              optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:

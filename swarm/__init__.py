@@ -9,6 +9,9 @@ Modules, top to bottom:
   stats, restart, close) over one network thread with its own asyncio loop.
 - ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
   health loops and the ``rpc_get_batch`` handler that serves signed batches by id.
+- ``intake``     the checks every announced batch passes (manifest, peer-book screening, verification,
+  outcome), shared by ``core`` and ``memory`` (pure).
+- ``memory``     ``InMemoryHub``: an in-process swarm carrying the same signed bytes through ``intake``.
 - ``validator``  ``ManifestValidator``: hivemind record validator binding subkeys to manifest authors.
 - ``peer_book``  ``PeerBook``: quotas, staleness window, dedup, bans with backoff, counters (pure).
 - ``keys``       epochs, DHT keys, shards and owner-bound subkeys (pure).

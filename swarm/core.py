@@ -8,6 +8,7 @@ serves signed batches by id, and four background loops:
 * publish: store queued manifests in the DHT (each store bounded by ``publish_timeout``);
 * collect: poll the manifest keys of the recent epochs, screen new manifests with the peer book, pull
   the batches from their authors, verify them (size, hash, signature, manifest match) and queue them;
+  the screening and verification steps are ``swarm.intake``'s, shared with the in-process hub;
 * health: watch p2pd, refresh the peer list, prune old state.
 
 Every network await is bounded by a timeout. CPU-heavy decoding runs in the default executor, not on
@@ -23,6 +24,7 @@ import random
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, PeerID
@@ -31,14 +33,12 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure, P2PDaemonErro
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
-from protocol.codec import batch_id, decode_batch, decode_manifest
-from protocol.errors import ProtocolError
 from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.records import Manifest
 from swarm.hivemind_compat import dht_neighbours, dial, p2pd_exited, p2pd_pid, p2pd_process
+from swarm.intake import KNOWN, read_manifest, screen, settle, verify_batch
 from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
-from swarm.peer_book import RejectReason
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
 from swarm.validator import ManifestValidator
@@ -306,32 +306,20 @@ class SwarmCore:
         """Decode a manifest not seen before (already-seen bytes are skipped without decoding)."""
         if not isinstance(value, bytes) or value in self._seen_manifests:
             return None
-        try:
-            manifest = decode_manifest(value, self.limits)
-        except ProtocolError as exc:  # the validator already dropped these; a local cache may not have
-            self._seen_manifests[value] = (current, "")
-            with self.shared.lock:
-                self.shared.peer_book.count(f"manifest_{exc.reason}")
-            return None
-        self._seen_manifests[value] = (current, manifest.batch_id)
-        if manifest.author == self.identity.public_key or manifest.swarm_id != self.settings.swarm_id:
-            return None
+        with self.shared.lock:  # bad bytes are counted in the peer book
+            manifest = read_manifest(self.shared.peer_book, value, self.limits,
+                                     own_key=self.identity.public_key, swarm_id=self.settings.swarm_id)
+        self._seen_manifests[value] = (current, manifest.batch_id if manifest is not None else "")
         return manifest
 
     def _screen_and_pull(self, manifest: Manifest, current: int) -> None:
         author = peer_id_from_public_key(manifest.author)
-        book = self.shared.peer_book
         with self.shared.lock:
-            if book.is_known(manifest.batch_id):
-                return
-            if manifest.byte_size > self.limits.max_compressed_bytes:
-                reason: str | None = book.refuse(author, manifest.batch_id, manifest.epoch, "too_large")
-            else:
-                reason = book.screen(
-                    author, manifest.batch_id, manifest.epoch, manifest.byte_size, current, time.monotonic()
-                )
+            reason = screen(self.shared.peer_book, manifest, self.limits, current_epoch=current,
+                            now=time.monotonic())
         if reason is not None:
-            logger.debug("skipped batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
+            if reason != KNOWN:
+                logger.debug("skipped batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
             return
         task = asyncio.create_task(self._pull(manifest, author))
         self._pulls.add(task)
@@ -351,18 +339,8 @@ class SwarmCore:
         reason = await self._verify(manifest, data)
         with self.shared.lock:
             if reason is None:
-                book.accept(manifest.batch_id, len(data))
                 self.shared.counters["bytes_in"] += len(data)
-            else:
-                book.reject(
-                    author,
-                    manifest.batch_id,
-                    manifest.epoch,
-                    manifest.byte_size,
-                    reason,
-                    offence=from_author,
-                    now=time.monotonic(),
-                )
+            settle(book, manifest, len(data), reason, offence=from_author, now=time.monotonic())
         if reason is not None:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
 
@@ -374,19 +352,12 @@ class SwarmCore:
 
     async def _verify(self, manifest: Manifest, data: bytes) -> str | None:
         """None if ``data`` is the batch ``manifest`` announced (then it is held and queued), else why not."""
-        if len(data) != manifest.byte_size:
-            return RejectReason.SIZE_MISMATCH
-        if batch_id(data) != manifest.batch_id:
-            return RejectReason.HASH_MISMATCH
         loop = asyncio.get_running_loop()
-        try:
-            batch = await loop.run_in_executor(None, decode_batch, data, self.limits)
-        except ProtocolError as exc:
-            return exc.reason
-        if batch.swarm_id != self.settings.swarm_id:
-            return RejectReason.WRONG_SWARM
-        if (batch.author, batch.epoch, batch.seq) != (manifest.author, manifest.epoch, manifest.seq):
-            return RejectReason.MANIFEST_MISMATCH
+        batch, reason = await loop.run_in_executor(
+            None, partial(verify_batch, manifest, data, self.limits, swarm_id=self.settings.swarm_id)
+        )
+        if batch is None:
+            return reason
         self.hold(manifest.batch_id, data)
         self.shared.push_batch(batch)
         return None

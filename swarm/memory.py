@@ -1,65 +1,126 @@
-"""An in-process hub that carries the same ``RolloutBatch`` records as the hivemind transport.
+"""An in-process swarm whose members exchange the same signed bytes as the hivemind transport.
 
 For experiments that isolate learning from the network (``scripts/bench_sapo.py``) and for tests of the
-node's exchange logic: every batch a member publishes is delivered to every other member's inbox, with
-no loss and no delay. Epochs are advanced by the caller (``hub.epoch``), not by a clock.
+node's exchange logic. A member's ``publish`` encodes and signs the batch and its manifest exactly as
+``SwarmTransport`` does; the hub hands both byte strings to every other member, with no loss and no
+delay; a member's ``collect`` passes each through ``swarm.intake`` -- manifest signature, the peer book's
+screening (dedup, bans, staleness window, quotas), then size, hash, batch signature, limits and the
+manifest match -- before the batch reaches the node. What is missing against a real swarm is only the
+carrying: the DHT, libp2p streams, p2pd, and the timing and loss they bring.
+
+Epochs are advanced by the caller (``hub.epoch``), not by a clock. Each member times its own encoding
+and verification (``stats()["wire_encode_seconds"]`` / ``["wire_verify_seconds"]``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from dataclasses import replace
 
+from protocol.codec import encode_batch, encode_manifest, make_manifest
+from protocol.errors import ProtocolError
+from protocol.identity import Identity
+from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
+from swarm.intake import read_manifest, screen, settle, verify_batch
+from swarm.settings import SwarmSettings
+from swarm.state import peer_book_for
+
+__all__ = ["InMemoryHub", "InMemoryTransport"]
+
+StatValue = int | float | dict[str, int]
 
 
 class InMemoryHub:
     """Connects ``InMemoryTransport``s; ``epoch`` is shared by all members."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.members: list[InMemoryTransport] = []
         self.epoch = 0
+        self.limits = limits
 
-    def join(self) -> InMemoryTransport:
-        member = InMemoryTransport(self)
+    def join(self, settings: SwarmSettings, identity: Identity) -> InMemoryTransport:
+        """A new member (the node's ``TransportFactory``: ``Node(cfg, transport=hub.join)``)."""
+        member = InMemoryTransport(self, settings, identity)
         self.members.append(member)
         return member
 
-    def _deliver(self, sender: InMemoryTransport, batch: RolloutBatch) -> None:
+    def announce(self, sender: InMemoryTransport, manifest_data: bytes, data: bytes) -> None:
+        """Hand a signed manifest and the signed batch it points at to every other open member."""
         for member in self.members:
             if member is not sender and not member.closed:
-                member.inbox.append(batch)
+                member.pending.append((manifest_data, data))
 
 
 class InMemoryTransport:
     """The ``BatchTransport`` interface of the node's exchange, over an ``InMemoryHub``."""
 
-    def __init__(self, hub: InMemoryHub) -> None:
+    def __init__(self, hub: InMemoryHub, settings: SwarmSettings, identity: Identity) -> None:
         self.hub = hub
-        self.inbox: deque[RolloutBatch] = deque()
+        self.settings = settings
+        self.identity = identity
+        self.book = peer_book_for(settings)
+        self.pending: deque[tuple[bytes, bytes]] = deque()  # (manifest bytes, batch bytes) not yet collected
         self.closed = False
         self.published = 0
-        self.accepted = 0
+        self.encode_seconds = 0.0
+        self.verify_seconds = 0.0
+        self._seq = 0
+        self._pruned_epoch = -1
 
     def publish(self, batch: RolloutBatch) -> str | None:
+        """Sign ``batch`` and its manifest as ``SwarmTransport`` does and announce both to the hub."""
+        started = time.perf_counter()
+        now = time.time()
+        self._seq += 1
+        batch = replace(batch, swarm_id=self.settings.swarm_id, address=(), epoch=self.hub.epoch,
+                        seq=self._seq, created_at=now)
+        try:
+            data = encode_batch(batch, self.identity, self.hub.limits)
+            manifest = make_manifest(batch, data, expires_at=now + self.settings.manifest_ttl)
+            manifest_data = encode_manifest(manifest, self.identity, self.hub.limits)
+        except ProtocolError:
+            return None
+        finally:
+            self.encode_seconds += time.perf_counter() - started
         self.published += 1
-        self.hub._deliver(self, batch)
-        return None
+        self.hub.announce(self, manifest_data, data)
+        return manifest.batch_id
 
     def collect(self) -> list[RolloutBatch]:
-        out = list(self.inbox)
-        self.inbox.clear()
-        self.accepted += len(out)
+        """Peers' batches announced since the last call that pass every check of ``swarm.intake``."""
+        started = time.perf_counter()
+        epoch, now = self.hub.epoch, time.monotonic()
+        if epoch != self._pruned_epoch:
+            self.book.prune(epoch, now)
+            self._pruned_epoch = epoch
+        out = []
+        while self.pending:
+            manifest_data, data = self.pending.popleft()
+            manifest = read_manifest(self.book, manifest_data, self.hub.limits,
+                                     own_key=self.identity.public_key, swarm_id=self.settings.swarm_id)
+            if manifest is None or screen(self.book, manifest, self.hub.limits, current_epoch=epoch,
+                                          now=now) is not None:
+                continue
+            batch, reason = verify_batch(manifest, data, self.hub.limits, swarm_id=self.settings.swarm_id)
+            settle(self.book, manifest, len(data), reason, offence=True, now=now)  # bytes came from the author
+            if batch is not None:
+                out.append(batch)
+        self.verify_seconds += time.perf_counter() - started
         return out
 
     def current_epoch(self) -> int:
         return self.hub.epoch
 
-    def stats(self) -> dict[str, int | float | dict[str, int]]:
+    def stats(self) -> dict[str, StatValue]:
         return {
-            "peers_seen": len(self.hub.members) - 1,
+            "peers_seen": self.book.authors_seen(),
             "batches_published": self.published,
-            "batches_accepted": self.accepted,
-            "batches_rejected": {},
+            "batches_accepted": self.book.accepted,
+            "batches_rejected": dict(self.book.rejected),
+            "wire_encode_seconds": self.encode_seconds,
+            "wire_verify_seconds": self.verify_seconds,
         }
 
     def is_alive(self) -> bool:

@@ -14,7 +14,20 @@ from protocol.records import RolloutBatch
 from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
 
-__all__ = ["SharedState"]
+__all__ = ["SharedState", "peer_book_for"]
+
+
+def peer_book_for(settings: SwarmSettings) -> PeerBook:
+    """A fresh peer book with the quotas, staleness window and bans of ``settings``."""
+    return PeerBook(
+        max_batches_per_peer_epoch=settings.max_batches_per_peer_epoch,
+        max_bytes_per_peer_epoch=settings.max_bytes_per_peer_epoch,
+        read_epochs=settings.read_epochs,
+        ban_seconds=settings.ban_seconds,
+        ban_backoff=settings.ban_backoff,
+        max_ban_seconds=settings.max_ban_seconds,
+        max_pull_attempts=settings.max_pull_attempts,
+    )
 
 
 @dataclass
@@ -34,16 +47,7 @@ class SharedState:
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SharedState:
-        book = PeerBook(
-            max_batches_per_peer_epoch=settings.max_batches_per_peer_epoch,
-            max_bytes_per_peer_epoch=settings.max_bytes_per_peer_epoch,
-            read_epochs=settings.read_epochs,
-            ban_seconds=settings.ban_seconds,
-            ban_backoff=settings.ban_backoff,
-            max_ban_seconds=settings.max_ban_seconds,
-            max_pull_attempts=settings.max_pull_attempts,
-        )
-        return cls(peer_book=book, max_inbox=settings.max_inbox_batches)
+        return cls(peer_book=peer_book_for(settings), max_inbox=settings.max_inbox_batches)
 
     def push_batch(self, batch: RolloutBatch) -> None:
         """Queue a verified batch for ``collect()``; the oldest is dropped (and counted) when full."""
