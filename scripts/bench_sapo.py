@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sapo_lib import (  # noqa: E402
     ARMS,
     BASES,
+    NODE_TYPES,
     SETTINGS,
     SHARING_ARMS,
     SILO_OF,
@@ -61,8 +62,15 @@ from sapo_lib import (  # noqa: E402
 MAIN_ARM = "topr_corrected"
 QUICK: dict[str, Any] = {"settings": ["homogeneous", "capability"], "arms": [MAIN_ARM], "nodes": 4,
                          "steps": 30, "seeds": 1, "splits": ["8/0", "4/4", "8+8"], "ablation_splits": None}
-FULL: dict[str, Any] = {"settings": list(SETTINGS), "arms": SHARING_ARMS, "nodes": 8, "steps": 60, "seeds": 3,
-                        "splits": ["8/0", "6/2", "4/4", "2/6", "8+4", "8+8"], "ablation_splits": ["4/4", "8+8"]}
+# The README's grid. Splits by setting: the homogeneous goal is "at every split"; the heterogeneous
+# settings are run at one equal-compute and one on-top split. The ablation arms (on-policy GRPO, TOPR
+# uncorrected, REC) run at one split per setting beside TOPR corrected.
+FULL: dict[str, Any] = {
+    "settings": ["homogeneous", "capability", "sparse"], "arms": SHARING_ARMS, "nodes": 8, "steps": 60, "seeds": 3,
+    "splits": {"homogeneous": ["8/0", "6/2", "4/4", "2/6", "8+4", "8+8"], "capability": ["8/0", "4/4", "8+8"],
+               "sparse": ["8/0", "4/4", "8+8"]},
+    "ablation_splits": {"homogeneous": ["4/4"], "capability": ["8+8"], "sparse": ["8+8"]},
+}
 HOMOGENEOUS_TOLERANCE = -2.0  # goal: corrected sharing within 2% of silo
 WEAK_GAIN, TYPE_TOLERANCE = 30.0, -2.0  # goal: weaker nodes +30%, no node type below -2%
 
@@ -98,31 +106,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     try:
-        for split in [*args.splits, *(args.ablation_splits or [])]:
-            parse_split(split)
+        for setting in args.settings:
+            for split in [*_for(args.splits, setting), *_for(args.ablation_splits, setting)]:
+                parse_split(split)
     except ValueError as exc:
         p.error(str(exc))
     return args
 
 
+def _for(value: list[str] | dict[str, list[str]] | None, setting: str) -> list[str]:
+    """A split list given for every setting, or by setting."""
+    if value is None:
+        return []
+    return value.get(setting, []) if isinstance(value, dict) else value
+
+
 def build_grid(args: argparse.Namespace) -> list[RunSpec]:
     """Every sharing arm at every sharing split (other arms than the main one only at the ablation splits),
     plus the silos they are paired with, for every seed."""
-    sharing = [s for s in args.splits if parse_split(s)[1] > 0]
-
-    def arm_splits(arm: str) -> list[str]:
-        if arm == MAIN_ARM or not args.ablation_splits:
-            return sharing
-        return [s for s in sharing if s in args.ablation_splits]
-
-    silos = list(dict.fromkeys([*(s for s in args.splits if parse_split(s)[1] == 0), *map(silo_split, sharing)]))
     silo_arms = list(dict.fromkeys(SILO_OF[a] for a in args.arms))
     common = dict(nodes=args.nodes, steps=args.steps, group_size=args.group_size, extra=tuple(args.extra))
     grid = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for setting in args.settings:
+            splits = _for(args.splits, setting)
+            sharing = [s for s in splits if parse_split(s)[1] > 0]
+            ablation = _for(args.ablation_splits, setting)
+            silos = list(dict.fromkeys([*(s for s in splits if parse_split(s)[1] == 0), *map(silo_split, sharing)]))
             grid += [RunSpec(setting, arm, split, seed, **common) for arm in silo_arms for split in silos]  # type: ignore[arg-type]
-            grid += [RunSpec(setting, arm, split, seed, **common) for arm in args.arms for split in arm_splits(arm)]  # type: ignore[arg-type]
+            for arm in args.arms:
+                arm_splits = sharing if arm == MAIN_ARM or args.ablation_splits is None else [
+                    s for s in sharing if s in ablation]
+                grid += [RunSpec(setting, arm, split, seed, **common) for split in arm_splits]  # type: ignore[arg-type]
     return grid
 
 
@@ -346,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
           f"K={args.nodes} nodes x {args.steps} steps, {args.seeds} seed(s), G={args.group_size}, jobs {args.jobs}, "
           f"extra {args.extra}", flush=True)
     t0 = time.perf_counter()
-    for kind in dict.fromkeys(k for s in args.settings for k in SETTINGS[s].node_types):
+    for kind in dict.fromkeys(NODE_TYPES[k].base for s in args.settings for k in SETTINGS[s].node_types):
         print(f"bench_sapo: base {kind}: {base_path(kind)} {' '.join(BASES[kind])}", flush=True)
     results = execute(grid, args.jobs, out)
     rows = summarize(results)

@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"dataset=weight,... of the pretraining problems (datasets: {', '.join(DATASETS)})")
     parser.add_argument("--eval-ops", type=parse_ops, default=EVAL_OPS,
                         help="datasets whose mean greedy accuracy is checked against --target-acc")
+    parser.add_argument("--answer-format", choices=["padded", "unpadded"], default="padded",
+                        help="unpadded: answers without leading zeros (42, not 042) -- a base that knows the "
+                        "arithmetic but not the format the task's verifier expects")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this size on a busy CPU)"
     )
@@ -124,7 +127,9 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def sample_problems(n: int, gen: torch.Generator, op_mix: dict[str, float]) -> list[tuple[str, str]]:
+def sample_problems(
+    n: int, gen: torch.Generator, op_mix: dict[str, float], answer_format: str = "padded"
+) -> list[tuple[str, str]]:
     """Draw ``n`` (prompt, answer) pairs: dataset by ``op_mix``, operands uniform over the dataset's digits.
 
     Operands are drawn in [0, 10**d) for the most digits d in the mix and reduced to each dataset's width,
@@ -138,7 +143,8 @@ def sample_problems(n: int, gen: torch.Generator, op_mix: dict[str, float]) -> l
     out = []
     for i, (a, b) in zip(op_ids, operands):
         width = 10 ** DATASETS[ops[i]][1]
-        out.append(make_problem(ops[i], a % width, b % width))
+        prompt, answer = make_problem(ops[i], a % width, b % width)
+        out.append((prompt, answer.lstrip("0") or "0") if answer_format == "unpadded" else (prompt, answer))
     return out
 
 
@@ -216,7 +222,7 @@ def train(
     length = seq_len(args.op_mix)
     last = args.steps if args.steps is not None else args.max_steps
     for step in range(1, last + 1):
-        problems = sample_problems(BATCH_SIZE, gen, args.op_mix)
+        problems = sample_problems(BATCH_SIZE, gen, args.op_mix, args.answer_format)
         input_ids, attention_mask, labels = make_batch(problems, tokenizer, length)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
@@ -259,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tiny base: {n_params} parameters, vocab {len(tokenizer)}, seed {args.seed}", flush=True)
 
-    eval_sets = {op: sample_problems(EVAL_PROBLEMS, torch.Generator().manual_seed(10_000 + args.seed), {op: 1.0})
+    eval_sets = {op: sample_problems(EVAL_PROBLEMS, torch.Generator().manual_seed(10_000 + args.seed), {op: 1.0},
+                                     args.answer_format)
                  for op in args.eval_ops}
     steps, greedy_acc = train(model, tokenizer, eval_sets, args)
     train_seconds = time.perf_counter() - started
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         f"greedy_{op}_accuracy": accuracy(
             model,
             tokenizer,
-            sample_problems(200, torch.Generator().manual_seed(20_000 + args.seed), {op: 1.0}),
+            sample_problems(200, torch.Generator().manual_seed(20_000 + args.seed), {op: 1.0}, args.answer_format),
         )
         for op in dict.fromkeys(report_ops)
     }
@@ -299,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         info["eval_ops"] = list(args.eval_ops)
     if args.steps is not None:
         info["fixed_steps"] = args.steps
+    if args.answer_format != "padded":
+        info["answer_format"] = args.answer_format
     save(model, tokenizer, args.out, info)
     print(
         f"saved {args.out}: {steps} steps, greedy {greedy_acc:.3f}, sampled(T=1) {sampled_acc:.3f}, "

@@ -51,6 +51,8 @@ BASES: dict[str, list[str]] = {
     "tiny-base": [],
     # Pretrained on an even add/sub mix until greedy accuracy 0.5 on both: strong on the common mixture.
     "expert": ["--op-mix", "add=0.5,sub=0.5", "--eval-ops", "add,sub", "--target-acc", "0.5"],
+    # The same mix, pretrained for 250 steps: about a quarter of the experts' sampled reward.
+    "journeyman": ["--op-mix", "add=0.5,sub=0.5", "--eval-ops", "add,sub", "--steps", "250"],
     # The same mix, pretrained for only 150 steps: answers well formed, mostly wrong.
     "novice": ["--op-mix", "add=0.5,sub=0.5", "--eval-ops", "add,sub", "--steps", "150"],
     # 2- and 3-digit addition, pretrained briefly: rare successes on 3-digit addition.
@@ -59,8 +61,27 @@ BASES: dict[str, list[str]] = {
 
 
 @dataclass(frozen=True)
+class NodeType:
+    """A kind of node: its base model (a key of ``BASES``) and, if not the setting's, its own task weights."""
+
+    base: str
+    weights: tuple[float, ...] | None = None
+
+
+NODE_TYPES: dict[str, NodeType] = {
+    "tiny-base": NodeType("tiny-base"),
+    "expert": NodeType("expert"),
+    "journeyman": NodeType("journeyman"),
+    "novice": NodeType("novice"),
+    "add3-novice": NodeType("add3-novice"),
+    "add-heavy": NodeType("tiny-base", (0.8, 0.2)),
+    "sub-heavy": NodeType("tiny-base", (0.2, 0.8)),
+}
+
+
+@dataclass(frozen=True)
 class Setting:
-    """A swarm: the common task mixture and the node type of each node (node i: ``node_types[i % len]``)."""
+    """A swarm: the task mixture and the node type of each node (node i: ``node_types[i % len]``)."""
 
     datasets: tuple[str, ...]
     weights: tuple[float, ...]
@@ -70,10 +91,13 @@ class Setting:
 
 SETTINGS: dict[str, Setting] = {
     "homogeneous": Setting(("add",), (1.0,), ("tiny-base",), "every node the shipped tiny-base, on addition"),
-    "capability": Setting(("add", "sub"), (0.5, 0.5), ("expert", "novice"),
-                          "experts and novices alternating, all on an even add/sub mix"),
+    "capability": Setting(("add", "sub"), (0.5, 0.5), ("expert", "journeyman"),
+                          "experts and journeymen alternating, all on an even add/sub mix"),
     "sparse": Setting(("add3",), (1.0,), ("add3-novice",),
                       "3-digit addition on a base that rarely solves it: most own groups carry no signal"),
+    # Not in the default grid: nodes that differ only in their task mixture (for dataset preferences).
+    "mixture": Setting(("add", "sub"), (0.5, 0.5), ("add-heavy", "sub-heavy"),
+                       "the shipped tiny-base on add-heavy and sub-heavy mixtures alternating"),
 }
 
 
@@ -128,7 +152,7 @@ def node_type(spec: RunSpec, index: int) -> str:
 
 
 def base_path(kind: str) -> str:
-    """The model folder of a node type (building and caching it on first use)."""
+    """The model folder of a base (a key of ``BASES``), building and caching it on first use."""
     if not BASES[kind]:
         return "tiny-base"
     from build_tiny_base import cached_base
@@ -141,14 +165,15 @@ def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
     from node.config import load_config
 
     setting = SETTINGS[spec.setting]
+    kind = NODE_TYPES[node_type(spec, index)]
     local, external, _ = parse_split(spec.split)
     datasets = ",".join(setting.datasets)
     overrides = [
         f"seed={spec.seed_index * 100 + index}",
         f"run_dir={run_dir}",
-        f"model.name_or_path={base_path(node_type(spec, index))}",
+        f"model.name_or_path={base_path(kind.base)}",
         f"tasks.datasets=[{datasets}]",
-        f"tasks.weights=[{','.join(str(w) for w in setting.weights)}]",
+        f"tasks.weights=[{','.join(str(w) for w in kind.weights or setting.weights)}]",
         f"tasks.eval_datasets=[{datasets}]",
         f"tasks.eval_size={spec.eval_size}",
         f"generation.group_size={spec.group_size}",
@@ -165,8 +190,12 @@ def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
 
 
 def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:
+    from transformers.utils import logging as hf_logging
+
     from node.runner import Node
     from swarm.memory import InMemoryHub
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per node otherwise
 
     hub = InMemoryHub()
     nodes = []
@@ -184,8 +213,11 @@ _COSTS = ("exchange_seconds", "wire_encode_seconds", "wire_verify_seconds", "ing
 def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
     """Run ``spec``; return ``rewards[node][step]``, ``signal[node][step]`` (fraction of own groups with
     signal), ``peer_groups[node][step]``, ``accuracy[node]``, node types and the exchange's costs."""
+    import warnings
+
     import torch
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, once a node
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     n = spec.nodes

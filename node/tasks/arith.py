@@ -75,7 +75,7 @@ class ArithTaskSource(TaskSource):
     ) -> None:
         # chat_template is accepted so every source takes the same options; arith prompts stay raw.
         super().__init__(datasets, weights, seed, chat_template)
-        self._orders: LRUCache[tuple[int, str], list[tuple[int, int]]] = LRUCache(16)
+        self._orders: LRUCache[tuple[int, str], list[tuple[int, int]]] = LRUCache(32)  # (seed, dataset): a swarm of 16 peers on two datasets
 
     def _settings(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "datasets": DATASETS, "order": "sha256-sort-or-hash"}

@@ -37,7 +37,7 @@ def test_splits_equal_compute_and_on_top():
     spec = lib.RunSpec("homogeneous", "topr_corrected", "8+4", 0, nodes=2, steps=3)
     cfg = lib.node_config(spec, 1, "unused")
     assert (cfg.seed, cfg.sapo.local_groups, cfg.sapo.external_groups, cfg.sapo.generated_groups) == (1, 8, 4, 8)
-    assert lib.node_type(lib.RunSpec("capability", "silo", "8/0", 0), 3) == "novice"
+    assert lib.node_type(lib.RunSpec("capability", "silo", "8/0", 0), 3) == "journeyman"
 
 
 def test_grid_pairs_every_sharing_arm_with_its_silo():
