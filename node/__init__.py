@@ -4,8 +4,9 @@
 - ``cli``: the ``swarm-node`` command (``silo``, ``start``, ``keygen``).
 - ``runner``: ``Node``, the lifecycle (``setup``, ``run``, ``close``) and one training step.
 - ``daemon``: ``swarm-node start``: a ``Node`` joined to a swarm.
-- ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, re-scored and
-  re-tokenized for our policy.
+- ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, checked, re-scored and
+  re-tokenized for our policy within per-step budgets.
+- ``scoring``: peers' completions scored in a child process with a time limit per completion.
 - ``rollouts`` / ``generation``: tasks to scored groups; batched sampling with behaviour log-probs.
 - ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL, optional Prometheus).
 - ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.

@@ -155,6 +155,21 @@ class SapoConfig(_Section):
         0.1, ge=0, le=1, description="low_signal: lowest weight of a dataset the node has signal on")
 
 
+class IngestConfig(_Section):
+    """Budgets of the ingestion of peers' rollouts, per step (see ``node.ingest``)."""
+
+    max_groups_per_step: int = Field(64, ge=0, description="at most this many (and what the pool can use)")
+    max_groups_per_peer_step: int = Field(16, ge=1)
+    max_rollouts_per_step: int = Field(1024, ge=1)
+    max_tokens_per_step: int = Field(256 * 1024, ge=1)
+    max_seconds_per_step: float = Field(5.0, gt=0, description="wall time of ingestion and scoring a step")
+    max_seconds_per_peer_step: float = Field(2.0, gt=0)
+    max_seeds_per_peer_epoch: int = Field(2, ge=1, description="distinct task seeds of one peer per epoch")
+    score_timeout: float = Field(2.0, gt=0, description="per completion, for sources scored in a child process")
+    min_logprob: float = Field(-100.0, lt=0, description="lowest behaviour log-prob accepted from a peer")
+    anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
+
+
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here; None: off")
     prometheus_host: str = "127.0.0.1"
@@ -171,6 +186,7 @@ class NodeConfig(_Section):
     sampling: SamplingConfig = SamplingConfig()
     train: TrainConfig = TrainConfig()
     sapo: SapoConfig = SapoConfig()
+    ingest: IngestConfig = IngestConfig()
     swarm: SwarmSettings = SwarmSettings()
 
 

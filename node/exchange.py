@@ -4,19 +4,23 @@
 daemon, or ``InMemoryHub`` transports (the same signed bytes and checks, carried in memory) for
 experiments that isolate learning from the network. It never
 blocks the training loop: publishing queues, collecting returns what has arrived, and a dead transport is
-restarted with backoff while the node keeps training on its own groups.
+restarted with backoff while the node keeps training on its own groups. Ingestion is bounded per step
+(``node.ingest``); offences found in a peer's rollouts are reported to the transport, whose peer book
+bans the author. Failures of the transport's calls are counted (``exchange_errors``), never raised.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, OrderedDict
 from typing import Any, Protocol
 
-from node.ingest import Ingestor
+from node.ingest import IngestLimits, Ingestor
 from node.outbound import to_rollout_groups
 from node.policy.model import Policy
 from node.rollouts import SampledGroup
+from node.scoring import ScoringWorker
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity
@@ -41,25 +45,34 @@ class BatchTransport(Protocol):
     def close(self) -> None: ...
 
 
+_MAX_PEERS_REMEMBERED = 4096
+
+
 class SwarmExchange:
     """Implements the node loop's ``Exchange`` over a ``BatchTransport``."""
 
     def __init__(self, policy: Policy, source: TaskSource, transport: BatchTransport, identity: Identity, *,
                  swarm_id: str, temperature: float, top_p: float, max_completion_tokens: int,
-                 restart_backoff: float = 5.0, max_restart_backoff: float = 300.0) -> None:
+                 max_peer_tokens: int | None = None, ingest_limits: IngestLimits | None = None,
+                 scorer: ScoringWorker | None = None, restart_backoff: float = 5.0,
+                 max_restart_backoff: float = 300.0) -> None:
         self.policy = policy
         self.transport = transport
         self.identity = identity
         self.swarm_id = swarm_id
         self.temperature = temperature
         self.top_p = top_p
-        self.ingestor = Ingestor(policy, source, temperature=temperature, max_completion_tokens=max_completion_tokens)
+        penalize = getattr(transport, "penalize", None)
+        self.ingestor = Ingestor(policy, source, temperature=temperature, max_completion_tokens=max_completion_tokens,
+                                 max_peer_tokens=max_peer_tokens, limits=ingest_limits, scorer=scorer,
+                                 penalize=penalize)
         self.seq = 0
         self.restart_backoff = restart_backoff
         self.max_restart_backoff = max_restart_backoff
         self._next_restart = 0.0
         self._failures = 0
-        self.peers_seen: set[str] = set()
+        self.errors: Counter[str] = Counter()
+        self.peers_seen: OrderedDict[str, None] = OrderedDict()  # bounded: most recent authors
 
     def current_epoch(self) -> int:
         return self.transport.current_epoch()
@@ -79,6 +92,7 @@ class SwarmExchange:
         try:
             self.transport.restart()
         except Exception as exc:  # the loop must keep training whatever the network does
+            self.errors["restart"] += 1
             logger.warning("network restart failed: %s", exc)
             return False
         return self.transport.is_alive()
@@ -95,24 +109,30 @@ class SwarmExchange:
         try:
             self.transport.publish(batch)
         except Exception as exc:
+            self.errors["publish"] += 1
             logger.warning("publishing batch %d failed: %s", batch.seq, exc)
 
-    def receive(self, step: int) -> list[TrainGroup]:
+    def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
+        """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).
+
+        Everything that arrived is drained either way, so nothing piles up in memory.
+        """
         if not self._ensure_alive():
             return []
         try:
-            batches = self.transport.collect()
+            batches = [b for b in self.transport.collect() if b.author != self.identity.public_key]
         except Exception as exc:
+            self.errors["collect"] += 1
             logger.warning("collecting peer batches failed: %s", exc)
             return []
-        groups: list[TrainGroup] = []
-        for batch in batches:
-            if batch.author == self.identity.public_key:
-                continue
-            new = self.ingestor.ingest(batch)
-            if new:
-                self.peers_seen.add(new[0].peer_id)
-            groups.extend(new)
+        if max_groups is None:
+            max_groups = sum(len(b.groups) for b in batches)
+        groups = self.ingestor.ingest_batches(batches, max_groups)
+        for group in groups:
+            self.peers_seen[group.peer_id] = None
+            self.peers_seen.move_to_end(group.peer_id)
+        while len(self.peers_seen) > _MAX_PEERS_REMEMBERED:
+            self.peers_seen.popitem(last=False)
         return groups
 
     def metrics(self) -> dict[str, Any]:
@@ -124,9 +144,20 @@ class SwarmExchange:
             "batches_accepted": int(stats.get("batches_accepted", 0)),
             "batches_rejected": rejected,
             "network_up": bool(self.transport.is_alive()),
-            **{k: float(v) for k, v in stats.items() if k.startswith("wire_")},  # in-process hub: encode/verify time
+            "exchange_errors": dict(self.errors),
+            **{k: v for k, v in stats.items() if k in _TRANSPORT_METRICS},
             **self.ingestor.metrics(),
         }
 
     def close(self) -> None:
-        self.transport.close()
+        try:
+            self.transport.close()
+        finally:
+            if self.ingestor.scorer is not None:
+                self.ingestor.scorer.close()
+
+
+_TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "pulls_failed", "poll_key_timeouts",
+                      "dht_store_bytes", "duplicate_groups", "wire_encode_seconds", "wire_verify_seconds")
+"""Transport counters copied into the node's metrics next to the batch counts (``wire_*``: the in-process
+hub's time spent encoding and signing, and verifying and screening)."""

@@ -1,19 +1,42 @@
-"""Inbound records: a peer's verified batch into ``TrainGroup``s this node can train on.
+"""Inbound records: peers' verified batches into ``TrainGroup``s, as a bounded stage of each step.
 
 Nothing the peer claims is believed: the task is regenerated from its ``TaskRef`` and every completion is
 re-scored with our own verifier; a task of the held-out evaluation split (a property of the task's
-content, the same on every node) is rejected, so a node never trains on what it is evaluated on; the prompt is our own formatting of the regenerated task; token ids and
+content, the same on every node: ``held_out``) is rejected, so a node never trains on what it is
+evaluated on; the prompt is our own formatting of the regenerated task; token ids and
 behaviour log-probs are used only when the peer's tokenizer fingerprint equals ours, otherwise the text
-is re-tokenized and our own log-probs at ingestion become the anchor. Rejections are counted by reason,
-never raised. The outbound direction (our groups as records) is ``node.outbound``.
+is re-tokenized and our own log-probs at ingestion become the anchor. The outbound direction (our groups
+as records) is ``node.outbound``.
+
+Bounded in work: one call ingests at most the groups the step can use (``max_groups``, from the runner)
+and at most ``IngestLimits`` rollouts, tokens and seconds. Groups are taken round-robin over authors,
+newest batch first, each author at most ``max_groups_per_peer`` groups and ``max_seconds_per_peer``
+seconds a call; what does not fit is dropped and counted (``over_budget``, or ``not_needed`` once the
+step has all the groups it can use). Checks run cheapest first:
+
+* the ref: our source and config hash (``unknown_task``), one of this node's own datasets
+  (``foreign_dataset``), at most ``max_seeds_per_peer_epoch`` distinct seeds per author and epoch
+  (``seed_cap``: a new seed makes the task source build a new table);
+* each rollout as this node would have generated it: at most our own ``max_new_tokens`` (or the wider
+  limit for re-tokenized text; ``too_long``), ids in the vocabulary, an EOS at the end exactly when
+  ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), ids that
+  decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
+  log-probs no lower than ``min_logprob`` (``bad_logprobs``);
+* scoring, in a child process with a time limit per completion for sources whose scorers may be slow
+  (``node.scoring``; ``score_timeout``).
+
+Every rejection is counted by reason, never raised. ``text_mismatch``, ``bad_token_id``,
+``eos_mismatch``, ``bad_logprobs`` and ``score_timeout`` are offences: the author is reported once
+(``penalize``, which bans it in the peer book) and its other groups are skipped for the call.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,116 +44,291 @@ import torch
 from node.generation import left_pad, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.rollouts import encode_prompt
-from node.tasks import TaskError, TaskSource
+from node.scoring import ScoringWorker
+from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Rollout, RolloutBatch, RolloutGroup
+from protocol.taskref import TaskRef
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["OFFENCES", "IngestLimits", "Ingestor"]
+
+OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout"})
+"""Rejections no honest peer causes: each bans the author (once per call)."""
+
+_MIB = 1024 * 1024
+_CHARS_PER_TOKEN = 16  # a re-tokenized text longer than this many chars per allowed token is not tokenized
+_SEED_EPOCHS_KEPT = 8
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """Per-call (one step) budgets of ingestion; see the module docstring."""
+
+    max_groups_per_peer: int = 16
+    max_rollouts: int = 1024
+    max_tokens: int = 256 * 1024
+    max_seconds: float = 5.0
+    max_seconds_per_peer: float = 2.0
+    max_seeds_per_peer_epoch: int = 2
+    min_logprob: float = -100.0
+    anchor_bytes: int = 256 * _MIB
+
+
+@dataclass
+class _Budget:
+    rollouts: int
+    tokens: int
+    deadline: float
 
 
 class Ingestor:
     """Re-scores and re-tokenizes peers' rollouts for this node's policy; counts what it rejects."""
 
     def __init__(self, policy: Policy, source: TaskSource, *, temperature: float, max_completion_tokens: int,
+                 max_peer_tokens: int | None = None, limits: IngestLimits | None = None,
+                 scorer: ScoringWorker | None = None, penalize: Callable[[str, str], None] | None = None,
                  micro_batch_size: int = 256) -> None:
         self.policy = policy
         self.source = source
         self.temperature = temperature
         self.max_completion_tokens = max_completion_tokens
+        self.max_peer_tokens = max_peer_tokens or max_completion_tokens
+        self.limits = limits or IngestLimits()
+        self.scorer = scorer
+        self.penalize = penalize
         self.micro_batch_size = micro_batch_size
         self.rejected: Counter[str] = Counter()
+        self.offences: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
-        self.seconds = 0.0  # spent ingesting, for the per-step cost of sharing
-        self._vocab_size = len(policy.tokenizer)
+        self.last_seconds = 0.0
+        tok = policy.tokenizer
+        self._vocab_size = len(tok)
+        self._eos = tok.eos_token_id
+        self._special = frozenset(int(i) for i in tok.all_special_ids)
+        self._seeds: dict[tuple[str, int], set[int]] = {}  # (author, epoch) -> task seeds seen
 
-    def _reject(self, reason: str, detail: str) -> None:
-        self.rejected[reason] += 1
+    def _reject(self, reason: str, detail: str, n: int = 1) -> None:
+        self.rejected[reason] += n
         logger.debug("rejected peer rollout data (%s): %s", reason, detail)
 
+    # -- one step ---------------------------------------------------------------------------------------
+
     def ingest(self, batch: RolloutBatch) -> list[TrainGroup]:
-        """All usable groups of one verified batch, with our own rewards and anchors."""
+        """All usable groups of one batch (within the per-call budgets)."""
+        return self.ingest_batches([batch], max_groups=len(batch.groups))
+
+    def ingest_batches(self, batches: list[RolloutBatch], max_groups: int) -> list[TrainGroup]:
+        """At most ``max_groups`` usable groups of ``batches`` (oldest first), fairly over their authors."""
         started = time.perf_counter()
-        peer_id = peer_id_from_public_key(batch.author)
+        queues = self._queues(batches)
+        budget = _Budget(self.limits.max_rollouts, self.limits.max_tokens, started + self.limits.max_seconds)
         groups: list[TrainGroup] = []
         pending: list[tuple[TrainGroup, int]] = []  # (group, index) whose anchor we must compute
-        for rgroup in batch.groups:
-            group = self._ingest_group(rgroup, peer_id, batch.epoch, pending)
-            if group is not None:
-                groups.append(group)
+        used: Counter[str] = Counter()
+        seconds: dict[str, float] = dict.fromkeys(queues, 0.0)
+        while queues and len(groups) < max_groups and self._within(budget):
+            for peer_id in list(queues):
+                queue = queues[peer_id]
+                if (not queue or used[peer_id] >= self.limits.max_groups_per_peer
+                        or seconds[peer_id] >= self.limits.max_seconds_per_peer):
+                    self._drop(queues.pop(peer_id), "over_budget")
+                    continue
+                if len(groups) >= max_groups or not self._within(budget):
+                    break
+                epoch, rgroup = queue.popleft()
+                t0 = time.perf_counter()
+                group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                seconds[peer_id] += time.perf_counter() - t0
+                used[peer_id] += 1
+                if group is not None:
+                    groups.append(group)
+                if offence is not None:
+                    self._offence(peer_id, offence)
+                    self._drop(queues.pop(peer_id), "peer_offended")
+        leftover = "not_needed" if len(groups) >= max_groups else "over_budget"  # the step had all it can use
+        for queue in queues.values():
+            self._drop(queue, leftover)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
-        self.seconds += time.perf_counter() - started
+        self.last_seconds = time.perf_counter() - started
         return groups
 
+    def _queues(self, batches: list[RolloutBatch]) -> dict[str, deque[tuple[int, RolloutGroup]]]:
+        """Each author's groups, newest batch first; old seed records pruned."""
+        queues: dict[str, deque[tuple[int, RolloutGroup]]] = {}
+        for batch in reversed(batches):
+            queue = queues.setdefault(peer_id_from_public_key(batch.author), deque())
+            queue.extend((batch.epoch, group) for group in batch.groups)
+        if batches:
+            newest = max(b.epoch for b in batches)
+            self._seeds = {k: v for k, v in self._seeds.items() if k[1] > newest - _SEED_EPOCHS_KEPT}
+        return queues
+
+    def _within(self, budget: _Budget) -> bool:
+        return budget.rollouts > 0 and budget.tokens > 0 and time.perf_counter() < budget.deadline
+
+    def _drop(self, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
+        if queue:
+            self._reject(reason, f"{len(queue)} groups not ingested", len(queue))
+
+    def _offence(self, peer_id: str, reason: str) -> None:
+        self.offences[reason] += 1
+        if self.penalize is not None:
+            try:
+                self.penalize(peer_id, reason)
+            except Exception as exc:  # reporting must never stop ingestion
+                self.rejected["penalize_failed"] += 1
+                logger.debug("could not report %s of %s: %r", reason, peer_id[:12], exc)
+
+    # -- one group --------------------------------------------------------------------------------------
+
     def _ingest_group(self, rgroup: RolloutGroup, peer_id: str, epoch: int,
-                      pending: list[tuple[TrainGroup, int]]) -> TrainGroup | None:
+                      pending: list[tuple[TrainGroup, int]], budget: _Budget) -> tuple[TrainGroup | None, str | None]:
+        """``(group or None, offence or None)``; budgets are charged for what is looked at."""
+        cost = sum(max(len(r.completion_ids), 1) for r in rgroup.rollouts)
+        if len(rgroup.rollouts) > budget.rollouts or cost > budget.tokens:
+            self._reject("over_budget", "group larger than what is left of the step's budget")
+            return None, None
+        budget.rollouts -= len(rgroup.rollouts)
+        budget.tokens -= cost
+        reason = self._check_ref(rgroup.task, peer_id, epoch)
+        if reason is not None:
+            self._reject(reason, rgroup.task.key())
+            return None, None
         try:
             task = self.source.task(rgroup.task)
         except TaskError as exc:
             self._reject("unknown_task", str(exc))
-            return None
+            return None, None
         if self.source.is_held_out(task):
             self._reject("held_out", task.ref.key())
-            return None
+            return None, None
         prompt_ids = encode_prompt(self.policy, self.source.format_prompt(task, self.policy.tokenizer))
-        group = TrainGroup(key=task.ref.key(), dataset=task.ref.dataset, peer_id=peer_id, epoch=epoch, prompt_ids=prompt_ids,
-                           completions=[], anchor_logprobs=[], rewards=[])
+        group = TrainGroup(key=task.ref.key(), dataset=task.ref.dataset, peer_id=peer_id, epoch=epoch,
+                           prompt_ids=prompt_ids, completions=[], anchor_logprobs=[], rewards=[])
+        texts: list[str] = []
         for rollout in rgroup.rollouts:
-            if rollout.task != rgroup.task:
-                self._reject("task_mismatch", f"rollout task {rollout.task} in group {rgroup.task}")
-                continue
-            ids, lps = self._tokens(rollout)
-            if ids is None:
+            ids, lps, why = self._tokens(rollout)
+            if why is not None or ids is None:
+                self._reject(why or "empty_completion", task.ref.key())
+                if why in OFFENCES:
+                    return None, why
                 continue
             group.completions.append(ids)
             group.anchor_logprobs.append(lps or [])
-            group.rewards.append(float(self.source.score(task, rollout.completion)))
-            if lps is None:
-                pending.append((group, len(group.completions) - 1))
+            texts.append(rollout.completion)
         if not group.completions:
             self._reject("empty_group", task.ref.key())
-            return None
-        return group
+            return None, None
+        rewards, offence = self._score(task, texts, budget.deadline)
+        if rewards is None:
+            return None, offence
+        group.rewards = rewards
+        pending.extend((group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps)
+        return group, None
 
-    def _tokens(self, rollout: Rollout) -> tuple[list[int] | None, list[float] | None]:
-        """Token ids for our policy and, when the peer's are usable as they are, its behaviour log-probs."""
-        same_tokenizer = rollout.tokenizer_fingerprint == self.policy.tokenizer_fingerprint
-        if same_tokenizer:
+    def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
+        """Cheap checks of a ref before any task is generated."""
+        if ref.source != self.source.name or ref.config_hash != self.source.config_hash:
+            return "unknown_task"
+        if ref.dataset not in self.source.datasets:
+            return "foreign_dataset"
+        seeds = self._seeds.setdefault((peer_id, epoch), set())
+        if ref.seed not in seeds:
+            if len(seeds) >= self.limits.max_seeds_per_peer_epoch:
+                return "seed_cap"
+            seeds.add(ref.seed)
+        return None
+
+    def _tokens(self, rollout: Rollout) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """``(ids, behaviour log-probs or None to compute our anchor, rejection reason or None)``."""
+        tok = self.policy.tokenizer
+        ends_with_eos = rollout.finish_reason == "eos"
+        if rollout.tokenizer_fingerprint == self.policy.tokenizer_fingerprint:
             ids = list(rollout.completion_ids)
+            if len(ids) > self.max_completion_tokens:
+                return None, None, "too_long"
             if any(i >= self._vocab_size for i in ids):
-                self._reject("bad_token_id", f"id >= vocab size {self._vocab_size}")
-                return None, None
-            # We score the text but train on the ids: they must say the same thing.
-            if self.policy.tokenizer.decode(ids, skip_special_tokens=True) != rollout.completion:
-                self._reject("text_mismatch", "completion ids do not decode to the completion text")
-                return None, None
+                return None, None, "bad_token_id"
+            if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
+                return None, None, "eos_mismatch"
+            body = ids[:-1] if ends_with_eos else ids
+            if any(i in self._special for i in body):
+                return None, None, "special_token"
+            # We score the text but train on the ids: they must say exactly the same thing.
+            if tok.decode(body, skip_special_tokens=False) != rollout.completion:
+                return None, None, "text_mismatch"
             lps = list(rollout.behavior_logprobs)
-            if not all(math.isfinite(x) and x <= 0.0 for x in lps):
-                self._reject("bad_logprobs", "non-finite or positive log-prob")
-                return None, None
-        else:
-            tok = self.policy.tokenizer
-            ids = tok(rollout.completion, add_special_tokens=False)["input_ids"]
-            if rollout.finish_reason == "eos" and tok.eos_token_id is not None:
-                ids = [*ids, tok.eos_token_id]
-            lps = None
-            self.retokenized += 1
+            if lps and min(lps) < self.limits.min_logprob:
+                return None, None, "bad_logprobs"
+            return (ids, lps, None) if ids else (None, None, "empty_completion")
+        if len(rollout.completion) > _CHARS_PER_TOKEN * self.max_peer_tokens:
+            return None, None, "too_long"
+        ids = list(tok(rollout.completion, add_special_tokens=False)["input_ids"])
+        if any(i in self._special for i in ids):  # literal special tokens, or text our vocabulary lacks
+            return None, None, "special_token"
+        if ends_with_eos and self._eos is not None:
+            ids.append(self._eos)
         if not ids:
-            self._reject("empty_completion", "no tokens")
+            return None, None, "empty_completion"
+        if len(ids) > self.max_peer_tokens:
+            return None, None, "too_long"
+        self.retokenized += 1
+        return ids, None, None
+
+    def _score(self, task: Task, texts: list[str], deadline: float) -> tuple[list[float] | None, str | None]:
+        """Our own rewards for ``texts``, or ``(None, offence or None)`` when they could not be had."""
+        if self.scorer is None or not self.source.isolated_scoring:
+            errors = self.source.score_errors
+            rewards = [float(self.source.score(task, text)) for text in texts]
+            if self.source.score_errors != errors:
+                self._reject("score_error", task.ref.key(), self.source.score_errors - errors)
+            return rewards, None
+        wait = max(0.0, deadline - time.perf_counter())  # a child still starting is waited for within the budget
+        outcomes = self.scorer.score([(task.ref, text) for text in texts], wait=wait)
+        statuses = Counter(o.status for o in outcomes)
+        if statuses["timeout"]:
+            self._reject("score_timeout", task.ref.key())
+            return None, "score_timeout"
+        if statuses["unavailable"] or statuses["skipped"]:
+            self._reject("scorer_unavailable", task.ref.key())
             return None, None
-        if len(ids) > self.max_completion_tokens:
-            self._reject("too_long", f"{len(ids)} tokens > {self.max_completion_tokens}")
-            return None, None
-        return ids, lps
+        if statuses["error"]:
+            self._reject("score_error", task.ref.key(), statuses["error"])
+        return [o.reward for o in outcomes], None
+
+    # -- anchors ----------------------------------------------------------------------------------------
+
+    def _chunks(self, pending: list[tuple[TrainGroup, int]]) -> list[list[tuple[TrainGroup, int]]]:
+        """Micro-batches whose logits fit ``anchor_bytes`` (``rows x length x vocab`` float32, three copies:
+        the logits, their scaled slice and the log-softmax); a single longer row goes alone."""
+        vocab = int(getattr(getattr(self.policy.model, "config", None), "vocab_size", 0) or self._vocab_size)
+        chunks: list[list[tuple[TrainGroup, int]]] = []
+        chunk: list[tuple[TrainGroup, int]] = []
+        width = 0
+        for item in pending:
+            group, i = item
+            length = len(group.prompt_ids) + len(group.completions[i])
+            wider = max(width, length)
+            if chunk and (len(chunk) >= self.micro_batch_size
+                          or (len(chunk) + 1) * wider * vocab * 12 > self.limits.anchor_bytes):
+                chunks.append(chunk)
+                chunk, wider = [], length
+            chunk.append(item)
+            width = wider
+        if chunk:
+            chunks.append(chunk)
+        return chunks
 
     @torch.no_grad()
     def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:
         """Our own log-probs of re-tokenized completions, computed once at ingestion: the TOPR anchor."""
         pad = self.policy.tokenizer.pad_token_id
-        for start in range(0, len(pending), self.micro_batch_size):
-            chunk = pending[start : start + self.micro_batch_size]
+        for chunk in self._chunks(pending):
             prompt_ids, prompt_mask = left_pad([g.prompt_ids for g, _ in chunk], pad)
             comp_ids, comp_mask = right_pad([g.completions[i] for g, i in chunk], pad, torch.long)
             dev = self.policy.device
@@ -143,5 +341,9 @@ class Ingestor:
                 group.anchor_logprobs[i] = lps[row, :n].float().cpu().tolist()
 
     def metrics(self) -> dict[str, Any]:
-        return {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
-                "ingest_rejected": dict(self.rejected), "ingest_seconds": self.seconds}
+        out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
+                               "ingest_rejected": dict(self.rejected), "ingest_offences": dict(self.offences),
+                               "ingest_seconds": self.last_seconds}
+        if self.scorer is not None:
+            out.update(self.scorer.metrics())
+        return out

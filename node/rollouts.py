@@ -27,7 +27,14 @@ def encode_prompt(policy: Policy, text: str) -> list[int]:
 
 
 def decode_completion(policy: Policy, ids: list[int]) -> str:
-    return str(policy.tokenizer.decode(ids, skip_special_tokens=True))
+    """The text of sampled ids as it is scored: the final EOS dropped, any other special token kept.
+
+    Special tokens are not skipped, so a completion with e.g. an EOS in the middle is scored as the
+    text it is, not as the answer hiding behind it; peers' rollouts are checked the same way on arrival.
+    """
+    eos = policy.tokenizer.eos_token_id
+    body = ids[:-1] if ids and eos is not None and ids[-1] == eos else ids
+    return str(policy.tokenizer.decode(body, skip_special_tokens=False))
 
 
 @dataclass

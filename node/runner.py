@@ -32,9 +32,11 @@ from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, res
 from node.config import NodeConfig
 from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
+from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
+from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix, preference_weights
@@ -145,10 +147,27 @@ class Node:
     def _build_exchange(self, factory: TransportFactory) -> SwarmExchange:
         settings = self.cfg.swarm
         identity = self._build_identity()
-        g = self.cfg.generation
+        g, ic = self.cfg.generation, self.cfg.ingest
+        limits = IngestLimits(max_groups_per_peer=ic.max_groups_per_peer_step, max_rollouts=ic.max_rollouts_per_step,
+                              max_tokens=ic.max_tokens_per_step, max_seconds=ic.max_seconds_per_step,
+                              max_seconds_per_peer=ic.max_seconds_per_peer_step,
+                              max_seeds_per_peer_epoch=ic.max_seeds_per_peer_epoch, min_logprob=ic.min_logprob,
+                              anchor_bytes=ic.anchor_memory_mb * 1024 * 1024)
         return SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
                              swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
-                             max_completion_tokens=g.peer_completion_tokens)
+                             max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
+                             ingest_limits=limits, scorer=self._build_scorer())
+
+    def _build_scorer(self) -> ScoringWorker | None:
+        """A child process for peers' completions when the source's scorers may be slow (started lazily)."""
+        if not self.source.isolated_scoring:
+            return None
+        t = self.cfg.tasks
+        spec = SourceSpec(t.source, tuple(t.datasets), tuple(t.weights) if t.weights is not None else None,
+                          self.cfg.seed, {"chat_template": self.cfg.model.chat_template})
+        scorer = ScoringWorker(spec, timeout=self.cfg.ingest.score_timeout)
+        scorer.start()  # imports its libraries while the node sets up and takes its first steps
+        return scorer
 
     def _restore(self) -> None:
         path = self.checkpoints.latest()
@@ -282,11 +301,14 @@ class Node:
         if self.exchange is None:
             return []
         sapo = self.cfg.sapo
-        # Advantages once, on arrival; a group without signal never gains any, so it is not kept.
-        arrived = assign_advantages(self.exchange.receive(self.step), self.cfg.train.advantage,
+        # Only what the pool can hold is ingested (none when J is 0). Advantages once, on arrival; a group
+        # without signal never gains any, so it is not kept.
+        capacity = _MAX_POOL_PER_J * sapo.external_groups
+        room = min(self.cfg.ingest.max_groups_per_step, max(0, capacity - len(self._external_pool)))
+        arrived = assign_advantages(self.exchange.receive(self.step, max_groups=room), self.cfg.train.advantage,
                                     self.cfg.train.external_shift)
         fresh = [grp for grp in self._external_pool + arrived if grp.epoch >= epoch - sapo.staleness_epochs]
-        self._external_pool = fresh[-_MAX_POOL_PER_J * max(sapo.external_groups, 1) :]  # newest kept
+        self._external_pool = fresh[-max(capacity, 1) :]  # newest kept
         if sapo.external_groups == 0 or not self._external_pool:
             return []
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,

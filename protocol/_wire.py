@@ -16,6 +16,7 @@ The kind and version are signed, so a manifest signature can never pass as a bat
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import zstandard
 
@@ -79,6 +80,25 @@ def compress(raw: bytes) -> bytes:
     return out
 
 
+def _frame_parameters(payload: bytes) -> Any:
+    """The header of a zstd frame that declares its content size, else ``MalformedError``."""
+    if payload[:4] != _ZSTD_MAGIC:
+        raise MalformedError("payload is not a zstd frame")
+    try:
+        params = zstandard.get_frame_parameters(payload)
+    except zstandard.ZstdError as exc:
+        raise MalformedError(f"bad zstd frame header: {exc}") from exc
+    if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+        raise MalformedError("zstd frame does not declare its content size")
+    return params
+
+
+def declared_content_size(payload: bytes) -> int:
+    """The content size a zstd frame declares in its header, read without expanding anything."""
+    size: int = _frame_parameters(payload).content_size
+    return size
+
+
 def decompress_bounded(payload: bytes, max_bytes: int) -> bytes:
     """Expand exactly one zstd frame that declares its content size, at most ``max_bytes``.
 
@@ -87,15 +107,8 @@ def decompress_bounded(payload: bytes, max_bytes: int) -> bytes:
     size (itself at most ``max_bytes``). A frame
     without a declared size, a dictionary, bytes after the frame, or a second frame are rejected.
     """
-    if payload[:4] != _ZSTD_MAGIC:
-        raise MalformedError("payload is not a zstd frame")
-    try:
-        params = zstandard.get_frame_parameters(payload)
-    except zstandard.ZstdError as exc:
-        raise MalformedError(f"bad zstd frame header: {exc}") from exc
-    size = params.content_size
-    if size == zstandard.CONTENTSIZE_UNKNOWN:
-        raise MalformedError("zstd frame does not declare its content size")
+    params = _frame_parameters(payload)
+    size: int = params.content_size
     if size > max_bytes:
         raise TooLargeError(f"payload expands to {size} bytes, the limit is {max_bytes}")
     if params.dict_id:

@@ -21,10 +21,13 @@ from typing import Any, TypeVar
 import msgpack
 
 from protocol._wire import (
+    HEADER_BYTES,
     KIND_BATCH,
     KIND_MANIFEST,
+    MAGIC,
     SCHEMA_VERSION,
     compress,
+    declared_content_size,
     decompress_bounded,
     open_envelope,
     seal,
@@ -38,11 +41,13 @@ from protocol.taskref import TaskRef
 __all__ = [
     "SCHEMA_VERSION",
     "batch_id",
+    "batch_payload_size",
     "check_batch_limits",
     "decode_batch",
     "decode_manifest",
     "encode_batch",
     "encode_manifest",
+    "group_digest",
     "make_manifest",
 ]
 
@@ -58,6 +63,32 @@ _MANIFEST_FIELDS = 10
 def batch_id(data: bytes) -> str:
     """Content address of a signed batch: hex SHA-256 of its bytes as encoded by ``encode_batch``."""
     return hashlib.sha256(data).hexdigest()
+
+
+def batch_payload_size(data: bytes) -> int:
+    """The size a signed batch's payload declares it expands to, read from headers alone.
+
+    Lets a receiver budget memory before decoding (nothing is verified or expanded here; ``decode_batch``
+    still checks everything). Raises ``MalformedError`` if ``data`` is not framed as a batch.
+    """
+    if len(data) < HEADER_BYTES or data[:3] != MAGIC or data[3:4] != KIND_BATCH:
+        raise MalformedError("not a signed batch")
+    return declared_content_size(data[HEADER_BYTES:])
+
+
+def group_digest(group: RolloutGroup) -> bytes:
+    """16-byte content hash of a group: its task and each rollout's text, token ids and log-probs.
+
+    Independent of the author, the signature, fingerprints, rewards, steps and the order of the rollouts,
+    so the same group re-signed under another key (or shuffled, or relabelled) hashes the same.
+    """
+    t = group.task
+    parts = sorted(
+        hashlib.blake2b(_pack([tree[1], tree[2], tree[4]]), digest_size=16).digest()
+        for tree in map(_rollout_tree, group.rollouts)
+    )
+    head = _pack([t.source, t.dataset, t.config_hash, t.seed, t.index])
+    return hashlib.blake2b(head + b"".join(parts), digest_size=16).digest()
 
 
 # --- encoding ----------------------------------------------------------------------------------------

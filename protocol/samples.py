@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import random
+import time
 
+from protocol._wire import KIND_BATCH, compress, seal
+from protocol.codec import _pack
+from protocol.identity import Identity
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams
 from protocol.taskref import TaskRef
 
@@ -69,3 +73,18 @@ def realistic_batch(
         created_at=1_700_000_000.25,
         groups=tuple(out),
     )
+
+
+def expanding_batch(identity: Identity, payload_bytes: int, *, swarm_id: str = "test-swarm", epoch: int = 0,
+                    seq: int = 0) -> bytes:
+    """Signed bytes of a valid batch whose payload expands to about ``payload_bytes`` yet compresses to a
+    few KB (groups of 64 completions of 4096 zero tokens): the memory-amplification attack.
+
+    Built from the wire layout directly, without records, so building it costs little memory.
+    """
+    zeros = bytes(4 * 4096)  # 4096 uint32 token ids, or float32 log-probs, of 0
+    rollout = ["p", "", zeros, "tok-test", zeros, 1.0, 1.0, "model-test", 0, "length", None, b""]
+    n_groups = max(1, payload_bytes // (64 * 2 * len(zeros)))
+    groups = [["arith", "add", "c0ffee", 7, g, [rollout] * 64] for g in range(n_groups)]
+    raw = _pack([swarm_id, [], epoch, seq, time.time(), groups])
+    return seal(KIND_BATCH, identity, compress(raw))

@@ -238,13 +238,14 @@ def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
                     peer_groups[i].append(int(record["n_peer_groups"]))
                     costs["step_seconds"] += float(record["step_seconds"])
                     costs["exchange_seconds"] += float(record.get("exchange_seconds", 0.0))
+                    costs["ingest_seconds"] += float(record.get("ingest_seconds", 0.0))  # this step's
                     if "eval_accuracy" in record:
                         accuracy[i] = float(record["eval_accuracy"])
                 hub.epoch += 1
             for node in nodes:  # cumulative counters, read once at the end
                 if node.exchange is not None:
                     m = node.exchange.metrics()
-                    for key in _COSTS[1:]:
+                    for key in ("wire_encode_seconds", "wire_verify_seconds"):  # cumulative
                         costs[key] += float(m.get(key, 0.0))
                     for reason, count in {**m["batches_rejected"], **m["ingest_rejected"]}.items():
                         rejected[reason] = rejected.get(reason, 0) + int(count)

@@ -12,8 +12,10 @@ Modules, top to bottom:
 - ``intake``     the checks every announced batch passes (manifest, peer-book screening, verification,
   outcome), shared by ``core`` and ``memory`` (pure).
 - ``memory``     ``InMemoryHub``: an in-process swarm carrying the same signed bytes through ``intake``.
-- ``validator``  ``ManifestValidator``: hivemind record validator binding subkeys to manifest authors.
-- ``peer_book``  ``PeerBook``: quotas, staleness window, dedup, bans with backoff, counters (pure).
+- ``validator``  ``ManifestValidator``: hivemind record validator: owner-bound manifests in a window of
+  epochs, finite and bounded records, bounded storage, checks on read.
+- ``peer_book``  ``PeerBook``: quotas (per author and global), staleness window, dedup, offences and bans
+  with backoff, counters; pruned and bounded (pure).
 - ``keys``       epochs, DHT keys, shards and owner-bound subkeys (pure).
 - ``state``      ``SharedState``: what the network thread and callers share, behind one lock.
 - ``watchdog``   kills an orphaned p2pd if this process dies without cleaning up.

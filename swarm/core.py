@@ -6,13 +6,18 @@ serves signed batches by id, and four background loops:
 * join: dial the initial peers until the DHT has a neighbour, retrying with exponential backoff; and
   again whenever every neighbour is gone;
 * publish: store queued manifests in the DHT (each store bounded by ``publish_timeout``);
-* collect: poll the manifest keys of the recent epochs, screen new manifests with the peer book, pull
-  the batches from their authors, verify them (size, hash, signature, manifest match) and queue them;
-  the screening and verification steps are ``swarm.intake``'s, shared with the in-process hub;
+* collect: poll the manifest keys of the recent epochs (each key on its own, every entry checked again
+  by the validator), screen new manifests with the peer book, pull the batches from their authors (a
+  few at a time per author, newcomers at most ``newcomer_share`` of the slots, each pull bounded in total
+  time), verify them (size, hash, expanded size charged before decoding, signature, manifest match,
+  content not seen before) and queue them; the screening and verification steps are ``swarm.intake``'s,
+  shared with the in-process hub;
 * health: watch p2pd, refresh the peer list, prune old state.
 
-Every network await is bounded by a timeout. CPU-heavy decoding runs in the default executor, not on
-the loop. Peer input that fails a check is counted in the peer book and logged at debug level.
+Every network await is bounded by a timeout. CPU-heavy decoding runs in the default executor, one batch
+at a time, not on the loop. Held batches and the inbox are bounded in bytes as well as in count. Peer
+input that fails a check is counted in the peer book and logged at debug level; when it shows intent
+(bytes that are not what their author signed for, stalled pulls) the author is banned.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import contextlib
 import logging
 import random
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, PeerID
@@ -33,18 +38,30 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure, P2PDaemonErro
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
+from protocol.errors import ProtocolError
 from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.records import Manifest
 from swarm.hivemind_compat import dht_neighbours, dial, p2pd_exited, p2pd_pid, p2pd_process
-from swarm.intake import KNOWN, read_manifest, screen, settle, verify_batch
+from swarm.intake import (
+    DEFER,
+    KNOWN,
+    check_bytes,
+    check_decoded,
+    decode_with_digests,
+    decoded_cost,
+    fresh_groups,
+    screen,
+    settle,
+)
 from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
+from swarm.peer_book import RejectReason
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
 from swarm.validator import ManifestValidator
 from swarm.watchdog import P2pdWatchdog
 
-__all__ = ["PublishItem", "SwarmCore", "handler_name"]
+__all__ = ["PublishItem", "SwarmCore", "decoded_cost", "handler_name"]  # decoded_cost lives in swarm.intake
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +86,14 @@ class PublishItem:
     key: str
     subkey: str
     expires_at: float
+
+
+@dataclass
+class _PullProgress:
+    """Where a pull stands, so a time-out can tell a stalling author from an unreachable one."""
+
+    reading_author: bool = False  # a stream to the author's address is open
+    stalled: bool = False  # the author's address took a stream and did not deliver
 
 
 class _NetworkDiedError(Exception):
@@ -108,10 +133,16 @@ class SwarmCore:
         self.dht = dht
         self.watchdog = watchdog
         self.held: OrderedDict[str, bytes] = OrderedDict()
+        self.held_bytes = 0
         self.publish_queue: asyncio.Queue[PublishItem] = asyncio.Queue()
         self._seen_manifests: dict[bytes, tuple[int, str]] = {}  # raw manifest -> (epoch seen, batch id)
+        self._deferred: dict[bytes, Manifest] = {}  # checked manifests whose pull waits for a slot
+        self._bad_entries: dict[tuple[int, int, str, str], int] = {}  # unreadable DHT entries -> epoch
+        self._digests: dict[bytes, int] = {}  # content hash of every accepted group -> epoch
         self._pulls: set[asyncio.Task[None]] = set()
-        self._pull_slots = asyncio.Semaphore(settings.max_concurrent_pulls)
+        self._running_pulls: Counter[str] = Counter()  # author -> pulls in progress
+        self._newcomer_pulls = 0
+        self._decode_slot = asyncio.Semaphore(1)
         self._handler = handler_name(settings.swarm_id)
 
     @classmethod
@@ -244,11 +275,14 @@ class SwarmCore:
     # -- publish ------------------------------------------------------------------------------------
 
     def hold(self, bid: str, data: bytes) -> None:
-        """Keep signed batch bytes to serve; the least recently added go first."""
+        """Keep signed batch bytes to serve; the least recently added go first (bounded in count and bytes)."""
+        previous = self.held.pop(bid, None)
+        self.held_bytes -= len(previous) if previous is not None else 0
         self.held[bid] = data
-        self.held.move_to_end(bid)
-        while len(self.held) > self.settings.max_held_batches:
-            self.held.popitem(last=False)
+        self.held_bytes += len(data)
+        while len(self.held) > self.settings.max_held_batches or self.held_bytes > self.settings.max_held_bytes:
+            _, dropped = self.held.popitem(last=False)
+            self.held_bytes -= len(dropped)
 
     def enqueue_publish(self, item: PublishItem) -> None:
         """Called on the loop (via ``call_soon_threadsafe``): hold the batch and queue its manifest."""
@@ -279,68 +313,140 @@ class SwarmCore:
             await self.poll_once()
 
     async def poll_once(self) -> None:
-        """Read the recent manifest keys once and start pulls for new, admissible batches."""
+        """Read the recent manifest keys once and start pulls for new, admissible batches.
+
+        Every entry read is re-validated here: hivemind validates what peers send, not what it reads
+        from its own storage.
+        """
         current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
-        keys = [
-            manifest_key(self.settings.swarm_id, epoch, shard)
+        where = {
+            manifest_key(self.settings.swarm_id, epoch, shard): (epoch, shard)
             for epoch in epochs_to_read(current, self.settings.read_epochs)
             for shard in range(KEY_SHARDS)
-        ]
+        }
+        for key, result in (await self._lookup(list(where))).items():
+            if result is None or not isinstance(result.value, dict):
+                continue
+            epoch, shard = where[key]
+            for subkey, entry in result.value.items():
+                self._consider(epoch, shard, subkey, entry.value, entry.expiration_time, current)
+
+    async def _lookup(self, keys: list[str]) -> dict[str, Any]:
+        """Look every key up on its own: one whose lookup fails or hangs costs only itself (bounded)."""
+        timeout = self.settings.request_timeout
         try:
-            found = await asyncio.wait_for(
-                self.dht.get_many(keys, sufficient_expiration_time=float("inf")),
-                self.settings.request_timeout,
+            futures = await asyncio.wait_for(
+                self.dht.get_many(keys, sufficient_expiration_time=float("inf"), return_futures=True), timeout
             )
         except _NETWORK_ERRORS as exc:
+            self.shared.add("poll_failed")
             logger.debug("reading manifests failed: %r", exc)
+            return {}
+        if not futures:
+            return {}
+        done, pending = await asyncio.wait(list(futures.values()), timeout=timeout)
+        for future in pending:
+            future.cancel()  # stops hivemind's search for that key
+        found: dict[str, Any] = {}
+        for key, future in futures.items():
+            if future not in done:
+                self.shared.add("poll_key_timeouts")
+            elif future.cancelled() or future.exception() is not None:
+                self.shared.add("poll_key_failures")
+                logger.debug("looking up %s failed: %r", key, None if future.cancelled() else future.exception())
+            else:
+                found[key] = future.result()
+        return found
+
+    def _consider(self, epoch: int, shard: int, subkey: object, value: object, expiration: float,
+                  current: int) -> None:
+        """Check an entry read from the DHT once, and screen (and pull) the batch it announces."""
+        if not isinstance(value, bytes):
+            token = (epoch, shard, repr(subkey)[:128], repr(expiration))  # counted once, not every poll
+            if token not in self._bad_entries:
+                self._bad_entries[token] = epoch
+                self.validator.read_entry(epoch, shard, subkey, value, expiration)
             return
-        for result in found.values():
-            if result is None or not hasattr(result.value, "items"):
-                continue
-            for _subkey, entry in result.value.items():
-                manifest = self._new_manifest(entry.value, current)
-                if manifest is not None:
-                    self._screen_and_pull(manifest, current)
+        if value in self._seen_manifests:
+            return
+        manifest = self._deferred.pop(value, None) or self.validator.read_entry(
+            epoch, shard, subkey, value, expiration
+        )
+        if manifest is None or manifest.author == self.identity.public_key:
+            self._seen_manifests[value] = (current, "")
+        elif self._screen_and_pull(manifest, current):
+            self._seen_manifests[value] = (current, manifest.batch_id)
+        else:
+            self._deferred[value] = manifest  # asked again at the next poll, without decoding it again
 
-    def _new_manifest(self, value: object, current: int) -> Manifest | None:
-        """Decode a manifest not seen before (already-seen bytes are skipped without decoding)."""
-        if not isinstance(value, bytes) or value in self._seen_manifests:
-            return None
-        with self.shared.lock:  # bad bytes are counted in the peer book
-            manifest = read_manifest(self.shared.peer_book, value, self.limits,
-                                     own_key=self.identity.public_key, swarm_id=self.settings.swarm_id)
-        self._seen_manifests[value] = (current, manifest.batch_id if manifest is not None else "")
-        return manifest
+    def _screen_and_pull(self, manifest: Manifest, current: int) -> bool:
+        """Screen an announced batch and start its pull; False if it must be asked about again later.
 
-    def _screen_and_pull(self, manifest: Manifest, current: int) -> None:
+        A batch id is known only once bytes hashing to it were accepted. While another manifest naming
+        the same id is being pulled, or no pull slot is free for this author, the decision waits.
+        """
         author = peer_id_from_public_key(manifest.author)
+        book = self.shared.peer_book
         with self.shared.lock:
-            reason = screen(self.shared.peer_book, manifest, self.limits, current_epoch=current,
-                            now=time.monotonic())
+            newcomer = not book.is_established(author)
+            reason = screen(book, manifest, self.limits, current_epoch=current, now=time.monotonic(),
+                            may_start=self._slot_free)
+        if reason == DEFER:
+            return False
         if reason is not None:
             if reason != KNOWN:
                 logger.debug("skipped batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
-            return
-        task = asyncio.create_task(self._pull(manifest, author))
+            return True
+        self._running_pulls[author] += 1
+        if newcomer:
+            self._newcomer_pulls += 1
+        task = asyncio.create_task(self._pull(manifest, author, newcomer))
         self._pulls.add(task)
         task.add_done_callback(self._pulls.discard)
+        return True
 
-    async def _pull(self, manifest: Manifest, author: str) -> None:
-        async with self._pull_slots:
-            data, from_author = await self._fetch(manifest)
+    def _slot_free(self, author: str, newcomer: bool) -> bool:
+        """Whether a pull for ``author`` may start: a bounded number per author and for newcomers."""
+        total = self.settings.max_concurrent_pulls
+        if sum(self._running_pulls.values()) >= total:
+            return False
+        if newcomer and self._newcomer_pulls >= max(1, int(total * self.settings.newcomer_share)):
+            return False
+        return self._running_pulls[author] < self.settings.max_pulls_per_author
+
+    async def _pull(self, manifest: Manifest, author: str, newcomer: bool) -> None:
+        try:
+            await self._pull_and_verify(manifest, author)
+        finally:
+            self._running_pulls[author] -= 1
+            if self._running_pulls[author] <= 0:
+                del self._running_pulls[author]
+            if newcomer:
+                self._newcomer_pulls -= 1
+
+    async def _pull_and_verify(self, manifest: Manifest, author: str) -> None:
+        progress = _PullProgress()
+        try:  # one bound on the whole pull, however the peer paces its bytes
+            data, from_author = await asyncio.wait_for(self._fetch(manifest, progress), self.settings.pull_timeout)
+        except asyncio.TimeoutError:
+            data, from_author = None, False
+            progress.stalled = progress.stalled or progress.reading_author
         book = self.shared.peer_book
         if data is None:
             with self.shared.lock:
-                retry = book.pull_failed(author, manifest.batch_id, manifest.epoch, manifest.byte_size)
-            logger.debug("pull of %s from %s failed (retry: %s)", manifest.batch_id[:12], author[:12], retry)
+                retry = book.pull_failed(author, manifest.batch_id, manifest.epoch, manifest.byte_size,
+                                         stalled=progress.stalled, now=time.monotonic())
+            self.shared.add("pulls_stalled" if progress.stalled else "pulls_failed")
+            logger.debug("pull of %s from %s failed (stalled: %s, retry: %s)", manifest.batch_id[:12],
+                         author[:12], progress.stalled, retry)
             if retry:
                 self._forget_manifest(manifest)
             return
-        reason = await self._verify(manifest, data)
+        reason, offence = await self._verify(manifest, author, data, from_author)
         with self.shared.lock:
             if reason is None:
                 self.shared.counters["bytes_in"] += len(data)
-            settle(book, manifest, len(data), reason, offence=from_author, now=time.monotonic())
+            settle(book, manifest, len(data), reason, offence=offence, now=time.monotonic())
         if reason is not None:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
 
@@ -350,19 +456,38 @@ class SwarmCore:
         for raw in stale:
             del self._seen_manifests[raw]
 
-    async def _verify(self, manifest: Manifest, data: bytes) -> str | None:
-        """None if ``data`` is the batch ``manifest`` announced (then it is held and queued), else why not."""
-        loop = asyncio.get_running_loop()
-        batch, reason = await loop.run_in_executor(
-            None, partial(verify_batch, manifest, data, self.limits, swarm_id=self.settings.swarm_id)
-        )
-        if batch is None:
-            return reason
-        self.hold(manifest.batch_id, data)
-        self.shared.push_batch(batch)
-        return None
+    async def _verify(self, manifest: Manifest, author: str, data: bytes, from_author: bool) -> tuple[str | None, bool]:
+        """``(None, False)`` if ``data`` is the batch ``manifest`` announced (then it is held and queued),
+        else ``(reason, whether it is an offence of the manifest's author)``.
 
-    async def _fetch(self, manifest: Manifest) -> tuple[bytes | None, bool]:
+        The steps are ``swarm.intake``'s (``verify_now`` composes the same ones without an event loop);
+        here decoding runs in the executor, one batch at a time.
+        """
+        reason, offence, payload = check_bytes(manifest, data, self.settings, self.limits, from_author=from_author)
+        if reason is None:
+            with self.shared.lock:
+                reason = self.shared.peer_book.charge_payload(author, manifest.epoch, payload)
+        if reason is not None:
+            return reason, offence
+        loop = asyncio.get_running_loop()
+        async with self._decode_slot:  # one decode at a time: bounded memory, and the GIL allows no more
+            try:
+                batch, digests = await loop.run_in_executor(None, decode_with_digests, data, self.limits)
+            except ProtocolError as exc:
+                return exc.reason, True
+        reason = check_decoded(manifest, batch, swarm_id=self.settings.swarm_id)
+        if reason is not None:
+            return reason, True
+        fresh, dropped = fresh_groups(batch, digests, self._digests, manifest.epoch)
+        if fresh is None:
+            return RejectReason.DUPLICATE_CONTENT, False
+        if dropped:
+            self.shared.add("duplicate_groups", dropped)
+        self.hold(manifest.batch_id, data)
+        self.shared.push_batch(fresh, decoded_cost(payload))
+        return None, False
+
+    async def _fetch(self, manifest: Manifest, progress: _PullProgress) -> tuple[bytes | None, bool]:
         """Pull a batch's bytes from its author's addresses, else from a few DHT neighbours.
 
         Returns ``(data or None, whether it came from the author's address)``.
@@ -371,17 +496,21 @@ class SwarmCore:
         author_peers = [p for p in map(_parse_peer_maddr, manifest.address) if p is not None]
         for peer_id, addr in author_peers[:4]:
             if await self._dial(peer_id, addr):
-                data = await self._fetch_from(peer_id, manifest.batch_id, limit)
+                data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
                 if data is not None:
                     return data, True
+                if progress.stalled:
+                    return None, False
         others = [p for p in dht_neighbours(self.dht) if p not in dict(author_peers)]
         for peer_id in random.sample(others, min(2, len(others))):
-            data = await self._fetch_from(peer_id, manifest.batch_id, limit)
+            data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=False)
             if data is not None:
                 return data, False
         return None, False
 
-    async def _fetch_from(self, peer_id: PeerID, bid: str, limit: int) -> bytes | None:
+    async def _fetch_from(
+        self, peer_id: PeerID, bid: str, limit: int, progress: _PullProgress, *, author: bool
+    ) -> bytes | None:
         timeout = self.settings.request_timeout
         try:
             _, reader, writer = await asyncio.wait_for(
@@ -390,6 +519,7 @@ class SwarmCore:
         except _NETWORK_ERRORS as exc:
             logger.debug("could not open a stream to %s: %r", peer_id, exc)
             return None
+        progress.reading_author = author
         try:
             writer.write(bid.encode("ascii"))
             await asyncio.wait_for(writer.drain(), timeout)
@@ -399,9 +529,12 @@ class SwarmCore:
             size = min(size, limit + 1)  # more than announced is read just far enough to be rejected
             return await asyncio.wait_for(reader.readexactly(size), timeout)
         except _NETWORK_ERRORS as exc:
+            # The author's address took the stream and then did not deliver: a stall, whatever the cause.
+            progress.stalled = progress.stalled or author
             logger.debug("pull of %s from %s failed: %r", bid[:12], peer_id, exc)
             return None
         finally:
+            progress.reading_author = False
             writer.close()
 
     async def rpc_get_batch(
@@ -419,6 +552,7 @@ class SwarmCore:
                 self.shared.add("bytes_out", len(data))
                 self.shared.add("batches_served")
         except _NETWORK_ERRORS as exc:
+            self.shared.add("serve_failed")
             logger.debug("serving a batch failed: %r", exc)
         finally:
             writer.close()
@@ -436,6 +570,9 @@ class SwarmCore:
                 last_epoch = current
                 oldest = current - self.settings.read_epochs
                 self._seen_manifests = {m: v for m, v in self._seen_manifests.items() if v[0] >= oldest}
+                self._deferred = {m: v for m, v in self._deferred.items() if v.epoch >= oldest}
+                self._bad_entries = {k: e for k, e in self._bad_entries.items() if e >= oldest}
+                self._digests = {d: e for d, e in self._digests.items() if e >= oldest}
                 with self.shared.lock:
                     self.shared.peer_book.prune(current, time.monotonic())
 

@@ -4,8 +4,9 @@ For experiments that isolate learning from the network (``scripts/bench_sapo.py`
 node's exchange logic. A member's ``publish`` encodes and signs the batch and its manifest exactly as
 ``SwarmTransport`` does; the hub hands both byte strings to every other member, with no loss and no
 delay; a member's ``collect`` passes each through ``swarm.intake`` -- manifest signature, the peer book's
-screening (dedup, bans, staleness window, quotas), then size, hash, batch signature, limits and the
-manifest match -- before the batch reaches the node. What is missing against a real swarm is only the
+screening (dedup, bans, staleness window, per-author and global quotas), then size, hash, payload caps,
+batch signature, limits, the manifest match and content dedup -- before the batch reaches the node, and
+offences found later in its rollouts ban the author (``penalize``), as on the hivemind path. What is missing against a real swarm is only the
 carrying: the DHT, libp2p streams, p2pd, and the timing and loss they bring.
 
 Epochs are advanced by the caller (``hub.epoch``), not by a clock. Each member times its own encoding
@@ -23,7 +24,7 @@ from protocol.errors import ProtocolError
 from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
-from swarm.intake import read_manifest, screen, settle, verify_batch
+from swarm.intake import read_manifest, screen, settle, verify_now
 from swarm.settings import SwarmSettings
 from swarm.state import peer_book_for
 
@@ -68,6 +69,7 @@ class InMemoryTransport:
         self.verify_seconds = 0.0
         self._seq = 0
         self._pruned_epoch = -1
+        self._digests: dict[bytes, int] = {}  # content hash of every accepted group -> epoch
 
     def publish(self, batch: RolloutBatch) -> str | None:
         """Sign ``batch`` and its manifest as ``SwarmTransport`` does and announce both to the hub."""
@@ -94,6 +96,8 @@ class InMemoryTransport:
         epoch, now = self.hub.epoch, time.monotonic()
         if epoch != self._pruned_epoch:
             self.book.prune(epoch, now)
+            oldest = epoch - self.settings.read_epochs
+            self._digests = {d: e for d, e in self._digests.items() if e >= oldest}
             self._pruned_epoch = epoch
         out = []
         while self.pending:
@@ -103,12 +107,17 @@ class InMemoryTransport:
             if manifest is None or screen(self.book, manifest, self.hub.limits, current_epoch=epoch,
                                           now=now) is not None:
                 continue
-            batch, reason = verify_batch(manifest, data, self.hub.limits, swarm_id=self.settings.swarm_id)
-            settle(self.book, manifest, len(data), reason, offence=True, now=now)  # bytes came from the author
+            batch, reason, offence = verify_now(self.book, manifest, data, self.settings, self.hub.limits,
+                                               self._digests, from_author=True)  # the author's own bytes
+            settle(self.book, manifest, len(data), reason, offence=offence, now=now)
             if batch is not None:
                 out.append(batch)
         self.verify_seconds += time.perf_counter() - started
         return out
+
+    def penalize(self, peer_id: str, reason: str) -> None:
+        """An offence found in an accepted batch's rollouts: counted and the author banned."""
+        self.book.penalize(peer_id, reason, time.monotonic())
 
     def current_epoch(self) -> int:
         return self.hub.epoch
@@ -119,6 +128,7 @@ class InMemoryTransport:
             "batches_published": self.published,
             "batches_accepted": self.book.accepted,
             "batches_rejected": dict(self.book.rejected),
+            "peers_banned": len(self.book.banned(time.monotonic())),
             "wire_encode_seconds": self.encode_seconds,
             "wire_verify_seconds": self.verify_seconds,
         }

@@ -1,8 +1,18 @@
 """The peer book: what this node accepts from whom (pure bookkeeping, no I/O, no clock of its own).
 
 It screens each announced batch before it is pulled (ban list, staleness window, deduplication by batch
-id, quotas per author and epoch), records the outcome after it is verified, bans authors of invalid data
-with exponential backoff, and counts every accepted and rejected batch (rejections by reason).
+id, quotas per author and epoch and for all authors together), records the outcome after it is
+verified, bans authors of invalid data, of stalled pulls and of rejected rollouts with exponential
+backoff, and counts every accepted and rejected batch (rejections by reason).
+
+A batch id becomes known only once bytes hashing to it were verified and accepted: a manifest that
+copies another author's fresh id (front-running) is refused on its own merits and cannot block the
+genuine batch. Everything kept per author is pruned with the epoch window and bounded in count, so a
+flood of fresh identities cannot grow it without bound.
+
+Authors with an accepted batch are "established"; newcomers together get at most ``newcomer_share`` of
+each epoch's global quota (the pull slots are split the same way by the caller), so identities created
+for a flood cannot starve the peers this node already trades with.
 
 Callers pass ``now`` (seconds, any monotonic clock) and the current epoch, so tests need no sleeping.
 """
@@ -23,11 +33,17 @@ class RejectReason:
     FUTURE_EPOCH = "future_epoch"
     QUOTA_BATCHES = "quota_batches"
     QUOTA_BYTES = "quota_bytes"
+    QUOTA_GLOBAL = "quota_global"
+    QUOTA_PAYLOAD = "quota_payload"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    TOO_LARGE = "too_large"
     WRONG_SWARM = "wrong_swarm"
     SIZE_MISMATCH = "size_mismatch"
     HASH_MISMATCH = "hash_mismatch"
     MANIFEST_MISMATCH = "manifest_mismatch"
+    DUPLICATE_CONTENT = "duplicate_content"
     UNREACHABLE = "unreachable"
+    STALLED = "stalled"
     DROPPED_INBOX_FULL = "inbox_full"
 
 
@@ -35,10 +51,22 @@ class RejectReason:
 class _Quota:
     batches: int = 0
     nbytes: int = 0
+    payload: int = 0
+
+
+@dataclass
+class _Peer:
+    """What is remembered of one author: last epoch seen, offences, ban, accepted batches."""
+
+    last_epoch: int
+    strikes: int = 0
+    banned_until: float = float("-inf")
+    last_offence: float = float("-inf")
+    accepted: int = 0
 
 
 class PeerBook:
-    """Per-author quotas, bans, a staleness window and dedup; counters of accepted/rejected batches."""
+    """Per-author and global quotas, bans, a staleness window and dedup; counters by outcome."""
 
     def __init__(
         self,
@@ -50,61 +78,82 @@ class PeerBook:
         ban_backoff: float = 2.0,
         max_ban_seconds: float = 3600.0,
         max_pull_attempts: int = 3,
+        max_batches_per_epoch: int | None = None,
+        max_bytes_per_epoch: int | None = None,
+        max_payload_bytes_per_peer_epoch: int | None = None,
+        newcomer_share: float = 0.5,
+        max_peers: int = 4096,
     ) -> None:
         if read_epochs < 1 or max_batches_per_peer_epoch < 1 or max_bytes_per_peer_epoch < 1:
             raise ValueError("read_epochs and quotas must be >= 1")
         self.max_batches = max_batches_per_peer_epoch
         self.max_bytes = max_bytes_per_peer_epoch
+        self.max_payload = max_payload_bytes_per_peer_epoch or 4 * max_bytes_per_peer_epoch
+        self.max_global_batches = max_batches_per_epoch or 64 * max_batches_per_peer_epoch
+        self.max_global_bytes = max_bytes_per_epoch or 8 * max_bytes_per_peer_epoch
+        self.newcomer_share = newcomer_share
         self.read_epochs = read_epochs
         self.ban_seconds = ban_seconds
         self.ban_backoff = ban_backoff
         self.max_ban_seconds = max_ban_seconds
         self.max_pull_attempts = max_pull_attempts
+        self.max_peers = max_peers
         self.accepted = 0
         self.accepted_bytes = 0
         self.rejected: Counter[str] = Counter()
-        self._known: dict[str, int] = {}  # batch id -> epoch, for every decided or in-flight batch
-        self._attempts: dict[str, int] = {}
+        self.offences: Counter[str] = Counter()
+        self._known: dict[str, int] = {}  # batch id -> epoch, for every accepted batch
+        self._in_flight: dict[str, tuple[str, bool]] = {}  # batch id -> (author pulled from, newcomer)
+        self._attempts: dict[tuple[str, str], tuple[int, int]] = {}  # (author, id) -> (failures, epoch)
         self._quotas: dict[tuple[str, int], _Quota] = {}
-        self._strikes: dict[str, int] = {}
-        self._banned_until: dict[str, float] = {}
-        self._authors_seen: set[str] = set()
+        self._epoch_totals: dict[tuple[int, bool], _Quota] = {}  # (epoch, newcomer) -> all authors
+        self._peers: dict[str, _Peer] = {}
 
     # -- screening, before a pull ------------------------------------------------------------------
 
     def is_known(self, batch_id: str) -> bool:
-        """True for a batch already accepted, rejected or being pulled: it is skipped silently."""
+        """True for a batch already accepted: any manifest naming it is skipped silently."""
         return batch_id in self._known
 
+    def in_flight(self, batch_id: str) -> bool:
+        """True while some manifest naming ``batch_id`` is being pulled (ask again next poll)."""
+        return batch_id in self._in_flight
+
     def is_banned(self, author: str, now: float) -> bool:
-        return self._banned_until.get(author, float("-inf")) > now
+        peer = self._peers.get(author)
+        return peer is not None and peer.banned_until > now
+
+    def is_established(self, author: str) -> bool:
+        """True for an author with an accepted batch still remembered."""
+        peer = self._peers.get(author)
+        return peer is not None and peer.accepted > 0
 
     def ban_remaining(self, author: str, now: float) -> float:
-        return max(0.0, self._banned_until.get(author, now) - now)
+        peer = self._peers.get(author)
+        return 0.0 if peer is None else max(0.0, peer.banned_until - now)
 
     def screen(
         self, author: str, batch_id: str, epoch: int, byte_size: int, current_epoch: int, now: float
     ) -> str | None:
-        """Decide whether to pull a batch: None (go, quota reserved) or the counted rejection reason.
-
-        Every batch id is screened once: afterwards it is known, whatever the outcome.
-        """
-        self._known[batch_id] = epoch
-        self._authors_seen.add(author)
+        """Decide whether to pull a batch: None (go: in flight, quotas reserved) or the counted reason."""
+        self._seen(author, epoch)
         reason = self._screen_reason(author, epoch, byte_size, current_epoch, now)
         if reason is not None:
             self.rejected[reason] += 1
             return reason
-        quota = self._quotas.setdefault((author, epoch), _Quota())
-        quota.batches += 1
-        quota.nbytes += byte_size
+        newcomer = not self.is_established(author)
+        self._in_flight[batch_id] = (author, newcomer)
+        for quota in self._quotas_of(author, epoch, newcomer):
+            quota.batches += 1
+            quota.nbytes += byte_size
         return None
 
-    def refuse(self, author: str, batch_id: str, epoch: int, reason: str) -> str:
+    def refuse(self, author: str, epoch: int, reason: str, *, offence: bool, now: float) -> str:
         """Reject an announced batch without pulling it (e.g. announced larger than allowed)."""
-        self._known[batch_id] = epoch
-        self._authors_seen.add(author)
+        self._seen(author, epoch)
         self.rejected[reason] += 1
+        if offence:
+            self.punish(author, now, reason)
         return reason
 
     def _screen_reason(
@@ -121,13 +170,38 @@ class PeerBook:
             return RejectReason.QUOTA_BATCHES
         if quota.nbytes + byte_size > self.max_bytes:
             return RejectReason.QUOTA_BYTES
+        newcomer = not self.is_established(author)
+        share = self.newcomer_share if newcomer else 1.0
+        total = self._epoch_total(epoch)
+        group = self._epoch_totals.get((epoch, newcomer), _Quota())
+        if (
+            total.batches + 1 > self.max_global_batches
+            or total.nbytes + byte_size > self.max_global_bytes
+            or group.batches + 1 > share * self.max_global_batches
+            or group.nbytes + byte_size > share * self.max_global_bytes
+        ):
+            return RejectReason.QUOTA_GLOBAL
+        return None
+
+    def charge_payload(self, author: str, epoch: int, payload_bytes: int) -> str | None:
+        """Reserve the expanded size of a pulled batch against its author's quota, before decoding it.
+
+        Returns None, or the reason (not counted: the caller rejects the batch with it).
+        """
+        quota = self._quotas.setdefault((author, epoch), _Quota())
+        if quota.payload + payload_bytes > self.max_payload:
+            return RejectReason.QUOTA_PAYLOAD
+        quota.payload += payload_bytes
         return None
 
     # -- outcomes, after a pull ---------------------------------------------------------------------
 
-    def accept(self, batch_id: str, nbytes: int) -> None:
-        """A pulled batch passed every check."""
-        self._attempts.pop(batch_id, None)
+    def accept(self, author: str, batch_id: str, epoch: int, nbytes: int) -> None:
+        """A pulled batch passed every check: its id is known from now on."""
+        self._in_flight.pop(batch_id, None)
+        self._attempts.pop((author, batch_id), None)
+        self._known[batch_id] = epoch
+        self._seen(author, epoch).accepted += 1
         self.accepted += 1
         self.accepted_bytes += nbytes
 
@@ -142,58 +216,130 @@ class PeerBook:
         offence: bool,
         now: float,
     ) -> None:
-        """A pulled batch failed a check: count it, give back its quota, ban the author if ``offence``."""
-        self._attempts.pop(batch_id, None)
-        self._release(author, epoch, byte_size)
+        """A pulled batch failed a check: count it, give back its quota, ban the author if ``offence``.
+
+        The id does not become known: a genuine batch of that id announced by its real author is still
+        pulled.
+        """
+        self._attempts.pop((author, batch_id), None)
+        self._release(batch_id, author, epoch, byte_size)
         self.rejected[reason] += 1
         if offence:
-            self.punish(author, now)
+            self.punish(author, now, reason)
 
-    def pull_failed(self, author: str, batch_id: str, epoch: int, byte_size: int) -> bool:
-        """A pull did not complete (peer unreachable, timeout). Returns True if it will be retried.
+    def pull_failed(
+        self, author: str, batch_id: str, epoch: int, byte_size: int, *, stalled: bool, now: float
+    ) -> bool:
+        """A pull did not complete. Returns True if the batch may be pulled again.
 
-        The quota is given back and the batch forgotten so the next poll screens it again, until
-        ``max_pull_attempts`` failures; then it is rejected as unreachable and stays known.
+        A stalled pull (the author's address accepted the stream, then did not deliver in time) is an
+        offence at once. An unreachable author is retried until ``max_pull_attempts`` failures, then
+        rejected as unreachable, an offence too. Either way the quota is given back.
         """
-        self._release(author, epoch, byte_size)
-        attempts = self._attempts.get(batch_id, 0) + 1
-        if attempts >= self.max_pull_attempts:
-            self._attempts.pop(batch_id, None)
-            self.rejected[RejectReason.UNREACHABLE] += 1
+        self._release(batch_id, author, epoch, byte_size)
+        if stalled:
+            self._attempts.pop((author, batch_id), None)
+            self.rejected[RejectReason.STALLED] += 1
+            self.punish(author, now, RejectReason.STALLED)
             return False
-        self._attempts[batch_id] = attempts
-        self._known.pop(batch_id, None)
+        failures = self._attempts.get((author, batch_id), (0, epoch))[0] + 1
+        if failures >= self.max_pull_attempts:
+            self._attempts.pop((author, batch_id), None)
+            self.rejected[RejectReason.UNREACHABLE] += 1
+            self.punish(author, now, RejectReason.UNREACHABLE)
+            return False
+        self._attempts[(author, batch_id)] = (failures, epoch)
         return True
 
-    def punish(self, author: str, now: float) -> float:
-        """Ban ``author``: ``ban_seconds * ban_backoff ** (offences - 1)``, capped. Returns the length."""
-        strikes = self._strikes.get(author, 0) + 1
-        self._strikes[author] = strikes
-        length = min(self.max_ban_seconds, self.ban_seconds * self.ban_backoff ** (strikes - 1))
-        self._banned_until[author] = max(self._banned_until.get(author, now), now + length)
+    def penalize(self, author: str, reason: str, now: float) -> float:
+        """An offence found after the batch was accepted (e.g. its rollouts failed the node's checks)."""
+        self.rejected[reason] += 1
+        return self.punish(author, now, reason)
+
+    def punish(self, author: str, now: float, reason: str = "offence") -> float:
+        """Ban ``author``: ``ban_seconds * ban_backoff ** (offences - 1)``, capped. Returns the length.
+
+        Strikes are forgotten after ``max_ban_seconds`` without a new offence.
+        """
+        peer = self._peers.get(author) or self._add_peer(author, -1)
+        if peer.last_offence + self.max_ban_seconds < now:
+            peer.strikes = 0
+        peer.strikes += 1
+        peer.last_offence = now
+        length = self._ban_length(peer.strikes)
+        peer.banned_until = max(peer.banned_until, now + length)
+        self.offences[reason] += 1
         return length
 
     def count(self, reason: str, n: int = 1) -> None:
         """Count a rejection decided elsewhere (a DHT record validator, a full inbox)."""
         self.rejected[reason] += n
 
-    def _release(self, author: str, epoch: int, byte_size: int) -> None:
-        quota = self._quotas.get((author, epoch))
-        if quota is not None:
+    def _ban_length(self, strikes: int) -> float:
+        return float(min(self.max_ban_seconds, self.ban_seconds * self.ban_backoff ** (strikes - 1)))
+
+    def _release(self, batch_id: str, author: str, epoch: int, byte_size: int) -> None:
+        _, newcomer = self._in_flight.pop(batch_id, (author, not self.is_established(author)))
+        for quota in self._quotas_of(author, epoch, newcomer):
             quota.batches = max(0, quota.batches - 1)
             quota.nbytes = max(0, quota.nbytes - byte_size)
+
+    def _quotas_of(self, author: str, epoch: int, newcomer: bool) -> list[_Quota]:
+        return [
+            self._quotas.setdefault((author, epoch), _Quota()),
+            self._epoch_totals.setdefault((epoch, newcomer), _Quota()),
+        ]
+
+    def _epoch_total(self, epoch: int) -> _Quota:
+        parts = [self._epoch_totals.get((epoch, flag), _Quota()) for flag in (False, True)]
+        return _Quota(sum(p.batches for p in parts), sum(p.nbytes for p in parts))
+
+    def _seen(self, author: str, epoch: int) -> _Peer:
+        peer = self._peers.get(author)
+        if peer is None:
+            return self._add_peer(author, epoch)
+        peer.last_epoch = max(peer.last_epoch, epoch)
+        return peer
+
+    def _add_peer(self, author: str, epoch: int) -> _Peer:
+        if len(self._peers) >= self.max_peers:
+            self._evict()
+        peer = self._peers[author] = _Peer(last_epoch=epoch)
+        return peer
+
+    def _evict(self) -> None:
+        """Forget a quarter of the authors: first those without strikes or accepted batches, oldest first.
+
+        Only a flood of fresh identities gets here; forgetting one of them forgets its ban too, which
+        costs nothing an attacker with free identities did not have already.
+        """
+        order = sorted(self._peers, key=lambda a: (self._peers[a].strikes > 0, self._peers[a].accepted > 0,
+                                                   self._peers[a].last_epoch))
+        for author in order[: max(1, len(order) // 4)]:
+            del self._peers[author]
 
     # -- housekeeping ---------------------------------------------------------------------------------
 
     def prune(self, current_epoch: int, now: float) -> None:
-        """Forget batch ids and quotas of epochs outside the window, and expired bans."""
+        """Forget batch ids, quotas and attempts of epochs outside the window, and quiet authors.
+
+        An author is forgotten once it was last seen outside the window and has no ban and no strike
+        left to remember; every structure here is then bounded by what the window's quotas let in.
+        """
         oldest = current_epoch - self.read_epochs  # kept one extra epoch so late polls stay deduped
         self._known = {b: e for b, e in self._known.items() if e >= oldest}
         self._quotas = {k: q for k, q in self._quotas.items() if k[1] >= oldest}
-        self._banned_until = {a: t for a, t in self._banned_until.items() if t > now}
+        self._epoch_totals = {k: q for k, q in self._epoch_totals.items() if k[0] >= oldest}
+        self._attempts = {k: v for k, v in self._attempts.items() if v[1] >= oldest}
+        self._peers = {
+            a: p
+            for a, p in self._peers.items()
+            if p.last_epoch >= oldest or p.banned_until > now or p.last_offence + self.max_ban_seconds >= now
+        }
 
     def authors_seen(self) -> int:
-        return len(self._authors_seen)
+        """Authors remembered now (seen in the window, banned, or with strikes)."""
+        return len(self._peers)
 
     def banned(self, now: float) -> list[str]:
-        return sorted(a for a, t in self._banned_until.items() if t > now)
+        return sorted(a for a, p in self._peers.items() if p.banned_until > now)

@@ -65,6 +65,21 @@ class SwarmSettings(BaseModel):
     before it. (How old a received group may be when it is trained on is the node's own setting.)"""
     max_batches_per_peer_epoch: int = Field(default=16, ge=1)
     max_bytes_per_peer_epoch: int = Field(default=64 * _MIB, ge=1)
+    """Signed bytes pulled from one author per epoch."""
+    max_payload_bytes_per_peer_epoch: int = Field(default=64 * _MIB, ge=1)
+    """Expanded (decompressed) bytes decoded for one author per epoch, charged before decoding."""
+    max_batch_payload_bytes: int = Field(default=8 * _MIB, ge=1)
+    """Largest expanded payload of one batch this node decodes (a batch of 32 reasoning groups x 8
+    completions of 512 tokens is about 2 MiB); larger ones are refused before decoding."""
+    max_batches_per_epoch: int = Field(default=1024, ge=1)
+    """Batches pulled per epoch from all authors together (identities are free: per-author quotas alone
+    do not bound a flood)."""
+    max_bytes_per_epoch: int = Field(default=256 * _MIB, ge=1)
+    """Signed bytes pulled per epoch from all authors together."""
+    newcomer_share: float = Field(default=0.5, gt=0, le=1)
+    """Share of the global quota and of the pull slots that authors with no accepted batch yet may use."""
+    max_peers_tracked: int = Field(default=4096, ge=16)
+    """Authors remembered by the peer book (quiet ones are pruned with the epoch window anyway)."""
     ban_seconds: float = Field(default=30.0, gt=0)
     """First ban of a peer that sent invalid data; each further offence multiplies it by ``ban_backoff``."""
     ban_backoff: float = Field(default=2.0, ge=1.0)
@@ -81,13 +96,25 @@ class SwarmSettings(BaseModel):
     """Ceiling on any record's remaining lifetime; longer-lived records from peers are rejected."""
     join_retry_seconds: float = Field(default=1.0, gt=0)
     join_retry_max_seconds: float = Field(default=30.0, gt=0)
+    pull_timeout: float = Field(default=10.0, gt=0)
+    """Bound on one whole pull (every address tried, every read): a peer that trickles bytes or stalls
+    a stream holds a pull slot at most this long, and is banned for it."""
     max_concurrent_pulls: int = Field(default=8, ge=1)
+    max_pulls_per_author: int = Field(default=2, ge=1)
     max_pull_attempts: int = Field(default=3, ge=1)
     max_inbox_batches: int = Field(default=256, ge=1)
     """Collected batches waiting for ``collect()``; the oldest are dropped (and counted) beyond this."""
+    max_inbox_bytes: int = Field(default=256 * _MIB, ge=1)
+    """Estimated memory of the decoded batches waiting for ``collect()`` (oldest dropped beyond it)."""
     max_publish_queue: int = Field(default=32, ge=1)
     max_held_batches: int = Field(default=512, ge=1)
     """Signed batches kept in memory to serve to peers (own and collected)."""
+    max_held_bytes: int = Field(default=128 * _MIB, ge=1)
+    """Signed bytes kept in memory to serve to peers; the least recently added go first beyond it."""
+    max_dht_store_bytes: int = Field(default=64 * _MIB, ge=1)
+    """DHT records this node stores or caches for others, all keys together (accounted by the validator)."""
+    max_foreign_dht_bytes: int = Field(default=4 * _MIB, ge=1)
+    """Of which records under keys outside this swarm's recent manifest keys."""
 
     @field_validator("swarm_id")
     @classmethod

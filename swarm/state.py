@@ -27,6 +27,11 @@ def peer_book_for(settings: SwarmSettings) -> PeerBook:
         ban_backoff=settings.ban_backoff,
         max_ban_seconds=settings.max_ban_seconds,
         max_pull_attempts=settings.max_pull_attempts,
+        max_batches_per_epoch=settings.max_batches_per_epoch,
+        max_bytes_per_epoch=settings.max_bytes_per_epoch,
+        max_payload_bytes_per_peer_epoch=settings.max_payload_bytes_per_peer_epoch,
+        newcomer_share=settings.newcomer_share,
+        max_peers=settings.max_peers_tracked,
     )
 
 
@@ -36,8 +41,10 @@ class SharedState:
 
     peer_book: PeerBook
     max_inbox: int
+    max_inbox_bytes: int
     lock: threading.Lock = field(default_factory=threading.Lock)
-    inbox: deque[RolloutBatch] = field(default_factory=deque)
+    inbox: deque[tuple[RolloutBatch, int]] = field(default_factory=deque)  # (batch, estimated bytes)
+    inbox_bytes: int = 0
     counters: Counter[str] = field(default_factory=Counter)
     network_up: bool = False
     dht_peers: list[str] = field(default_factory=list)
@@ -47,20 +54,27 @@ class SharedState:
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SharedState:
-        return cls(peer_book=peer_book_for(settings), max_inbox=settings.max_inbox_batches)
+        return cls(peer_book=peer_book_for(settings), max_inbox=settings.max_inbox_batches,
+                   max_inbox_bytes=settings.max_inbox_bytes)
 
-    def push_batch(self, batch: RolloutBatch) -> None:
-        """Queue a verified batch for ``collect()``; the oldest is dropped (and counted) when full."""
+    def push_batch(self, batch: RolloutBatch, nbytes: int) -> None:
+        """Queue a verified batch (``nbytes``: its estimated memory) for ``collect()``.
+
+        The oldest are dropped (and counted) while the inbox holds too many batches or bytes.
+        """
         with self.lock:
-            self.inbox.append(batch)
-            while len(self.inbox) > self.max_inbox:
-                self.inbox.popleft()
+            self.inbox.append((batch, nbytes))
+            self.inbox_bytes += nbytes
+            while len(self.inbox) > self.max_inbox or self.inbox_bytes > self.max_inbox_bytes:
+                _, dropped = self.inbox.popleft()
+                self.inbox_bytes -= dropped
                 self.peer_book.count(RejectReason.DROPPED_INBOX_FULL)
 
     def drain(self) -> list[RolloutBatch]:
         with self.lock:
-            batches = list(self.inbox)
+            batches = [batch for batch, _ in self.inbox]
             self.inbox.clear()
+            self.inbox_bytes = 0
         return batches
 
     def set_network(self, *, up: bool, dht_peers: list[str] | None = None) -> None:

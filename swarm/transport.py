@@ -58,6 +58,8 @@ class SwarmTransport:
             epoch_seconds=settings.epoch_seconds,
             max_ttl=settings.max_manifest_ttl,
             limits=limits,
+            max_store_bytes=settings.max_dht_store_bytes,
+            max_foreign_bytes=settings.max_foreign_dht_bytes,
         )
         self._lifecycle = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -255,6 +257,13 @@ class SwarmTransport:
         """Peers' batches verified since the last call (signature, hash, limits, quotas, dedup)."""
         return self._shared.drain()
 
+    def penalize(self, peer_id: str, reason: str) -> None:
+        """Count an offence found in an author's accepted batch (e.g. rollouts that fail the node's own
+        checks) and ban the author with backoff, exactly as for invalid bytes."""
+        with self._shared.lock:
+            length = self._shared.peer_book.penalize(peer_id, reason, time.monotonic())
+        logger.debug("banned %s for %.0f s: %s", peer_id[:12], length, reason)
+
     def peers(self) -> list[str]:
         """libp2p ids of this node's current DHT neighbours."""
         with self._shared.lock:
@@ -296,6 +305,16 @@ class SwarmTransport:
                 "bytes_in": counters["bytes_in"],
                 "bytes_out": counters["bytes_out"],
                 "inbox": len(shared.inbox),
+                "inbox_bytes": shared.inbox_bytes,
+                "offences": dict(book.offences),
+                "pulls_failed": counters["pulls_failed"],
+                "pulls_stalled": counters["pulls_stalled"],
+                "serve_failed": counters["serve_failed"],
+                "poll_failed": counters["poll_failed"],
+                "poll_key_timeouts": counters["poll_key_timeouts"],
+                "poll_key_failures": counters["poll_key_failures"],
+                "duplicate_groups": counters["duplicate_groups"],
+                "dht_store_bytes": self._validator.stored_bytes,
                 "join_attempts": counters["join_attempts"],
                 "join_failures": counters["join_failures"],
                 "start_failures": counters["start_failures"],

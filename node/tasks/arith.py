@@ -8,12 +8,17 @@ index i is the i-th problem of an order that is a pure function of (seed, datase
 by a sha256 of (seed, dataset, a, b). Three-digit datasets have a million problems: index i is the
 problem drawn from a sha256 of (seed, dataset, i). Which problems are held out for evaluation depends on
 the problem alone (``content_key``: operation and operands), not on the seed, the index or the width.
+
+Building one two-digit order costs tens of milliseconds (10,000 hashes and a sort), so orders are cached
+compactly (two bytes a problem, about 20 KB an order) for the 256 most recent (seed, dataset) pairs; how
+many distinct seeds a peer may bring is capped at ingestion (``node.ingest``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from array import array
 from typing import Any
 
 from node.modes import ChatTemplateMode
@@ -25,6 +30,7 @@ from protocol.taskref import TaskRef
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
+ORDER_CACHE_SIZE = 256
 _ORDERED_DIGITS = 2  # datasets of at most this many digits use a full permutation of their problems
 
 
@@ -54,10 +60,8 @@ def hashed_problem(seed: int, dataset: str, index: int) -> tuple[int, int]:
 
 
 def score_digits(answer: str, completion: str) -> float:
-    """1.0 iff the completion, stripped and cut at its first newline, is exactly ``answer``."""
-    stripped = completion.strip()
-    first_line = stripped.split("\n", 1)[0].strip()
-    return 1.0 if first_line == answer else 0.0
+    """1.0 iff the whole completion is ``answer`` (surrounding whitespace aside): nothing may follow it."""
+    return 1.0 if completion.strip() == answer else 0.0
 
 
 class ArithTaskSource(TaskSource):
@@ -75,7 +79,7 @@ class ArithTaskSource(TaskSource):
     ) -> None:
         # chat_template is accepted so every source takes the same options; arith prompts stay raw.
         super().__init__(datasets, weights, seed, chat_template)
-        self._orders: LRUCache[tuple[int, str], list[tuple[int, int]]] = LRUCache(32)  # (seed, dataset): a swarm of 16 peers on two datasets
+        self._orders: LRUCache[tuple[int, str], array[int]] = LRUCache(ORDER_CACHE_SIZE)
 
     def _settings(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "datasets": DATASETS, "order": "sha256-sort-or-hash"}
@@ -88,10 +92,12 @@ class ArithTaskSource(TaskSource):
     def _generate(self, ref: TaskRef) -> Task:
         op, digits = DATASETS[ref.dataset]
         if digits <= _ORDERED_DIGITS:
+            n = 10**digits
             order = self._orders.get_or_create(
-                (ref.seed, ref.dataset), lambda: problem_order(ref.seed, ref.dataset)
+                (ref.seed, ref.dataset),
+                lambda: array("H", (a * n + b for a, b in problem_order(ref.seed, ref.dataset))),
             )
-            a, b = order[ref.index]
+            a, b = divmod(order[ref.index], n)
         else:
             a, b = hashed_problem(ref.seed, ref.dataset, ref.index)
         if op == "sub" and a < b:

@@ -84,6 +84,9 @@ class TaskSource(ABC):
 
     name: ClassVar[str]
     known_datasets: ClassVar[tuple[str, ...]]
+    isolated_scoring: ClassVar[bool] = False
+    """True when a scorer may take long on text a peer chose: peers' completions are then scored in a
+    child process with a time limit (``node.scoring``)."""
 
     def __init__(
         self,
@@ -114,6 +117,7 @@ class TaskSource(ABC):
         self.seed = seed
         self.chat_template: ChatTemplateMode = chat_template
         self._config_hash: str | None = None
+        self.score_errors = 0  # scorer exceptions turned into a zero reward
 
     @property
     def config_hash(self) -> str:
@@ -150,6 +154,10 @@ class TaskSource(ABC):
         return task.prompt
 
     # ----------------------------------------------------------------------------------- public API
+
+    def warm_up(self) -> None:
+        """Import what scoring needs now, so a first score does not pay for it (no-op by default)."""
+        return None
 
     def task(self, ref: TaskRef) -> Task:
         """Regenerate exactly the task ``ref`` names; raise ``TaskError`` when it is not ours to make."""

@@ -49,6 +49,7 @@ MAX_ANSWER_CHARS = 4096
 _SLOW_ITEM_S = 0.05
 # binary_matrix's scorer eval()s the answer when it is not an exact match: only a list literal may get there.
 _MATRIX_LITERAL = re.compile(r"[0-9\s\[\],]*")
+_CLOSING_TAG = "</answer>"
 
 
 def _library() -> Any:
@@ -96,6 +97,7 @@ class ReasoningGymTaskSource(TaskSource):
 
     name = "reasoning_gym"
     known_datasets = SAPO_DATASETS
+    isolated_scoring = True  # e.g. propositional_logic's parser is superlinear in the answer
 
     def __init__(
         self,
@@ -166,9 +168,15 @@ class ReasoningGymTaskSource(TaskSource):
         )
 
     def score(self, task: Task, completion: str) -> float:
-        """The dataset's own ``score_answer`` on the extracted answer, clipped to [0, 1]; 0 on any failure."""
+        """The dataset's own ``score_answer`` on the extracted answer, clipped to [0, 1]; 0 on any failure.
+
+        The answer must end the completion: text after the last ``</answer>`` scores 0.
+        """
         self.check_ref(task.ref)
         entry = self._entry(task.ref)
+        closing = completion.lower().rfind(_CLOSING_TAG)
+        if closing != -1 and completion[closing + len(_CLOSING_TAG) :].strip():
+            return 0.0
         answer = extract_answer(completion)
         if answer is None or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
@@ -178,9 +186,13 @@ class ReasoningGymTaskSource(TaskSource):
         try:
             value = float(scorer(answer, copy.deepcopy(entry)))
         except Exception as error:  # a scorer crashing on odd input is a zero reward, not a node failure
+            self.score_errors += 1
             logger.debug("scorer of %s failed on %r: %r", task.ref.key(), answer[:80], error)
             return 0.0
         return min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0
+
+    def warm_up(self) -> None:
+        _library()
 
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
         return format_for_model(task.prompt, tokenizer, self.chat_template, self.system_prompt)

@@ -10,7 +10,10 @@ Inputs, for a batch of B completions padded to T tokens:
 - ``mask`` ``[B, T]``: 1 for completion tokens, 0 for padding (any dtype; read as ``mask != 0``).
 
 Every ratio is computed in log space, and only on masked tokens: padded positions are replaced by 0
-before any ``exp``, so ``-inf`` padding never produces a NaN value or gradient.
+before any ``exp``, so ``-inf`` padding never produces a NaN value or gradient. Every token log-ratio is
+clamped to ``[-MAX_LOG_RATIO, MAX_LOG_RATIO]`` before it is used, in every loss: behaviour log-probs come
+from peers, and one absurd value (``-3e38``) must not turn a loss or a gradient non-finite (a clamped
+token gets no gradient through its ratio).
 
 Aggregation rule (the same for every loss): each sequence b gets a surrogate
 ``L_b = sum_t m_bt * l_bt / max(1, sum_t m_bt)``, its per-token surrogate ``l_bt`` summed over its
@@ -35,6 +38,10 @@ import torch
 from torch import Tensor
 
 from node.modes import LOSS_KINDS, LossKind
+
+MAX_LOG_RATIO = 20.0
+"""Bound on ``|log pi - log nu|`` per token (a ratio of about 5e8): far beyond any ratio that still
+carries information, well inside float32."""
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -68,8 +75,9 @@ def _check_shapes(logprobs: Tensor, anchor_logprobs: Tensor, advantages: Tensor,
 
 
 def _token_log_ratio(logprobs: Tensor, anchor_logprobs: Tensor, keep: Tensor) -> Tensor:
-    """``[B, T]`` log(pi / nu) on kept tokens, 0 elsewhere (safe to exponentiate)."""
+    """``[B, T]`` log(pi / nu) on kept tokens, clamped to ``+-MAX_LOG_RATIO``; 0 elsewhere."""
     diff = logprobs - anchor_logprobs.detach().to(logprobs.dtype)
+    diff = torch.nan_to_num(diff, nan=0.0).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return torch.where(keep, diff, torch.zeros_like(diff))
 
 

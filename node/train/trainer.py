@@ -1,12 +1,14 @@
 """One optimisation step of off-policy-corrected REINFORCE on a list of scored groups.
 
 The math lives in pure functions (``advantages.py``, ``losses.py``); this module only batches sequences,
-runs forward/backward in micro-batches and steps the optimizer.
+runs forward/backward in micro-batches and steps the optimizer. A step whose loss or gradient is not
+finite is never applied: the gradients are dropped, the step is counted (``skipped_steps``) and logged.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ class Trainer:
         self.routings = routings
         self.off_policy_correction = off_policy_correction
         self.routing_generator = torch.Generator(device=policy.device).manual_seed(seed)  # ReMix routings sampled in training
+        self.skipped_steps = 0
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -67,10 +70,17 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
             n_tokens += sum(len(r[1]) for r in chunk)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm)
-        self.optimizer.step()
+        finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+            logger.warning("skipped an optimizer step: loss %s, gradient norm %s (not finite)", sums["loss"],
+                           float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
-        return {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens), "grad_norm": float(grad_norm)}
+        return {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens),
+                "grad_norm": float(grad_norm) if finite else 0.0, "skipped_steps": float(self.skipped_steps)}
 
     def _micro_step(self, rows: list[tuple[list[int], list[int], list[float], float]], weight: float) -> dict[str, float]:
         device = self.policy.device

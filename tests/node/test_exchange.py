@@ -174,6 +174,8 @@ def test_ids_that_do_not_spell_the_scored_text_are_rejected(tmp_path):
     g0 = batch.groups[0]
     task = b.source.task(g0.task)
     wrong_ids = tuple(b.policy.tokenizer("999", add_special_tokens=False)["input_ids"])
+    if g0.rollouts[0].finish_reason == "eos":
+        wrong_ids = (*wrong_ids, b.policy.tokenizer.eos_token_id)
     forged_rollout = dataclasses.replace(g0.rollouts[0], completion=task.answer, completion_ids=wrong_ids,
                                          behavior_logprobs=(-0.1,) * len(wrong_ids))
     forged = dataclasses.replace(batch, groups=(dataclasses.replace(g0, rollouts=(forged_rollout,)),))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from node.train.losses import (
+    MAX_LOG_RATIO,
     masked_mean,
     policy_loss,
     sequence_surrogate,
@@ -119,12 +120,13 @@ def test_topr_negative_weight_bounded_and_vanishes(length_norm: bool) -> None:
         # grad per token = -w * A / len = 1.5 w / 2 <= 0.75.
         torch.testing.assert_close(g, torch.full((1, 2), 0.75 * w))
         assert 0.0 <= w <= 1.0
-        log_ratio = 2 * delta if not length_norm else delta
+        clamped = max(-MAX_LOG_RATIO, min(MAX_LOG_RATIO, delta))  # each token's log-ratio is clamped
+        log_ratio = 2 * clamped if not length_norm else clamped
         assert w == pytest.approx(math.exp(min(0.0, log_ratio)), rel=1e-5, abs=1e-30)
         weights.append(w)
     assert weights[:3] == [1.0, 1.0, 1.0]
     assert all(a >= b for a, b in zip(weights, weights[1:]))  # non-increasing as it leaves
-    assert weights[-1] < 1e-20
+    assert weights[-1] < 1e-8
 
 
 def test_tapered_weights_are_detached() -> None:
@@ -278,12 +280,31 @@ def test_sequence_values_bounded_for_negatives() -> None:
         values = sequence_values(logp, anchor, TOPR_ADV, TOPR_MASK, kind)  # type: ignore[arg-type]
         assert not values.requires_grad
         torch.testing.assert_close(values, torch.tensor([positive, 2 * math.exp(-0.1)]))
-    # A negative the policy has left (log-ratio -40 per token) is worth ~0, never unboundedly negative.
+    # A negative the policy has left (log-ratio -40 per token, clamped to -20) is worth ~0: 2 * exp(-40),
+    # never unboundedly negative.
     far = torch.tensor([[-41.0, -42.0]])
     values = sequence_values(
         far, torch.tensor([[-1.0, -2.0]]), torch.tensor([-2.0]), torch.ones(1, 2), "topr"
     )
-    assert 0.0 <= float(values[0]) < 1e-30
+    assert float(values[0]) == pytest.approx(2 * math.exp(-2 * MAX_LOG_RATIO), rel=1e-5)
     # PPO's value is already bounded below: |A| * mean max(rho, clip(rho)) = 1 * 1.075 (see above).
     values = sequence_values(leaf(CLIP_LOGP), CLIP_ANCHOR, torch.tensor([-1.0]), ONE_MASK, "grpo")
     torch.testing.assert_close(values, torch.tensor([1.075]))
+
+
+# --- peers' absurd behaviour log-probs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["topr", "rec", "grpo", "reinforce"])
+@pytest.mark.parametrize("anchor_value", [-3e38, 3e38, float("nan")])
+def test_every_loss_stays_finite_whatever_the_behaviour_logprobs(kind: str, anchor_value: float) -> None:
+    """A log-ratio against -3e38 (a finite float32) overflowed exp() in GRPO and tapered weights; every
+    token log-ratio is clamped to +-MAX_LOG_RATIO, so loss and gradient stay finite in every loss."""
+    logp = leaf([[-1.0, -2.0], [-0.5, -0.25]])
+    anchor = torch.tensor([[anchor_value, -2.0], [anchor_value, anchor_value]])
+    for adv in ([1.0, -1.0], [-1.0, 1.0]):
+        loss, stats = policy_loss(logp, anchor, torch.tensor(adv), torch.ones(2, 2), kind)  # type: ignore[arg-type]
+        grad = grad_of(loss, logp)
+        assert math.isfinite(float(loss)) and bool(torch.isfinite(grad).all())
+        assert all(math.isfinite(v) for v in stats.values())
+        assert stats["ratio_max"] <= math.exp(MAX_LOG_RATIO) * (1 + 1e-6)

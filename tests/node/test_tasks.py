@@ -160,7 +160,8 @@ def test_peer_seed_regenerates_on_any_source() -> None:
         ("042", 1.0),
         ("042\n", 1.0),
         ("  042  ", 1.0),
-        ("\n 042\nmore text", 1.0),
+        ("\n 042\nmore text", 0.0),  # nothing may follow the answer
+        ("042\n042", 0.0),
         ("42", 0.0),
         ("0420", 0.0),
         ("04 2", 0.0),

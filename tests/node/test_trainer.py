@@ -36,3 +36,49 @@ def test_reinforce_ada_groups_use_the_mean_of_every_draw_whatever_the_advantage_
     plain = _group([1.0, 0.0])  # no record of other draws: the configured kind
     (kept,) = assign_advantages([plain], "rloo")
     assert torch.allclose(kept.advantages, torch.tensor([1.0, -1.0]))
+
+
+def _tiny_trainer(loss: str = "grpo"):
+    from node.config import AdapterConfig, ModelConfig
+    from node.policy.model import build_policy
+    from node.train.trainer import Trainer
+
+    policy = build_policy(ModelConfig(device="cpu"), AdapterConfig(), seed=0)
+    return policy, Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
+                           loss=loss, eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
+                           temperature=1.0)
+
+
+def _peer_group(anchor: float) -> TrainGroup:
+    g = TrainGroup(key="k", peer_id="p", epoch=0, prompt_ids=[1, 4, 5], completions=[[6, 7, 2], [8, 2]],
+                   anchor_logprobs=[[anchor, -1.0, -1.0], [anchor, -1.0]], rewards=[1.0, 0.0])
+    (kept,) = assign_advantages([g], "rloo")
+    return kept
+
+
+def test_a_step_against_absurd_behaviour_logprobs_is_finite():
+    """With ``train.loss=grpo``, behaviour log-probs of -3e38 made one step turn every parameter non-finite."""
+    policy, trainer = _tiny_trainer("grpo")
+    before = {k: v.clone() for k, v in policy.trainable_state().items()}
+    stats = trainer.step([_peer_group(-3e38)])
+    after = policy.trainable_state()
+    assert stats["skipped_steps"] == 0.0 and stats["grad_norm"] > 0
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
+    policy, trainer = _tiny_trainer("topr")
+    before = {k: v.clone() for k, v in policy.trainable_state().items()}
+    param = next(p for p in policy.model.parameters() if p.requires_grad)
+    handle = param.register_hook(lambda grad: grad * float("nan"))
+    try:
+        stats = trainer.step([_peer_group(-1.0)])
+    finally:
+        handle.remove()
+    assert stats["skipped_steps"] == 1.0 and trainer.skipped_steps == 1 and stats["grad_norm"] == 0.0
+    after = policy.trainable_state()
+    assert all(torch.equal(before[k], after[k]) for k in after)  # nothing applied
+    assert not trainer.optimizer.state  # not even the optimizer's moments
+    assert trainer.step([_peer_group(-1.0)])["skipped_steps"] == 1.0  # the next step is applied
+    assert any(not torch.equal(before[k], v) for k, v in policy.trainable_state().items())

@@ -42,3 +42,4 @@ def make_batch(
         created_at=time.time(),
         groups=tuple(groups),
     )
+

@@ -11,7 +11,7 @@ import pytest
 from protocol.codec import encode_batch, encode_manifest, make_manifest
 from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS
-from swarm.intake import KNOWN, read_manifest, screen, settle, verify_batch
+from swarm.intake import KNOWN, check_bytes, read_manifest, screen, settle, verify_now
 from swarm.memory import InMemoryHub, InMemoryTransport
 from swarm.settings import SwarmSettings
 from tests.swarm.batches import make_batch
@@ -75,8 +75,8 @@ def test_stale_and_over_quota_batches_are_screened_out() -> None:
     hub, alice, bob = _pair()
     hub.epoch = 5
     hub.announce(alice, *_signed(alice.identity, epoch=3, seq=1))  # read_epochs 2: epoch 3 is too old
-    for seq in (2, 3, 4):  # quota: 2 batches per author and epoch
-        hub.announce(alice, *_signed(alice.identity, epoch=5, seq=seq))
+    for seq in (2, 3, 4):  # quota: 2 batches per author and epoch (distinct contents: no dedup)
+        hub.announce(alice, *_signed(alice.identity, epoch=5, seq=seq, text=str(seq)))
     assert len(bob.collect()) == 2
     assert bob.stats()["batches_rejected"] == {"stale": 1, "quota_batches": 1}
 
@@ -91,14 +91,21 @@ def test_intake_steps_directly() -> None:
     assert read_manifest(book, manifest_data, DEFAULT_LIMITS, own_key=b"\0" * 32, swarm_id="other") is None
     manifest = read_manifest(book, manifest_data, DEFAULT_LIMITS, own_key=b"\0" * 32, swarm_id="test-swarm")
     assert manifest is not None
-    assert screen(book, manifest, DEFAULT_LIMITS, current_epoch=1, now=0.0) is None
-    assert screen(book, manifest, DEFAULT_LIMITS, current_epoch=1, now=0.0) == KNOWN  # deduplicated, not counted
-    batch, reason = verify_batch(manifest, data, DEFAULT_LIMITS, swarm_id="test-swarm")
-    assert batch is not None and reason is None
-    assert verify_batch(manifest, data, DEFAULT_LIMITS, swarm_id="elsewhere") == (None, "wrong_swarm")
-    assert verify_batch(manifest, data + b"x", DEFAULT_LIMITS, swarm_id="test-swarm") == (None, "size_mismatch")
-    settle(book, manifest, len(data), None, offence=True, now=0.0)
-    assert book.accepted == 1 and not book.rejected
+    assert screen(book, manifest, DEFAULT_LIMITS, current_epoch=1, now=0.0) is None  # in flight now
+    assert check_bytes(manifest, data + b"x", SETTINGS, DEFAULT_LIMITS, from_author=True)[:2] == ("size_mismatch", True)
+    other = SwarmSettings(swarm_id="elsewhere")
+    assert verify_now(book, manifest, data, other, DEFAULT_LIMITS, {}, from_author=True) == (None, "wrong_swarm", True)
+    seen: dict[bytes, int] = {}
+    batch, reason, offence = verify_now(book, manifest, data, SETTINGS, DEFAULT_LIMITS, seen, from_author=True)
+    assert batch is not None and reason is None and not offence and len(seen) == len(batch.groups)
+    settle(book, manifest, len(data), None, offence=False, now=0.0)
+    assert book.accepted == 1 and screen(book, manifest, DEFAULT_LIMITS, current_epoch=1, now=0.0) == KNOWN
+    # The same groups again, under another id: nothing new, refused as duplicate content (no offence).
+    again_manifest, again = _signed(alice, epoch=1, seq=9)
+    m2 = read_manifest(book, again_manifest, DEFAULT_LIMITS, own_key=b"", swarm_id="test-swarm")
+    assert m2 is not None and screen(book, m2, DEFAULT_LIMITS, current_epoch=1, now=0.0) is None
+    assert verify_now(book, m2, again, SETTINGS, DEFAULT_LIMITS, seen, from_author=True) == (
+        None, "duplicate_content", False)
 
 
 @pytest.mark.parametrize("offence", [True, False])

@@ -46,22 +46,32 @@ def test_staleness_window_and_future_epochs() -> None:
     assert pb.screen("q", "far", 12, 1, current_epoch=10, now=0) == "future_epoch"
 
 
-def test_every_batch_id_is_screened_once() -> None:
+def test_a_batch_id_is_known_only_once_accepted() -> None:
     pb = book()
-    assert not pb.is_known("b1")
-    pb.screen("p", "b1", 10, 1, current_epoch=10, now=0)
-    assert pb.is_known("b1")
+    assert pb.screen("p", "b1", 10, 1, current_epoch=10, now=0) is None
+    assert pb.in_flight("b1") and not pb.is_known("b1")
+    pb.accept("p", "b1", 10, 1)
+    assert pb.is_known("b1") and not pb.in_flight("b1")
+
+
+def test_a_rejected_copy_of_an_id_does_not_block_the_genuine_batch() -> None:
+    pb = book()
+    assert pb.screen("mallory", "b1", 10, 1, current_epoch=10, now=0) is None
+    pb.reject("mallory", "b1", 10, 1, "manifest_mismatch", offence=True, now=0)
+    assert not pb.is_known("b1") and not pb.in_flight("b1")
+    assert pb.screen("alice", "b1", 10, 1, current_epoch=10, now=0) is None
+    assert pb.offences == {"manifest_mismatch": 1} and pb.is_banned("mallory", 1)
 
 
 def test_bans_back_off_exponentially_up_to_a_cap() -> None:
     pb = book()
     assert pb.punish("p", now=0) == 10.0
     assert pb.is_banned("p", 9.9) and not pb.is_banned("p", 10.0)
-    assert pb.punish("p", now=100) == 20.0
-    assert pb.punish("p", now=100) == 35.0  # 40 capped
-    assert pb.ban_remaining("p", 100) == pytest.approx(35.0)
-    assert pb.screen("p", "b", 10, 1, current_epoch=10, now=101) == "banned"
-    assert pb.banned(101) == ["p"] and pb.banned(200) == []
+    assert pb.punish("p", now=30) == 20.0
+    assert pb.punish("p", now=30) == 35.0  # 40 capped
+    assert pb.ban_remaining("p", 30) == pytest.approx(35.0)
+    assert pb.screen("p", "b", 10, 1, current_epoch=10, now=31) == "banned"
+    assert pb.banned(31) == ["p"] and pb.banned(100) == []
 
 
 def test_reject_with_offence_bans_and_gives_back_quota() -> None:
@@ -73,29 +83,80 @@ def test_reject_with_offence_bans_and_gives_back_quota() -> None:
     assert pb.screen("p", "b2", 10, 1000, current_epoch=10, now=11) is None  # the 500 bytes were released
 
 
-def test_failed_pulls_are_retried_then_counted_unreachable() -> None:
+def test_failed_pulls_are_retried_then_counted_unreachable_and_punished() -> None:
     pb = book()
     pb.screen("p", "b1", 10, 100, current_epoch=10, now=0)
-    assert pb.pull_failed("p", "b1", 10, 100) is True
-    assert not pb.is_known("b1")  # the next poll screens it again
+    assert pb.pull_failed("p", "b1", 10, 100, stalled=False, now=0) is True
+    assert not pb.in_flight("b1") and not pb.is_banned("p", 0)  # the next poll screens it again
     pb.screen("p", "b1", 10, 100, current_epoch=10, now=0)
-    assert pb.pull_failed("p", "b1", 10, 100) is False
-    assert pb.is_known("b1") and pb.rejected == {"unreachable": 1}
+    assert pb.pull_failed("p", "b1", 10, 100, stalled=False, now=0) is False
+    assert not pb.is_known("b1") and pb.rejected == {"unreachable": 1}
+    assert pb.is_banned("p", 5) and pb.offences == {"unreachable": 1}
+
+
+def test_a_stalled_pull_is_an_offence_at_once() -> None:
+    pb = book()
+    pb.screen("p", "b1", 10, 600, current_epoch=10, now=0)
+    assert pb.pull_failed("p", "b1", 10, 600, stalled=True, now=0) is False
+    assert pb.rejected == {"stalled": 1} and pb.ban_remaining("p", 0) == 10.0
+    assert pb.screen("p", "b2", 10, 1000, current_epoch=10, now=10) is None  # quota given back
 
 
 def test_accept_counts_and_prune_forgets_old_epochs() -> None:
     pb = book()
     pb.screen("p", "b1", 9, 100, current_epoch=9, now=0)
-    pb.accept("b1", 100)
+    pb.accept("p", "b1", 9, 100)
     assert (pb.accepted, pb.accepted_bytes, pb.authors_seen()) == (1, 100, 1)
+    assert pb.is_established("p")
     pb.prune(current_epoch=11, now=0)  # keeps epochs >= 9
-    assert pb.is_known("b1")
+    assert pb.is_known("b1") and pb.authors_seen() == 1
     pb.prune(current_epoch=12, now=0)
-    assert not pb.is_known("b1")
+    assert not pb.is_known("b1") and pb.authors_seen() == 0
 
 
-def test_refuse_counts_without_quota() -> None:
+def test_refuse_counts_without_quota_and_may_punish() -> None:
     pb = book()
-    assert pb.refuse("p", "big", 10, "too_large") == "too_large"
-    assert pb.is_known("big") and pb.rejected == {"too_large": 1}
-    assert pb.screen("p", "b1", 10, 1000, current_epoch=10, now=0) is None
+    assert pb.refuse("p", 10, "too_large", offence=True, now=0) == "too_large"
+    assert not pb.is_known("big") and pb.rejected == {"too_large": 1}
+    assert pb.is_banned("p", 1)
+    assert pb.screen("q", "b1", 10, 1000, current_epoch=10, now=0) is None
+
+
+def test_global_quota_leaves_room_for_established_authors() -> None:
+    pb = book(max_batches_per_peer_epoch=10, max_batches_per_epoch=6, newcomer_share=0.5)
+    assert pb.screen("old", "b0", 10, 1, current_epoch=10, now=0) is None  # a newcomer's batch, then...
+    pb.accept("old", "b0", 10, 1)  # ... established
+    assert pb.screen("sybil-1", "s1", 10, 1, current_epoch=10, now=0) is None
+    assert pb.screen("sybil-2", "s2", 10, 1, current_epoch=10, now=0) is None
+    assert pb.screen("sybil-3", "s3", 10, 1, current_epoch=10, now=0) == "quota_global"  # 3 = half of 6
+    for bid in ("b1", "b2", "b3"):
+        assert pb.screen("old", bid, 10, 1, current_epoch=10, now=0) is None
+    assert pb.screen("old", "b4", 10, 1, current_epoch=10, now=0) == "quota_global"  # 6 in all
+    assert pb.rejected == {"quota_global": 2}
+
+
+def test_payload_quota_is_charged_before_decoding() -> None:
+    pb = book(max_payload_bytes_per_peer_epoch=1000)
+    assert pb.charge_payload("p", 10, 600) is None
+    assert pb.charge_payload("p", 10, 401) == "quota_payload"
+    assert pb.charge_payload("p", 11, 1000) is None
+
+
+def test_strikes_are_forgotten_after_a_quiet_period() -> None:
+    pb = book()  # max_ban_seconds 35
+    assert pb.penalize("p", "text_mismatch", now=0) == 10.0
+    assert pb.punish("p", now=35) == 20.0  # within 35 s of the last offence: backoff
+    assert pb.punish("p", now=35 + 36) == 10.0  # quiet for longer: starts over
+    assert pb.rejected == {"text_mismatch": 1}
+
+
+def test_authors_are_pruned_and_bounded_in_number() -> None:
+    pb = book(max_peers=16)
+    for i in range(100):
+        pb.screen(f"sybil-{i}", f"b{i}", 10, 1, current_epoch=10, now=0)
+    assert pb.authors_seen() <= 16
+    pb.punish("sybil-99", now=0)
+    pb.prune(current_epoch=20, now=1)
+    assert pb.banned(1) == ["sybil-99"] and pb.authors_seen() == 1
+    pb.prune(current_epoch=20, now=40)
+    assert pb.authors_seen() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hivemind.dht.routing import DHTID
@@ -33,11 +34,12 @@ def record(
     ttl: float = 100.0,
     expiration: float | None = None,
     seq: int = 5,
+    key_epoch: int = EPOCH,
 ) -> DHTRecord:
     batch = dataclasses.replace(make_batch(author), epoch=epoch, seq=seq, created_at=NOW)
     manifest = make_manifest(batch, encode_batch(batch, author), expires_at=NOW + ttl)
     owner = owner or author
-    key = manifest_key("test-swarm", EPOCH, shard_of(owner.peer_id))
+    key = manifest_key("test-swarm", key_epoch, shard_of(owner.peer_id))
     return DHTRecord(
         key=DHTID.generate(source=key).to_bytes(),
         subkey=MSGPackSerializer.dumps(manifest_subkey(owner.peer_id, seq)),
@@ -82,3 +84,74 @@ def test_malformed_values_are_rejected(validator: ManifestValidator) -> None:
 def test_keys_outside_the_namespace_are_left_alone(validator: ManifestValidator) -> None:
     other = DHTRecord(DHTID.generate(source="elsewhere").to_bytes(), b"\xc0", b"\x01", NOW + 10)
     assert validator.validate(other)
+
+
+def _key_id(epoch: int, shard: int) -> bytes:
+    return DHTID.generate(source=manifest_key("test-swarm", epoch, shard)).to_bytes()
+
+
+def test_the_key_window_reaches_past_and_future_and_far_future_epochs_are_refused(
+    validator: ManifestValidator,
+) -> None:
+    """The window covers every epoch a record could live to see (max_ttl 300 s = 5 epochs of 60 s)."""
+    author = Identity.generate()
+    shard = shard_of(author.peer_id)
+    assert validator.future_epochs == 7  # ceil((300 + 5) / 60) + 1
+    assert validator.validate(record(author, epoch=EPOCH + 1, key_epoch=EPOCH + 1))  # one epoch of skew
+    for epoch in (EPOCH + 2, EPOCH + validator.future_epochs):
+        assert not validator.validate(record(author, epoch=epoch, key_epoch=epoch))
+    assert validator.snapshot() == {"record_future_epoch": 2}
+    # Past the window: a key nobody reads any more, treated (and bounded) as a foreign record.
+    old = dataclasses.replace(record(author), key=_key_id(EPOCH - validator.past_epochs - 1, shard))
+    assert validator.validate(old) and validator.foreign_bytes > 0
+
+
+def test_expirations_must_be_finite(validator: ManifestValidator) -> None:
+    author = Identity.generate()
+    foreign = DHTRecord(DHTID.generate(source="elsewhere").to_bytes(), b"\xc0", b"\x01", NOW + 10)
+    for bad in (math.nan, math.inf, -math.inf):
+        assert not validator.validate(record(author, expiration=bad))
+        assert not validator.validate(dataclasses.replace(foreign, expiration_time=bad))
+    assert validator.snapshot() == {"record_bad_expiration": 6}
+
+
+def test_records_are_bounded_in_size_and_in_total() -> None:
+    now = [NOW]
+    small = ManifestValidator("test-swarm", epoch_seconds=EPOCH_SECONDS, max_ttl=300.0, clock=lambda: now[0],
+                              max_store_bytes=64 * 1024, max_foreign_bytes=16 * 1024)
+
+    def foreign(name: str, size: int, expires: float = NOW + 10) -> DHTRecord:
+        return DHTRecord(DHTID.generate(source=name).to_bytes(), b"\xc0", bytes(size), expires)
+
+    assert not small.validate(foreign("big", 20_000))
+    assert sum(small.validate(foreign(f"f{i}", 4000)) for i in range(10)) == 3  # 3 x (4000 + 1 + 256) fit 16 KiB
+    assert small.validate(foreign("f0", 4000))  # the same record read again takes no more room
+    assert small.validate(record(Identity.generate()))  # the namespace has its own, larger room
+    assert small.snapshot() == {"record_too_large": 1, "record_store_full": 7}
+    now[0] = NOW + 11  # the three have expired and are forgotten
+    assert small.validate(foreign("g", 4000, NOW + 20)) and small.foreign_bytes == 4000 + 1 + 256
+
+
+def test_a_value_that_is_not_msgpack_reads_as_nil(validator: ManifestValidator) -> None:
+    good = record(Identity.generate())
+    assert validator.strip_value(good) == good.value
+    assert validator.strip_value(dataclasses.replace(good, value=b"\xc1\xc1")) == b"\xc0"
+    assert validator.snapshot() == {"record_malformed_read": 1}
+
+
+def test_entries_are_checked_again_when_read(validator: ManifestValidator) -> None:
+    author, mallory = Identity.generate(), Identity.generate()
+    good = record(author)
+    subkey, value = MSGPackSerializer.loads(good.subkey), MSGPackSerializer.loads(good.value)
+    shard = shard_of(author.peer_id)
+    manifest = validator.read_entry(EPOCH, shard, subkey, value, good.expiration_time)
+    assert manifest is not None and manifest.author == author.public_key
+    forged = record(mallory, owner=author)
+    assert validator.read_entry(EPOCH, shard, MSGPackSerializer.loads(forged.subkey),
+                                MSGPackSerializer.loads(forged.value), forged.expiration_time) is None
+    assert validator.read_entry(EPOCH, shard, subkey, value, math.nan) is None
+    assert validator.read_entry(EPOCH + 2, shard, subkey, value, good.expiration_time) is None
+    assert validator.read_entry(EPOCH, shard, subkey, None, good.expiration_time) is None
+    reasons = validator.snapshot()
+    assert sum(reasons.values()) == 4 and reasons["record_bad_expiration"] == 1
+    assert reasons["record_future_epoch"] == 1 and reasons["record_malformed"] == 1
