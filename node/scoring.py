@@ -1,7 +1,7 @@
 """``ScoringWorker``: peers' completions scored in a child process, each within a time limit.
 
 A verifier is code this node runs on text a peer chose. Some are not linear in it: reasoning-gym's
-propositional_logic parser spends seconds on a few hundred nested negations, and a thread cannot be
+propositional_logic parser spends seconds on a thousand nested negations, and a thread cannot be
 stopped. So the completions of a source whose scorers are not known to be cheap
 (``TaskSource.isolated_scoring``) are scored in one child process (``python -m node.scoring``, talking
 over two pipes, so nothing of this process is forked or re-imported) that rebuilds the same task source
