@@ -6,6 +6,7 @@ Usage:
     python scripts/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
                                  [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
                                  [--first-seed 0] [--group-size 8] [--set key=value ...] [--jobs 2] [--out DIR]
+                                 [--report]                   # tables and plot from the finished runs only
 
 Each run: K nodes of a tiny model joined to an in-memory swarm (``swarm.memory``) that carries the same
 bytes as the hivemind transport: every batch encoded and signed, its manifest signed, both verified and
@@ -98,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="node config overrides for every run (e.g. sapo.dataset_preference=low_signal)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one process, one torch thread each)")
     p.add_argument("--out", default="runs/bench_sapo", help="results folder (finished runs in it are reused)")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: tables, goals and plot from the grid's runs already finished in --out")
     args = p.parse_args(argv)
     preset = dict(QUICK if args.quick else FULL)
     if args.splits is not None:
@@ -145,8 +148,9 @@ def _cum(rewards: list[float]) -> float:
     return statistics.fmean(rewards)
 
 
-def execute(grid: list[RunSpec], jobs: int, out: Path) -> list[dict[str, Any]]:
-    """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run."""
+def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list[dict[str, Any]]:
+    """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run; with
+    ``run`` False, only the finished ones (the missing ones are named)."""
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
@@ -161,6 +165,10 @@ def execute(grid: list[RunSpec], jobs: int, out: Path) -> list[dict[str, Any]]:
         todo.append(spec)
     if results:
         print(f"bench_sapo: {len(results)} finished runs reused from {runs_dir}", flush=True)
+    if not run:
+        for spec in todo:
+            print(f"bench_sapo: not run (left out of the tables): {spec.name}", flush=True)
+        return results
     t0 = time.perf_counter()
 
     def report(res: dict[str, Any]) -> None:
@@ -169,7 +177,8 @@ def execute(grid: list[RunSpec], jobs: int, out: Path) -> list[dict[str, Any]]:
         cum = statistics.fmean(_cum(r) for r in res["rewards"])
         acc = statistics.fmean(res["accuracy"])
         print(f"[{len(results):3d}/{len(grid)}] {res['name']:<44s} cum_reward {cum:.3f}  acc {acc:.3f}  "
-              f"{res['seconds']:.0f}s (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
+              f"{res['seconds']:.0f}s, {res.get('cpu_seconds', 0):.0f} CPU-s (elapsed {time.perf_counter() - t0:.0f}s)",
+              flush=True)
 
     if jobs <= 1 or len(todo) <= 1:
         for spec in todo:
@@ -215,7 +224,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         runs = [index[k] for k in sorted(index) if k[:3] == (setting, arm, split)]
         types = list(dict.fromkeys(runs[0]["node_types"]))
         row: dict[str, Any] = {"setting": setting, "arm": arm, "split": split, "seeds": len(runs),
-                               "types": types}
+                               "nodes": runs[0]["spec"]["nodes"], "steps": runs[0]["spec"]["steps"], "types": types}
         for metric in ("cum", "acc", "signal"):
             values = [_by_type(r, metric) for r in runs]
             row[metric] = {t: mean_ci([v[t] for v in values]) for t in ["all", *types]}
@@ -258,18 +267,20 @@ def table_lines(rows: list[dict[str, Any]], markdown: bool = False) -> list[str]
     for setting in dict.fromkeys(r["setting"] for r in rows):
         part = [r for r in rows if r["setting"] == setting]
         types = part[0]["types"]
-        head = ["arm", "split", "cum reward", "vs silo", *(f"{t} vs silo" for t in types if len(types) > 1),
+        head = ["arm", "split", "seeds", "cum reward", "vs silo", *(f"{t} vs silo" for t in types if len(types) > 1),
                 "accuracy", "vs silo", "own signal", "peer groups"]
         body = []
         for r in part:
             silo = r["arm"] not in SILO_OF
             cum = f"{r['cum']['all'][0]:.3f}"
-            body.append([r["arm"], r["split"], cum, "baseline" if silo else _pct(r["d_cum"]["all"]),
+            n_seeds = str(r["seeds"]) if silo else f"{r['paired_seeds']} paired"
+            body.append([r["arm"], r["split"], n_seeds, cum, "baseline" if silo else _pct(r["d_cum"]["all"]),
                          *((f"{r['cum'][t][0]:.3f}" if silo else _pct(r["d_cum"][t])) for t in types if len(types) > 1),
                          f"{r['acc']['all'][0]:.3f}", "baseline" if silo else _pct(r["d_acc"]["all"]),
                          f"{r['signal']['all'][0]:.2f}", f"{r['peer_groups']:.2f}"])
         seeds = max(r["seeds"] for r in part)
-        title = f"{setting} ({SETTINGS[setting].description}; {seeds} seed(s))"
+        nodes = part[0]["nodes"]
+        title = f"{setting} ({SETTINGS[setting].description}; {nodes} nodes, {seeds} seed(s))"
         if markdown:
             lines += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
             lines += ["| " + " | ".join(cells) + " |" for cells in body]
@@ -363,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for kind in dict.fromkeys(NODE_TYPES[k].base for s in args.settings for k in SETTINGS[s].node_types):
         print(f"bench_sapo: base {kind}: {base_path(kind)} {' '.join(BASES[kind])}", flush=True)
-    results = execute(grid, args.jobs, out)
+    results = execute(grid, args.jobs, out, run=not args.report)
+    if not results:
+        print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)
+        return 1
     rows = summarize(results)
     print()
     for line in table_lines(rows):
@@ -374,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     plot(results, out / "reward_curves.png")
     (out / "table.md").write_text("\n".join([*table_lines(rows, markdown=True), *extra_lines]) + "\n")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    cpu = sum(r.get("cpu_seconds", 0.0) for r in results)
+    print(f"bench_sapo: {len(results)} runs took {cpu:.0f} CPU-s in all ({cpu / 60 / max(1, args.jobs):.1f} min of "
+          f"{args.jobs} cores at full use)", flush=True)
     print(f"bench_sapo: {time.perf_counter() - t0:.0f}s; tables in {out / 'table.md'}, every run in {out / 'runs'}, "
           f"plot in {out / 'reward_curves.png'}", flush=True)
     return 0

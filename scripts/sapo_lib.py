@@ -212,14 +212,15 @@ _COSTS = ("exchange_seconds", "wire_encode_seconds", "wire_verify_seconds", "ing
 
 def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
     """Run ``spec``; return ``rewards[node][step]``, ``signal[node][step]`` (fraction of own groups with
-    signal), ``peer_groups[node][step]``, ``accuracy[node]``, node types and the exchange's costs."""
+    signal), ``peer_groups[node][step]``, ``accuracy[node]``, node types, the exchange's costs, and the
+    run's wall-clock and CPU seconds (CPU time does not grow with the load of a shared machine)."""
     import warnings
 
     import torch
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, once a node
     torch.set_num_threads(threads)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     n = spec.nodes
     rewards: list[list[float]] = [[] for _ in range(n)]
     signal: list[list[float]] = [[] for _ in range(n)]
@@ -256,4 +257,4 @@ def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
     return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(n)],
             "rewards": rewards, "signal": signal, "peer_groups": peer_groups, "accuracy": accuracy,
             "cost_per_node_step": {k: v / node_steps for k, v in costs.items()}, "rejected": rejected,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0}

@@ -95,3 +95,10 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     assert len(list((out / "runs").glob("*.json"))) == 2
     assert bench.main(argv) == 0  # a rerun reuses both finished runs
     assert "2 finished runs reused" in capsys.readouterr().out
+    # --report runs nothing: a second seed is named as missing, the tables come from the finished seed.
+    assert bench.main([*argv, "--seeds", "2", "--report"]) == 0
+    text = capsys.readouterr().out
+    missing = [line for line in text.splitlines() if "not run (left out of the tables)" in line]
+    assert len(missing) == 2 and all(line.endswith("-s1") for line in missing) and "1 seed(s)" in text
+    assert len(list((out / "runs").glob("*.json"))) == 2
+    assert bench.main([*argv, "--first-seed", "5", "--report"]) == 1  # nothing of this grid has run
