@@ -148,6 +148,11 @@ def _cum(rewards: list[float]) -> float:
     return statistics.fmean(rewards)
 
 
+def _end(rewards: list[float]) -> float:
+    """Sampled reward over the last quarter of the run: where the policy got to, not the area under it."""
+    return statistics.fmean(rewards[-max(1, len(rewards) // 4) :])
+
+
 def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list[dict[str, Any]]:
     """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run; with
     ``run`` False, only the finished ones (the missing ones are named)."""
@@ -205,9 +210,10 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 
 def _by_type(res: dict[str, Any], metric: str) -> dict[str, float]:
-    """``metric`` ("cum", "acc", "signal") averaged over the nodes of each type, and over all ("all")."""
-    per_node = {"cum": [_cum(r) for r in res["rewards"]], "acc": res["accuracy"],
-                "signal": [statistics.fmean(s) for s in res["signal"]]}[metric]
+    """``metric`` ("cum", "end": the last quarter's sampled reward, "acc", "signal") averaged over the nodes
+    of each type, and over all ("all")."""
+    per_node = {"cum": [_cum(r) for r in res["rewards"]], "end": [_end(r) for r in res["rewards"]],
+                "acc": res["accuracy"], "signal": [statistics.fmean(s) for s in res["signal"]]}[metric]
     out: dict[str, list[float]] = {"all": list(per_node)}
     for kind, value in zip(res["node_types"], per_node):
         out.setdefault(kind, []).append(value)
@@ -225,7 +231,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         types = list(dict.fromkeys(runs[0]["node_types"]))
         row: dict[str, Any] = {"setting": setting, "arm": arm, "split": split, "seeds": len(runs),
                                "nodes": runs[0]["spec"]["nodes"], "steps": runs[0]["spec"]["steps"], "types": types}
-        for metric in ("cum", "acc", "signal"):
+        for metric in ("cum", "end", "acc", "signal"):
             values = [_by_type(r, metric) for r in runs]
             row[metric] = {t: mean_ci([v[t] for v in values]) for t in ["all", *types]}
         row["peer_groups"] = statistics.fmean(statistics.fmean(p) for r in runs for p in r["peer_groups"])
@@ -236,7 +242,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             pairs = [(r, index.get((setting, SILO_OF[arm], silo_split(split), r["spec"]["seed_index"]))) for r in runs]
             pairs = [(r, s) for r, s in pairs if s is not None]
             row["paired_seeds"] = len(pairs)
-            for metric in ("cum", "acc"):
+            for metric in ("cum", "end", "acc"):
                 row[f"d_{metric}"] = {
                     t: mean_ci([100 * (_by_type(r, metric)[t] / _by_type(s, metric)[t] - 1) for r, s in pairs])
                     if pairs and all(_by_type(s, metric)[t] > 0 for _, s in pairs) else None
@@ -303,6 +309,18 @@ def cost_line(rows: list[dict[str, Any]]) -> str | None:
             f"({100 * c['exchange_seconds'] / c['step_seconds']:.1f}%): encode+sign {ms['wire_encode_seconds']:.2f} ms, "
             f"manifest+screen+decode+verify {ms['wire_verify_seconds']:.2f} ms, ingest (regenerate, re-score, "
             f"anchors) {ms['ingest_seconds']:.2f} ms, the rest building records and selecting")
+
+
+def end_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per sharing row: the last quarter's sampled reward against the silo's, by node type (how far the
+    policies got, where the cumulative figure averages over the whole run)."""
+    lines = []
+    for r in rows:
+        if r["arm"] in SILO_OF and r.get("d_end"):
+            types = ["all", *r["types"]] if len(r["types"]) > 1 else ["all"]
+            lines.append(f"last quarter vs silo, {r['setting']} {r['arm']} {r['split']}: "
+                         + ", ".join(f"{t} {_pct(r['d_end'][t])}" for t in types))
+    return lines
 
 
 def goals(rows: list[dict[str, Any]]) -> list[str]:
@@ -382,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in table_lines(rows):
         print(line)
-    extra_lines = [line for line in (cost_line(rows), *goals(rows)) if line]
+    extra_lines = [line for line in (*end_lines(rows), cost_line(rows), *goals(rows)) if line]
     for line in extra_lines:
         print(line)
     plot(results, out / "reward_curves.png")

@@ -85,7 +85,7 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     assert bench.main(argv) == 0
     text = capsys.readouterr().out
     assert "4/0" in text and "2/2" in text and "goal homogeneous" in text
-    assert "exchange per node step" in text
+    assert "exchange per node step" in text and "last quarter vs silo, homogeneous topr_corrected 2/2: all" in text
     data = json.loads((out / "results.json").read_text())
     assert {(r["arm"], r["split"]) for r in data["rows"]} == {("silo", "4/0"), ("topr_corrected", "2/2")}
     sharing = next(r for r in data["rows"] if r["arm"] == "topr_corrected")
