@@ -2,7 +2,7 @@
 
 Usage:
     python scripts/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
-    python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the README's grid (hours on 2 cores)
+    python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.5 CPU-hours
     python scripts/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
                                  [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
                                  [--first-seed 0] [--group-size 8] [--set key=value ...] [--jobs 2] [--out DIR]
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help=f"small grid: {QUICK}")
-    mode.add_argument("--full", action="store_true", help=f"the README's grid (the default): {FULL}")
+    mode.add_argument("--full", action="store_true", help=f"the whole grid (the default): {FULL}")
     p.add_argument("--settings", nargs="+", choices=list(SETTINGS))
     p.add_argument("--arms", nargs="+", choices=SHARING_ARMS, help="sharing arms (their silos are added)")
     p.add_argument("--splits", nargs="+", help="I/J (equal compute) or I+J (on top); silos T/0 are added")
