@@ -8,7 +8,8 @@
   re-tokenized for our policy within per-step budgets.
 - ``scoring``: peers' completions scored in a child process with a time limit per completion.
 - ``rollouts`` / ``generation``: tasks to scored groups; batched sampling with behaviour log-probs.
-- ``checkpoint`` / ``metrics``: atomic checkpoints; the metrics sink (JSONL, optional Prometheus).
+- ``checkpoint`` / ``metrics``: atomic checkpoints (a damaged one falls back to the previous); the metrics
+  sink (JSONL, optional Prometheus). ``rundir``: the run dir, checked writable before anything heavy loads.
 - ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.
 - ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.
 - ``train/``: advantages, losses and the SAPO sampler (pure functions) and the ``Trainer``.

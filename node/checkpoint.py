@@ -3,13 +3,20 @@
 A checkpoint is a folder ``checkpoints/step_000025``. It is written under a temporary name and renamed
 into place only when complete, so a crash never leaves a half-written checkpoint that looks valid. The
 last ``keep`` checkpoints are kept.
+
+A checkpoint damaged afterwards (a truncated or unreadable ``adapter.safetensors``, ``trainer.pt`` or
+``state.json``) is skipped with a warning: ``load_latest`` falls back to the newest intact one and moves
+the damaged ones aside (``checkpoints/corrupt-step_NNNNNN``). If every checkpoint is damaged it raises
+``CheckpointError`` (the CLI's one-line error) rather than silently starting afresh over the run's history.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import time
@@ -18,11 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from node.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
 _PREFIX = "step_"
+_CORRUPT_PREFIX = "corrupt-"
+# What reading a truncated or garbled checkpoint file raises (json, safetensors, torch.load / pickle).
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError, pickle.UnpicklingError,
+                SafetensorError)
 
 
 @dataclass
@@ -111,11 +125,56 @@ class CheckpointManager:
             shutil.rmtree(stale, ignore_errors=True)
 
     def load(self, path: Path) -> CheckpointState:
-        meta = json.loads((path / "state.json").read_text())
-        trainable = load_file(str(path / "adapter.safetensors"))
-        blob = torch.load(path / "trainer.pt", weights_only=False)
-        return CheckpointState(step=int(meta["step"]), trainable=trainable, optimizer=blob["optimizer"],
-                               rng=blob["rng"], extra=meta)
+        """Read one checkpoint folder; ``CheckpointError`` names the file that is damaged."""
+        current = "state.json"
+        try:
+            meta = json.loads((path / current).read_text())
+            step = int(meta["step"])
+            current = "adapter.safetensors"
+            trainable = load_file(str(path / current))
+            current = "trainer.pt"
+            blob = torch.load(path / current, weights_only=False)
+            optimizer, rng = blob["optimizer"], blob["rng"]
+        except _READ_ERRORS as exc:
+            text = str(exc).strip()
+            detail = f"{type(exc).__name__}: {text.splitlines()[0][:120]}" if text else type(exc).__name__
+            raise CheckpointError(f"{path.name}/{current} is unreadable ({detail})") from exc
+        return CheckpointState(step=step, trainable=trainable, optimizer=optimizer, rng=rng, extra=meta)
+
+    def load_latest(self) -> tuple[Path, CheckpointState] | None:
+        """The newest intact checkpoint, or None when there is none at all.
+
+        Damaged checkpoints newer than it are skipped with a warning and moved aside
+        (``corrupt-step_NNNNNN``), so they are neither resumed from nor counted among the kept ones.
+        Raises ``CheckpointError`` (and moves nothing) when checkpoints exist but none is intact.
+        """
+        damaged: list[tuple[Path, CheckpointError]] = []
+        for path in reversed(self._complete()):
+            try:
+                state = self.load(path)
+            except CheckpointError as exc:
+                logger.warning("checkpoint %s is damaged: %s", path, exc)
+                damaged.append((path, exc))
+                continue
+            for bad, _ in damaged:
+                self._set_aside(bad)
+            if damaged:
+                logger.warning("falling back to %s; the damaged checkpoints were moved to %s", path.name,
+                               ", ".join(_CORRUPT_PREFIX + bad.name for bad, _ in damaged))
+            return path, state
+        if damaged:
+            raise CheckpointError(
+                f"none of the {len(damaged)} checkpoints in {self.root} is intact (newest: {damaged[0][1]}); "
+                "move that folder away to start this run afresh, or pass another --run-dir"
+            )
+        return None
+
+    def _set_aside(self, path: Path) -> None:
+        target = path.with_name(_CORRUPT_PREFIX + path.name)
+        with contextlib.suppress(OSError):  # a read-only run dir: leave it where it is
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(path, target)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 from node.config import NodeConfig, load_config, with_initial_peers
-from node.errors import ConfigError
+from node.errors import CheckpointError, ConfigError
+from node.policy.locate import locate_model
+from node.rundir import prepare_run_dir
 
 logger = logging.getLogger("node")
 
@@ -50,6 +52,16 @@ def _load(args: argparse.Namespace) -> NodeConfig:
     return load_config(args.config, overrides)
 
 
+def _preflight(cfg: NodeConfig) -> None:
+    """The checks that need the file system but nothing heavy: a writable run dir, a model that exists.
+
+    They run before torch and transformers are imported, so these mistakes, like a bad config value,
+    are reported within a second or two.
+    """
+    prepare_run_dir(cfg.run_dir)
+    locate_model(cfg.model.name_or_path)
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -57,6 +69,7 @@ def _setup_logging(level: str) -> None:
 
 def cmd_silo(args: argparse.Namespace) -> int:
     cfg = _load(args)  # validated before the heavy imports below, so a bad config fails at once
+    _preflight(cfg)
     _setup_logging(args.log_level)
     from node.runner import Node
 
@@ -78,6 +91,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     peers = [p for item in (args.initial_peers or []) for p in parse_initial_peers(item)]
     cfg = with_initial_peers(_load(args), peers or None)  # validated before the heavy imports below
+    _preflight(cfg)
     _setup_logging(args.log_level)
     from node.daemon import run_daemon
 
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"silo": cmd_silo, "start": cmd_start, "keygen": cmd_keygen}
     try:
         return handlers[args.command](args)
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         print(f"swarm-node: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

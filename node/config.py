@@ -215,11 +215,18 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line for a YAML error (PyYAML's own message spans several, with a source excerpt)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def _format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = str(e["msg"]).removeprefix("Value error, ")
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix(f"{e['loc'][-1] if e['loc'] else ''}: ")
         if e["type"] == "extra_forbidden":
             msg = f"renamed to {_RENAMED[field]}" if field in _RENAMED else (
                 "unknown key; check the spelling against configs/ and the README")
@@ -241,7 +248,7 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
         try:
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(exc)}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections at the top level")
         data = loaded or {}

@@ -4,6 +4,9 @@ The node is built by ``Node.setup()`` with the hivemind transport factory below:
 trainer and checkpoint first, so a broken model or config fails before any network is touched; then
 the identity and the transport, started without waiting, so training begins at once while joining goes
 on in the background.
+
+A swarm node whose config sets no ``seed`` takes one from its identity (the first 32 bits of its peer
+id), so nodes started from the same config sample different tasks, and a restarted node keeps its seed.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sys
 from pathlib import Path
 
 from node.config import NodeConfig
-from node.runner import Node
+from node.runner import Node, load_identity
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
 from swarm.transport import SwarmTransport
@@ -30,8 +33,22 @@ def start_swarm_transport(settings: SwarmSettings, identity: Identity) -> SwarmT
     return transport
 
 
+def identity_seed(identity: Identity) -> int:
+    """The seed of a swarm node that sets none: the first 32 bits of its peer id."""
+    return int(identity.peer_id[:8], 16)
+
+
+def with_identity_seed(cfg: NodeConfig) -> NodeConfig:
+    """``cfg`` as it is when it sets ``seed``; otherwise with the seed of its identity (created if missing)."""
+    if "seed" in cfg.model_fields_set:
+        return cfg
+    return cfg.model_copy(update={"seed": identity_seed(load_identity(cfg, Path(cfg.run_dir)))})
+
+
 def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
     """Run a swarm node until ``train.steps`` or a stop signal; ``cfg`` has its initial peers resolved."""
+    explicit_seed = "seed" in cfg.model_fields_set
+    cfg = with_identity_seed(cfg)
     node = Node(cfg, show_progress=show_progress, transport=start_swarm_transport)
     try:
         node.setup()
@@ -47,6 +64,8 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
         else:
             addrs = []
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
+        if not explicit_seed:
+            print(f"swarm-node: seed {cfg.seed} (from the identity; set seed=N to choose one)", flush=True)
         if addrs:
             print("swarm-node: others can join with --initial-peers " + ",".join(addrs), flush=True)
         else:

@@ -36,6 +36,7 @@ from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, PrometheusExporter
 from node.policy.model import Policy, build_policy
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
+from node.rundir import prepare_run_dir
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.groups import TrainGroup, assign_advantages
@@ -78,7 +79,7 @@ class Node:
     # checkpoint is restored over freshly seeded state; the exchange comes last, so a broken model or
     # config fails before any network is touched.
     def setup(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(self.run_dir)
         (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
         self.policy = self._build_policy()
         self.source = self._build_task_source()
@@ -136,16 +137,13 @@ class Node:
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed)
 
     def _build_identity(self) -> Identity:
-        path = Path(self.cfg.swarm.identity_path)
-        if not path.is_absolute():
-            path = self.run_dir / path
-        try:
-            return Identity.load_or_create(path)
-        except IdentityError as exc:
-            raise ConfigError(f"swarm.identity_path: {exc}") from None
+        return load_identity(self.cfg, self.run_dir)
 
     def _build_exchange(self, factory: TransportFactory) -> SwarmExchange:
         settings = self.cfg.swarm
+        if settings.p2p_identity_path and not Path(settings.p2p_identity_path).is_absolute():
+            # Relative to the run dir, like swarm.identity_path: a restarted node keeps its libp2p id.
+            settings = settings.model_copy(update={"p2p_identity_path": str(self.run_dir / settings.p2p_identity_path)})
         identity = self._build_identity()
         g, ic = self.cfg.generation, self.cfg.ingest
         limits = IngestLimits(max_groups_per_peer=ic.max_groups_per_peer_step, max_rollouts=ic.max_rollouts_per_step,
@@ -170,10 +168,10 @@ class Node:
         return scorer
 
     def _restore(self) -> None:
-        path = self.checkpoints.latest()
-        if path is None:
+        found = self.checkpoints.load_latest()  # skips (and warns about) damaged checkpoints
+        if found is None:
             return
-        state = self.checkpoints.load(path)
+        path, state = found
         self.policy.load_trainable_state(state.trainable)
         self.trainer.optimizer.load_state_dict(state.optimizer)
         restore_rng(state.rng, self.task_rng, self.sample_gen, self.select_rng)
@@ -340,6 +338,17 @@ class Node:
             self.metrics.close()
         if self.exchange is not None:
             self.exchange.close()
+
+
+def load_identity(cfg: NodeConfig, run_dir: Path) -> Identity:
+    """The node's Ed25519 identity (``swarm.identity_path``, relative to ``run_dir``), created if missing."""
+    path = Path(cfg.swarm.identity_path)
+    if not path.is_absolute():
+        path = run_dir / path
+    try:
+        return Identity.load_or_create(path)
+    except IdentityError as exc:
+        raise ConfigError(f"swarm.identity_path: {exc}") from None
 
 
 def _dump_yaml(cfg: NodeConfig) -> str:

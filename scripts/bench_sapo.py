@@ -2,7 +2,7 @@
 
 Usage:
     python scripts/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
-    python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.5 CPU-hours
+    python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.3 CPU-hours
     python scripts/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
                                  [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
                                  [--first-seed 0] [--group-size 8] [--set key=value ...] [--jobs 2] [--out DIR]

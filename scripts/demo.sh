@@ -7,3 +7,9 @@ cd "$ROOT"
 RUN_DIR="${RUN_DIR:-runs/demo}"
 "$VENV/bin/swarm-node" silo --config configs/tiny-silo.yaml --run-dir "$RUN_DIR" "$@"
 "$VENV/bin/python" scripts/summarize_run.py "$RUN_DIR"
+V="${VENV#"$ROOT"/}"  # relative to the repository root when the venv is the default .venv
+echo
+echo "swarm-node is installed in $V, not on your PATH. For the README's commands, from $ROOT either"
+echo "  source $V/bin/activate        # then: swarm-node silo -c configs/tiny-silo.yaml ..."
+echo "or call it by its path:"
+echo "  $V/bin/swarm-node start -c configs/tiny-swarm.yaml --run-dir runs/n0"

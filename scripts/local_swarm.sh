@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start N swarm nodes on 127.0.0.1, each with its own run dir; the first bootstraps the rest.
 # Ctrl-C (or SIGTERM) stops them all: each finishes its step, checkpoints and shuts its network down.
+# Each node runs in its own session (setsid), so the terminal's Ctrl-C reaches only this script, which
+# forwards SIGTERM (each node's p2pd runs in a session of its own too). Ctrl-C twice kills.
 # Usage: scripts/local_swarm.sh N [key=value ...]     e.g. scripts/local_swarm.sh 3 train.steps=100
 set -euo pipefail
 N="${1:?usage: scripts/local_swarm.sh N [key=value ...]}"
@@ -11,14 +13,24 @@ cd "$ROOT"
 BASE="${SWARM_RUNS:-runs/local-swarm}"
 mkdir -p "$BASE"
 pids=()
-stop() {
+launch() {  # exec, so that $! is the node itself; setsid gives it its own session (Linux)
+  if command -v setsid >/dev/null; then exec setsid "$@"; else exec "$@"; fi
+}
+kill_all() {
   trap - INT TERM
-  echo "stopping ${#pids[@]} nodes"
+  echo "killing ${#pids[@]} nodes and their p2pd"
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null || true; done
+  exit 130
+}
+stop() {  # stop [exit code]
+  trap kill_all INT TERM
+  echo "stopping ${#pids[@]} nodes (each finishes its step and checkpoints; Ctrl-C again kills them)"
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   wait || true
+  exit "${1:-0}"
 }
 trap stop INT TERM
-"$VENV/bin/swarm-node" start -c configs/tiny-swarm.yaml --run-dir "$BASE/node0" --no-progress seed=0 "$@" \
+launch "$VENV/bin/swarm-node" start -c configs/tiny-swarm.yaml --run-dir "$BASE/node0" --no-progress seed=0 "$@" \
   >"$BASE/node0.log" 2>&1 &
 pids+=($!)
 addr=""
@@ -28,10 +40,10 @@ for _ in $(seq 1 300); do
   kill -0 "${pids[0]}" 2>/dev/null || { echo "node0 exited:"; tail -5 "$BASE/node0.log"; exit 1; }
   sleep 0.5
 done
-[ -n "$addr" ] || { echo "node0 printed no address; see $BASE/node0.log"; stop; exit 1; }
+[ -n "$addr" ] || { echo "node0 printed no address; see $BASE/node0.log"; stop 1; }
 echo "node0 at $addr"
 for i in $(seq 1 $((N - 1))); do
-  "$VENV/bin/swarm-node" start -c configs/tiny-swarm.yaml --run-dir "$BASE/node$i" --no-progress \
+  launch "$VENV/bin/swarm-node" start -c configs/tiny-swarm.yaml --run-dir "$BASE/node$i" --no-progress \
     --initial-peers "$addr" "seed=$i" "$@" >"$BASE/node$i.log" 2>&1 &
   pids+=($!)
 done

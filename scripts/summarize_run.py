@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from node.metrics import read_metrics
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("run_dir")
     ap.add_argument("--window", type=int, default=25)
-    args = ap.parse_args()
-    rows = read_metrics(Path(args.run_dir) / "metrics.jsonl")
+    args = ap.parse_args(argv)
+    path = Path(args.run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        what = "no run dir" if not Path(args.run_dir).is_dir() else "no metrics.jsonl in"
+        print(f"summarize_run: error: {what} {args.run_dir!r}; pass the --run-dir of a node that has run "
+              "(e.g. runs/demo)", file=sys.stderr)
+        return 2
+    rows = read_metrics(path)
     if not rows:
         print(f"no metrics in {args.run_dir}")
-        return
+        return 0
     w = min(args.window, max(len(rows) // 2, 1))
     first = sum(r["reward_mean"] for r in rows[:w]) / w
     last = sum(r["reward_mean"] for r in rows[-w:]) / w
@@ -25,8 +32,9 @@ def main() -> None:
           f"({100 * (last - first):+.1f} points)")
     if evals:
         print("greedy eval accuracy: " + ", ".join(f"step {s}: {a:.3f}" for s, a in evals))
-    print(f"metrics: {Path(args.run_dir) / 'metrics.jsonl'}  checkpoints: {Path(args.run_dir) / 'checkpoints'}")
+    print(f"metrics: {path}  checkpoints: {Path(args.run_dir) / 'checkpoints'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

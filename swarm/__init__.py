@@ -20,5 +20,7 @@ Modules, top to bottom:
 - ``state``      ``SharedState``: what the network thread and callers share, behind one lock.
 - ``watchdog``   kills an orphaned p2pd if this process dies without cleaning up.
 - ``settings``   ``SwarmSettings`` (pydantic) and ``SWARM_INITIAL_PEERS`` parsing.
+- ``maddr``      multiaddr checks with hivemind's own parser, loaded without importing hivemind.
+- ``hivemind_compat``  the hivemind internals the layer relies on, in one place.
 - ``errors``     ``SwarmError`` root.
 """

@@ -42,7 +42,7 @@ from protocol.errors import ProtocolError
 from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.records import Manifest
-from swarm.hivemind_compat import dht_neighbours, dial, p2pd_exited, p2pd_pid, p2pd_process
+from swarm.hivemind_compat import dht_neighbours, dial, own_session_p2pd, p2pd_exited, p2pd_pid, p2pd_process
 from swarm.intake import (
     DEFER,
     KNOWN,
@@ -154,7 +154,9 @@ class SwarmCore:
         shared: SharedState,
         validator: ManifestValidator,
     ) -> SwarmCore:
-        """Start p2pd (with an orphan watchdog) and a DHT node; joining peers happens in ``run``."""
+        """Start p2pd (in its own session, with an orphan watchdog) and a DHT node; joining peers happens
+        in ``run``. A Ctrl-C at the node's terminal reaches the node, not p2pd: the node shuts it down."""
+        own_session_p2pd()
         p2p = await P2P.create(
             host_maddrs=settings.host_maddrs,
             announce_maddrs=settings.announce_maddrs or None,

@@ -1,15 +1,22 @@
 """The hivemind internals swarm-node relies on, reached in this one module and nowhere else.
 
-hivemind's public API lacks three things a node needs:
+hivemind's public API lacks four things a node needs:
 
 * the p2pd child process (``P2P._child``): to give it an orphan watchdog, to see that it died, and to
   kill it when a shutdown hangs;
+* p2pd in a session of its own (``own_session_p2pd``): hivemind starts it in the node's process group,
+  so a Ctrl-C typed at the node's terminal would kill the node's network before the node could finish
+  its step and shut it down; the node stops p2pd itself (and its watchdog does if the node dies);
 * dialing a peer at a given address (``P2P._client.connect``): ``P2P`` only dials through the DHT;
 * the current DHT neighbours (``DHTNode.protocol.routing_table.peer_id_to_uid``).
 
 Each accessor checks that the attribute is still there and raises ``HivemindCompatError`` naming it
 otherwise, so a hivemind upgrade that renames one fails loudly (``tests/swarm/test_hivemind_compat.py``
 exercises every accessor against real peers) instead of silently losing a safety net.
+
+One more dependency on hivemind's layout lives in ``swarm.maddr``: the config check loads hivemind's
+vendored multiaddr parser from its folder, to validate addresses without importing hivemind (and torch);
+the same test file checks that it agrees with ``hivemind.utils.multiaddr``.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import SwarmError
 
-__all__ = ["HivemindCompatError", "dht_neighbours", "dial", "p2pd_pid", "p2pd_process"]
+__all__ = ["HivemindCompatError", "dht_neighbours", "dial", "own_session_p2pd", "p2pd_pid", "p2pd_process"]
 
 TESTED_VERSIONS = ("1.1.10", "1.1.11", "1.1.12")
 """hivemind releases these accessors were checked against (``pyproject.toml`` pins ``<1.2``)."""
@@ -43,6 +50,40 @@ def _attribute(obj: object, name: str) -> Any:
             f"hivemind {hivemind.__version__} has no {type(obj).__name__}.{name}; swarm/hivemind_compat.py was "
             f"written for {', '.join(TESTED_VERSIONS)}"
         ) from None
+
+
+class _OwnSessionSubprocess:
+    """``asyncio.subprocess`` as hivemind's p2pd launcher sees it: every process in a new session."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio.subprocess, name)
+
+    @staticmethod
+    async def create_subprocess_exec(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        kwargs.setdefault("start_new_session", True)
+        return await asyncio.subprocess.create_subprocess_exec(*args, **kwargs)
+
+
+class _AsyncioForP2pd:
+    """The ``asyncio`` module of ``hivemind.p2p.p2p_daemon``: the real one but for ``subprocess``."""
+
+    subprocess = _OwnSessionSubprocess()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+def own_session_p2pd() -> None:
+    """Make every p2pd that hivemind starts from now on a session leader (idempotent).
+
+    hivemind launches p2pd with ``asyncio.subprocess.create_subprocess_exec`` and no way to pass
+    ``start_new_session``; this swaps the ``asyncio`` name of that one module for a view of the real
+    module that adds it. Nothing else in the process is affected.
+    """
+    from hivemind.p2p import p2p_daemon
+
+    if not isinstance(_attribute(p2p_daemon, "asyncio"), _AsyncioForP2pd):
+        p2p_daemon.asyncio = _AsyncioForP2pd()
 
 
 def p2pd_process(p2p: P2P) -> asyncio.subprocess.Process | None:

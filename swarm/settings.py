@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from swarm.maddr import multiaddr_problem
+
 __all__ = ["INITIAL_PEERS_ENV", "SwarmSettings", "initial_peers_from_env", "parse_initial_peers"]
 
 INITIAL_PEERS_ENV = "SWARM_INITIAL_PEERS"
@@ -29,6 +31,11 @@ def initial_peers_from_env(environ: Mapping[str, str] | None = None) -> list[str
 def _check_maddr(field: str, maddr: str, *, need_peer_id: bool = False, explicit_port: bool = False) -> None:
     if not maddr.startswith("/"):
         raise ValueError(f"{field}: {maddr!r} is not a multiaddr (expected e.g. /ip4/127.0.0.1/tcp/31337)")
+    problem = multiaddr_problem(maddr)
+    if problem is not None:
+        hint = " (a peer id is base58, e.g. 12D3KooW...: copy the address a node prints)" if problem.startswith(
+            "p2p:") else ""
+        raise ValueError(f"{field}: {maddr!r} is not a valid multiaddr, {problem}{hint}")
     parts = maddr.strip("/").split("/")
     if need_peer_id and (len(parts) < 2 or parts[-2] != "p2p" or not parts[-1]):
         raise ValueError(
@@ -56,7 +63,9 @@ class SwarmSettings(BaseModel):
     identity_path: str = "identity.pem"
     """The node's Ed25519 key file, relative to the run dir (loaded by the daemon, not by ``swarm``)."""
     p2p_identity_path: str | None = None
-    """Optional libp2p key file: keeps this node's multiaddr stable across restarts."""
+    """Optional libp2p key file (created if missing; the node resolves a relative path against its run
+    dir): keeps this node's ``/p2p/`` id, and with a fixed port in ``host_maddrs`` its whole multiaddr,
+    the same across restarts."""
     startup_timeout: float = Field(default=60.0, gt=0)
     """How long p2pd may take to start, and how long ``start(wait=True)`` waits for the DHT."""
     epoch_seconds: float = Field(default=60.0, gt=0)

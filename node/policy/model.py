@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from node.config import AdapterConfig, ModelConfig
 from node.errors import PolicyError
-from node.policy.tiny import resolve_model_path
+from node.policy.locate import locate_model
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +55,15 @@ def model_fingerprint(name_or_path: str, model: PreTrainedModel) -> str:
 
 def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the base model and tokenizer by name or path; the model comes back frozen, in eval mode."""
-    path = resolve_model_path(cfg.name_or_path)
+    where = locate_model(cfg.name_or_path)  # a hub name not in the local cache fails here, at once
+    options: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code, "local_files_only": where.local_files_only}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(where.path, **options)
+        model = AutoModelForCausalLM.from_pretrained(where.path, dtype=_DTYPES[cfg.dtype], **options)
     except (OSError, ValueError) as exc:
         raise PolicyError(
-            f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({exc}); give a local folder "
+            f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({str(exc).strip().splitlines()[0]}); "
+            "give a local folder "
             "in save_pretrained format, a model in the local Hugging Face cache, or 'tiny-base'"
         ) from exc
     if tokenizer.pad_token_id is None:
@@ -100,7 +101,9 @@ def _attach_lora(model: PreTrainedModel, cfg: AdapterConfig) -> nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    with warnings.catch_warnings():  # peft reads a property transformers deprecated: not the user's concern
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, lora)
 
 
 def _attach_remix(model: PreTrainedModel, cfg: AdapterConfig) -> tuple[nn.Module, Any]:

@@ -3,7 +3,7 @@
 Each MLP projection (``gate_proj``, ``up_proj``, ``down_proj``) of decoder layer ``l`` holds n LoRAs; a
 router per layer (``nn.Linear(D, n, bias=False)``, zero-initialised so routing starts uniform) reads the
 layer input averaged over the *prompt* tokens (detached) and picks k of them per sequence, all with the
-same fixed weight ``omega`` (see ``ALGORITHMS.md``, section ReMix).
+same fixed weight ``omega`` (see ``docs/algorithms.md``, section ReMix).
 
 Usage, generation (deterministic top-k)::
 

@@ -12,15 +12,18 @@ special tokens are added automatically (``encode`` never prepends ``<bos>``): th
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-logger = logging.getLogger(__name__)
+from node.policy.locate import (  # noqa: F401  -- re-exported: the embedded model's name and folder
+    EMBEDDED_ALIASES,
+    TINY_BASE_NAME,
+    resolve_model_path,
+    tiny_base_path,
+)
 
-TINY_BASE_NAME = "tiny-base"
-EMBEDDED_ALIASES: frozenset[str] = frozenset({TINY_BASE_NAME, "embedded"})
+logger = logging.getLogger(__name__)
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -32,18 +35,6 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 CHAR_VOCAB: tuple[str, ...] = tuple("0123456789abcdefghijklmnopqrstuvwxyz +-*=/.,:?()\n")
 
 MODEL_MAX_LENGTH = 64
-
-
-def tiny_base_path() -> Path:
-    """Return the folder of the shipped tiny base model (``node/assets/tiny-base``)."""
-    return Path(__file__).resolve().parent.parent / "assets" / TINY_BASE_NAME
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Map ``"tiny-base"`` or ``"embedded"`` to the shipped folder; return anything else unchanged."""
-    if name_or_path in EMBEDDED_ALIASES:
-        return str(tiny_base_path())
-    return name_or_path
 
 
 def char_vocab() -> dict[str, int]:

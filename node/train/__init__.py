@@ -1,2 +1,2 @@
-"""Learning: ``advantages``, ``losses`` and ``sampler`` are pure functions (ALGORITHMS.md);
+"""Learning: ``advantages``, ``losses`` and ``sampler`` are pure functions (formulas: docs/algorithms.md);
 ``trainer`` batches sequences through them and steps the optimizer."""

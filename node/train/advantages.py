@@ -1,4 +1,4 @@
-"""Advantages for groups of completions of one task (see shared/ALGORITHMS.md, "Advantages").
+"""Advantages for groups of completions of one task (formulas: docs/algorithms.md, "Advantages").
 
 A *group* is the completions of one task from one source (our own generation, or one peer). Every
 function here takes the group's rewards along the last dimension -- ``[N]`` for one group or ``[..., N]``

@@ -1,4 +1,4 @@
-"""Policy losses for off-policy REINFORCE (see shared/ALGORITHMS.md, "Policy losses").
+"""Policy losses for off-policy REINFORCE (formulas: docs/algorithms.md, "Policy losses").
 
 Inputs, for a batch of B completions padded to T tokens:
 
@@ -185,7 +185,7 @@ def sequence_values(
     eps_high: float = 0.28,
     length_norm: bool = False,
 ) -> Tensor:
-    """Detached, bounded per-sequence loss values, e.g. for ReMix's router (ALGORITHMS.md, "ReMix").
+    """Detached, bounded per-sequence loss values, e.g. for ReMix's router (docs/algorithms.md, "ReMix").
 
     Positives (``A >= 0``) get their :func:`sequence_surrogate` value. Negatives never get
     ``|A| * mean logp``, which is unbounded below and rewards pushing a bad sample to zero forever; they

@@ -1,4 +1,4 @@
-"""SAPO mixing: which local and external groups a training step uses (ALGORITHMS.md, "SAPO mixing").
+"""SAPO mixing: which local and external groups a training step uses (docs/algorithms.md, "SAPO mixing").
 
 Each step trains on up to I local groups and up to J external groups; a group is one task's completions
 from one source. External candidates are first filtered -- groups older than the staleness window

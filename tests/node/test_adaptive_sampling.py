@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from node.rollouts import _downsample, sample_groups_adaptive
@@ -42,13 +43,29 @@ def test_adaptive_groups_have_group_size_completions_and_remember_every_reward(f
             assert sum(r >= 1.0 for r in g.rewards) == 2
 
 
-def test_a_node_step_runs_with_positive_focused_sampling(fast_config):
+def test_a_node_step_runs_with_positive_focused_sampling(fast_config, monkeypatch):
     cfg = fast_config("sampling.mode=ada_positive", "train.steps=1", "train.advantage=global")
     node = Node(cfg, cfg.run_dir, show_progress=False)
     node.setup()
+    sampled = []
+
+    def recording(*args, **kwargs):
+        sampled.extend(sample_groups_adaptive(*args, **kwargs))
+        return sampled
+
+    monkeypatch.setattr("node.runner.sample_groups_adaptive", recording)
     record = node.train_step()
     node.close()
-    assert record["n_local_groups"] > 0 and 0.0 <= record["reward_mean"] <= 1.0
+    drawn = [r for sg in sampled for r in sg.group.all_rewards]
+    m = cfg.sampling.round_size
+    assert len(sampled) == cfg.sapo.local_groups and len(drawn) >= m * cfg.sapo.local_groups
+    # ada_positive: a task stops drawing at its first positive, so only a task's last round may hold one.
+    for sg in sampled:
+        rounds = [sg.group.all_rewards[i : i + m] for i in range(0, len(sg.group.all_rewards), m)]
+        assert all(max(r) == 0.0 for r in rounds[:-1])
+    # The logged reward is the mean of every completion drawn, not only of those trained on.
+    assert record["reward_mean"] == pytest.approx(sum(drawn) / len(drawn))
+    assert record["n_local_groups"] == sum(1 for sg in sampled if len(set(sg.group.all_rewards)) > 1)
 
 
 def test_partial_credit_is_negative_below_the_positive_threshold():

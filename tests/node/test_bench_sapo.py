@@ -93,6 +93,11 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     assert sharing["paired_seeds"] == 1 and sharing["d_cum"]["all"] is not None
     assert (out / "reward_curves.png").stat().st_size > 0 and "| arm |" in (out / "table.md").read_text()
     assert len(list((out / "runs").glob("*.json"))) == 2
+    run = json.loads(next((out / "runs").glob("homogeneous-topr_corrected-*.json")).read_text())
+    # Final greedy accuracy of each node on its 8 held-out tasks: a whole number of eighths, logged last.
+    assert len(run["accuracy"]) == 2 and all(a * 8 == round(a * 8) for a in run["accuracy"])
+    # Node 0 steps first, so its first step has nothing yet; node 1 sees node 0's step-1 batch at once.
+    assert run["peer_groups"][0][0] == 0 and run["peer_groups"][1][0] > 0
     assert bench.main(argv) == 0  # a rerun reuses both finished runs
     assert "2 finished runs reused" in capsys.readouterr().out
     # --report runs nothing: a second seed is named as missing, the tables come from the finished seed.

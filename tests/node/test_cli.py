@@ -5,6 +5,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from node.cli import main
 from protocol.identity import Identity
 
@@ -102,3 +104,109 @@ def _check_task_mistakes(tmp_path, capsys):
                "tasks.datasets=[basic_arithmetic]", "model.chat_template=always", "tasks.eval_size=2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "model.chat_template" in err[-1]
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("swarm-node: error: ")
+    return lines[0]
+
+
+def test_an_unwritable_run_dir_is_a_one_line_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["silo", "--run-dir", str(blocker / "run"), "--no-progress"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "run_dir" in line and "not writable" in line and "--run-dir" in line
+
+
+def test_a_read_only_run_dir_is_a_one_line_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o555)
+    try:
+        if os.access(run, os.W_OK):
+            pytest.skip("this user (root?) can write to a mode-0555 folder")
+        assert main(["start", "--run-dir", str(run), "--no-progress"]) == 2
+        assert "not writable" in _one_error_line(capsys.readouterr().err)
+    finally:
+        run.chmod(0o755)
+
+
+def test_a_read_only_file_system_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """What a user on a read-only mount saw as a traceback (``OSError: [Errno 30]``); simulated, since a
+    test cannot mount one, and it runs for root too (which the permission test above cannot)."""
+    import errno
+    from pathlib import Path
+
+    def read_only(self, data):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", read_only)
+    assert main(["silo", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "not writable (Read-only file system)" in line and "--run-dir" in line
+
+
+def test_a_model_not_in_the_local_cache_fails_at_once_with_a_hint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("node.policy.locate._in_hf_cache", lambda repo_id, cache_dir=None: False)  # whatever this machine holds
+    assert main(["silo", "--run-dir", str(tmp_path), "--no-progress", "model.name_or_path=nobody/no-such-model"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "model.name_or_path='nobody/no-such-model'" in line and "hf download nobody/no-such-model" in line
+
+
+@pytest.mark.parametrize(
+    ("peer", "reason"),
+    [
+        ("/ip4/127.0.0.1/tcp/31337/p2p/notapeerid", "p2p:"),
+        ("/ip4/127.0.0.999/tcp/31337/p2p/12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA", "ip4:"),
+        ("/ip4/127.0.0.1/tcp/99999/p2p/12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA", "tcp:"),
+    ],
+)
+def test_a_bad_initial_peer_is_a_one_line_error_at_start(tmp_path, capsys, peer, reason):
+    assert main(["start", "--run-dir", str(tmp_path), "--no-progress", "--initial-peers", peer]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "initial_peers" in line and peer in line and reason in line
+
+
+def test_user_errors_are_reported_before_torch_or_hivemind_is_imported(tmp_path):
+    """Every user-error path of the CLI answers from light imports only (hence within a second or two)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("train: [unclosed\n")
+    script = f"""
+import sys
+
+import pytest
+from node.cli import main
+import node.policy.locate as locate
+locate._in_hf_cache = lambda repo_id, cache_dir=None: False
+run = {str(tmp_path / "run")!r}
+cases = [
+    ["silo", "--run-dir", run, "train.loss=ppo"],
+    ["silo", "--run-dir", run, "no.such.key=1"],
+    ["silo", "-c", "configs/no-such.yaml"],
+    ["silo", "-c", {str(bad_yaml)!r}],
+    ["silo", "--run-dir", {str(blocker / "run")!r}],
+    ["silo", "--run-dir", run, "model.name_or_path=nobody/no-such-model"],
+    ["start", "--run-dir", run, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/notapeerid"],
+    ["start", "--run-dir", run, "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
+    ["start", "--run-dir", run, "swarm.host_maddrs=[/ip4/1.2.3.4/tcp/x]"],
+]
+codes = [main(case) for case in cases]
+heavy = sorted(m for m in ("torch", "transformers", "peft", "hivemind") if m in sys.modules)
+print(codes, heavy)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"{[2] * 9} []", proc.stdout + proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 9, proc.stderr  # one line each
+
+
+def test_summarize_run_on_a_missing_run_dir_is_a_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/summarize_run.py", str(tmp_path / "nope")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no run dir" in proc.stderr

@@ -95,3 +95,73 @@ def test_two_daemons_with_different_tokenizers_share_and_train(tmp_path, permute
         assert sum(r["n_peer_groups"] for r in rows) > 0, f"node {name} trained on no peer group"
         assert rows[-1]["batches_accepted"] > 0 and rows[-1]["ingest_retokenized"] > 0
         assert (tmp_path / name / "checkpoints").is_dir()
+
+
+def test_a_swarm_node_without_a_seed_takes_one_from_its_identity(tmp_path):
+    from node.config import load_config
+    from node.daemon import identity_seed, with_identity_seed
+    from protocol.identity import Identity
+
+    def seed_of(run: str, *overrides: str) -> int:
+        cfg = load_config("configs/tiny-swarm.yaml", [f"run_dir={tmp_path / run}", *overrides])
+        return with_identity_seed(cfg).seed
+
+    a, b = seed_of("a"), seed_of("b")
+    assert a != b  # two nodes started from one config sample different tasks
+    ident = Identity.load(tmp_path / "a" / "identity.pem")
+    assert a == identity_seed(ident) == int(ident.peer_id[:8], 16)
+    assert seed_of("a") == a  # a restarted node keeps its seed
+    assert seed_of("a", "seed=7") == 7  # an explicit seed wins, even 0
+    assert seed_of("c", "seed=0") == 0 and not (tmp_path / "c" / "identity.pem").exists()
+
+
+@pytest.mark.slow
+def test_a_fixed_port_and_p2p_identity_keep_the_printed_address_across_restarts(tmp_path):
+    """The README's recipe for a stable bootstrap address, through the CLI (the transport-level check,
+    in the default run, is tests/swarm/test_integration.py)."""
+    run = tmp_path / "boot"
+    from tests.swarm.conftest import free_port
+
+    port = free_port()
+    printed = []
+    for _ in range(2):
+        proc = _start(run, "train.steps=0", "swarm.p2p_identity_path=p2p.key",
+                      f"swarm.host_maddrs=[/ip4/127.0.0.1/tcp/{port}]")
+        printed.append(_read_address(proc))
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-3000:]
+    assert printed[0] == printed[1]
+    assert printed[0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
+    assert (run / "p2p.key").is_file()  # relative to the run dir, like swarm.identity_path
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_stops_the_node_cleanly(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: p2pd (in its own session) does
+    not get it, so the node finishes its step, checkpoints and shuts its network down without errors."""
+    cmd = [sys.executable, "-m", "node.cli", "start", "-c", "configs/tiny-swarm.yaml", "--run-dir",
+           str(tmp_path / "n"), "--no-progress", *FAST, "train.steps=100000", "train.checkpoint_every=100000"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        _read_address(proc)
+        metrics = tmp_path / "n" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and read_metrics(metrics)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the node did not train"
+            time.sleep(0.5)
+        p2pd = _children_p2pd(proc.pid)
+        assert len(p2pd) == 1
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    gone, alive = psutil.wait_procs(p2pd, timeout=15)
+    assert not alive, f"p2pd left behind: {alive}"
+    assert "signal 2: stopping after this step" in out and "stopped at step" in out, out[-3000:]
+    for sign in ("ERROR", "Traceback", "Task exception was never retrieved", "did not stop in time"):
+        assert sign not in out, out[-3000:]
+    steps = [r["step"] for r in read_metrics(tmp_path / "n" / "metrics.jsonl")]
+    assert (tmp_path / "n" / "checkpoints" / f"step_{steps[-1]:06d}").is_dir()

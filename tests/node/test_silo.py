@@ -3,6 +3,7 @@ exactly, a SIGKILLed run resumes and finishes, SIGTERM stops cleanly."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -48,12 +49,14 @@ def test_training_changes_adapters_and_norms_but_not_the_base(fast_config):
 
 def test_metrics_lines_have_the_required_fields(fast_config):
     cfg = fast_config("train.steps=2")
-    _run(cfg)
+    node = _run(cfg)
     rows = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("step", "time", "reward_mean", "loss", "tokens_per_s", "n_local_groups", "n_peer_groups"):
         assert key in rows[0]
-    assert 0.0 <= rows[1]["eval_accuracy"] <= 1.0
+    # The logged accuracy is the greedy evaluation of the final weights: recomputing it gives the same.
+    assert "eval_accuracy" not in rows[0]  # train.eval_every=2
+    assert rows[1]["eval_accuracy"] == node.evaluate()
 
 
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(tmp_path):
@@ -69,7 +72,20 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(tmp_path):
     a = read_metrics(tmp_path / "a" / "metrics.jsonl")
     b = read_metrics(tmp_path / "b" / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    for ra, rb in zip(a, b):
+    _assert_same_metrics(a, b)
+    # The newest checkpoint damaged after the fact: the node falls back to step 2 and redoes 3 and 4.
+    adapter = tmp_path / "b" / "checkpoints" / "step_000004" / "adapter.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:100])
+    node = _run(resumed)
+    assert node.step == 4
+    assert (tmp_path / "b" / "checkpoints" / "corrupt-step_000004").is_dir()
+    b = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    _assert_same_metrics(a, b)
+
+
+def _assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    for ra, rb in zip(a, b, strict=True):
         assert ra["reward_mean"] == rb["reward_mean"]
         assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-6)
         assert ra.get("eval_accuracy") == rb.get("eval_accuracy")
@@ -107,6 +123,7 @@ def test_sigkill_after_a_checkpoint_resumes_at_that_step_and_finishes(tmp_path):
     assert latest[-1] == "step_000006"
     resumed_at = [ln for ln in done.stderr.splitlines() if "resumed from" in ln]
     assert resumed_at and "at step" in resumed_at[0]
+    assert "Warning" not in done.stderr, done.stderr  # a normal run prints no library warning
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
 
 
@@ -143,7 +160,12 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     assert changed <= trainable
     assert any("lora_B" in n for n in changed) and any("router" in n for n in changed)
     rows = read_metrics(tmp_path / "rx" / "metrics.jsonl")
-    assert all(r["router_entropy"] >= 0.0 for r in rows)
+    # Routers start at zero: uniform, entropy ln 4 (n=4). At step 1 every LoRA's B is still 0, so all M
+    # routings give the same loss and the RLOO router gradient is exactly 0: still ln 4. By step 2 the
+    # LoRAs differ, the routings' losses differ and the router has moved away from uniform.
+    entropies = [r["router_entropy"] for r in rows]
+    assert entropies[0] == pytest.approx(math.log(4), abs=1e-6)
+    assert 0.0 < entropies[1] < math.log(4) - 0.01, entropies
     resumed = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
                           "adapter.remix.k=2", "train.steps=3")
     node2 = _run(resumed)

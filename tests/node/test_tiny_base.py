@@ -88,7 +88,8 @@ def test_model_architecture_and_parameter_count(model: Any, tokenizer: Any) -> N
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert model.config.vocab_size == len(tokenizer) == len(CHAR_VOCAB) + 4
     n_params = sum(p.numel() for p in model.parameters())
-    assert 350_000 <= n_params <= 650_000
+    # Tied embedding 53 x 128; per layer q, k, v, o (4 x 128 x 128), MLP (3 x 128 x 384) and 2 norms; final norm.
+    assert n_params == 53 * 128 + 2 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128) + 128 == 433_408
 
 
 def test_tokenizer_one_id_per_char_and_round_trip(tokenizer: Any) -> None:

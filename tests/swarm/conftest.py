@@ -82,6 +82,16 @@ def make_transport() -> Iterator[Callable[..., SwarmTransport]]:
     gc.collect()
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for tests that need a fixed port)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

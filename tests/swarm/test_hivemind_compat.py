@@ -6,6 +6,7 @@ losing its p2pd watchdog or its dialing).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import psutil
@@ -28,6 +29,14 @@ def test_p2pd_process_is_the_running_daemon(make_transport: Callable[..., SwarmT
     assert node._call_on_loop(lambda core: hivemind_compat.p2pd_exited(core.p2p)) is False
 
 
+def test_p2pd_runs_in_a_session_of_its_own(make_transport: Callable[..., SwarmTransport]) -> None:
+    """A Ctrl-C at the node's terminal (SIGINT to the node's process group) must not reach p2pd."""
+    pid = make_transport().p2pd_pid()
+    assert pid is not None
+    assert os.getsid(pid) == pid != os.getsid(0)
+    assert os.getpgid(pid) != os.getpgid(0)
+
+
 def test_dial_connects_and_neighbours_lists_the_peer(make_transport: Callable[..., SwarmTransport]) -> None:
     a, b = make_transport(), make_transport()
     full = Multiaddr(b.visible_multiaddrs()[0])
@@ -44,3 +53,30 @@ def test_a_missing_internal_is_named_in_the_error() -> None:
 
     with pytest.raises(HivemindCompatError, match=r"NotAP2P\._child"):
         hivemind_compat.p2pd_process(NotAP2P())  # type: ignore[arg-type]
+
+
+def test_the_config_check_parses_multiaddrs_as_hivemind_does() -> None:
+    """``swarm.maddr`` loads hivemind's vendored parser without importing hivemind: same bytes, same refusals."""
+    from swarm.maddr import multiaddr_class, multiaddr_problem
+
+    standalone = multiaddr_class()
+    assert standalone is not Multiaddr and standalone.__name__ == Multiaddr.__name__
+    peer = "12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA"
+    for text in (f"/ip4/127.0.0.1/tcp/31337/p2p/{peer}", "/ip6/::1/udp/5/quic", "/dns4/a.example/tcp/1"):
+        assert standalone(text).to_bytes() == Multiaddr(text).to_bytes()
+        assert multiaddr_problem(text) is None
+    for bad in ("/ip4/127.0.0.1/tcp/1/p2p/notapeerid", "/ip4/1.2.3.300/tcp/1", "/ip4/1.2.3.4/tcp/65536"):
+        with pytest.raises(ValueError):
+            Multiaddr(bad)
+        assert multiaddr_problem(bad) is not None
+
+
+def test_the_config_check_imports_neither_hivemind_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from swarm.settings import SwarmSettings; "
+            "SwarmSettings(initial_peers=['/ip4/127.0.0.1/tcp/1/p2p/12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA']); "
+            "print(sorted(m for m in ('hivemind', 'torch') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]

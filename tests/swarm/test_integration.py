@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hivemind.dht.routing import DHTID
@@ -18,7 +19,7 @@ from swarm.core import PublishItem, SwarmCore
 from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
 from swarm.transport import SwarmTransport
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import SWARM_ID, p2pd_pid, wait_for
+from tests.swarm.conftest import SWARM_ID, free_port, p2pd_pid, wait_for
 
 Trio = tuple[SwarmTransport, SwarmTransport, SwarmTransport]
 
@@ -175,12 +176,23 @@ def test_tampered_and_oversized_batches_are_rejected_and_counted(
     # 1. Bytes that do not match the signed manifest's hash: rejected, and mallory is banned.
     bid = mallory.publish(make_batch(mallory.identity, text="honest"))
     assert bid is not None
-    good = mallory._call_on_loop(lambda core: core.held[bid])
-    tampered = good[:-1] + bytes([good[-1] ^ 1])
-    mallory._call_on_loop(lambda core: core.hold(bid, tampered))
+    mallory._call_on_loop(lambda core: core.hold(bid, core.held[bid][:-1] + bytes([core.held[bid][-1] ^ 1])))
     for honest in (b, c):
         assert wait_rejected(honest, "hash_mismatch"), rejected(honest)
         assert honest.stats()["peers_banned"] == 1
+        assert honest.collect() == []
+
+    # 2. More bytes served than the signed manifest announced: the receiver reads one byte past the
+    # announced size, no further, and rejects the batch for its size; the second liar is banned too.
+    liar = make_transport(initial_peers=a.visible_multiaddrs())
+    assert wait_for(lambda: bool(liar.stats()["network_up"]))
+    bid = liar.publish(make_batch(liar.identity, text="padded"))
+    assert bid is not None
+    liar._call_on_loop(lambda core: core.hold(bid, core.held[bid] + bytes(1024)))  # one loop turn: no race
+    for honest in (b, c):
+        assert wait_rejected(honest, "size_mismatch"), rejected(honest)
+        assert rejected(honest).get("hash_mismatch") == 1  # the first lie, counted once
+        assert wait_for(lambda honest=honest: honest.stats()["peers_banned"] == 2)
         assert honest.collect() == []
 
 
@@ -242,3 +254,17 @@ def test_unreachable_bootstrap_does_not_block_or_raise(make_transport: Callable[
     lonely.close()
     assert time.monotonic() - started < 10
     assert not lonely.is_alive()
+
+
+def test_a_fixed_port_and_p2p_identity_keep_the_address_across_restarts(
+    make_transport: Callable[..., SwarmTransport], tmp_path: Path
+) -> None:
+    port = free_port()
+    identity = Identity.generate()
+    node = make_transport(identity, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"],
+                          p2p_identity_path=str(tmp_path / "p2p.key"))
+    before = node.visible_multiaddrs()
+    node.restart()
+    assert node.wait_until_up(20)
+    assert node.visible_multiaddrs() == before
+    assert before[0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")

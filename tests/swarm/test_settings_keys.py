@@ -40,6 +40,11 @@ def test_initial_peers_from_env_splits_commas_and_spaces() -> None:
         ("swarm_id", "has space", "swarm_id"),
         ("initial_peers", ["/ip4/127.0.0.1/tcp/1"], "/p2p/"),
         ("initial_peers", ["127.0.0.1:1"], "not a multiaddr"),
+        ("initial_peers", ["/ip4/127.0.0.1/tcp/1/p2p/notapeerid"], "not a valid multiaddr, p2p: .* base58"),
+        ("initial_peers", [PEER.replace("127.0.0.1", "127.0.0.256")], "not a valid multiaddr, ip4:"),
+        ("initial_peers", [PEER.replace("31337", "65536")], "not a valid multiaddr, tcp:"),
+        ("initial_peers", [PEER.replace("/tcp/", "/tpc/")], "not a valid multiaddr, tpc: Unknown Protocol"),
+        ("host_maddrs", ["/ip4/0.0.0.0/tcp/port"], "not a valid multiaddr, tcp:"),
         ("announce_maddrs", ["/ip4/1.2.3.4/tcp/0"], "port 0"),
         ("host_maddrs", [], "at least one"),
         ("epoch_seconds", 0, "greater than 0"),
@@ -51,6 +56,14 @@ def test_bad_settings_name_the_field(field: str, value: object, message: str) ->
         SwarmSettings.model_validate({field: value})
 
 
+def test_valid_addresses_of_every_kind_pass() -> None:
+    qm_peer = "/ip4/10.0.0.2/tcp/4001/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+    peers = [PEER, qm_peer, PEER.replace("/ip4/127.0.0.1", "/ip6/::1"), PEER.replace("/ip4/127.0.0.1", "/dns/a.example")]
+    hosts = ["/ip4/0.0.0.0/tcp/31337", "/ip6/::/tcp/0", "/ip4/0.0.0.0/udp/31337/quic"]
+    s = SwarmSettings(initial_peers=peers, host_maddrs=hosts, announce_maddrs=["/ip4/1.2.3.4/tcp/31337"])
+    assert s.initial_peers == peers and s.host_maddrs == hosts
+
+
 def test_ttl_must_not_exceed_its_ceiling() -> None:
     with pytest.raises(ValidationError, match="manifest_ttl"):
         SwarmSettings(manifest_ttl=700, max_manifest_ttl=600)
@@ -60,7 +73,8 @@ def test_epochs_and_keys() -> None:
     assert epoch_at(119.9, 60) == 1 and epoch_at(120.0, 60) == 2
     assert epochs_to_read(5, 2) == [5, 4] and epochs_to_read(0, 3) == [0]
     assert manifest_key("s", 3, 1) == "s/rollouts/e3/s1"
-    assert 0 <= shard_of("abc") < KEY_SHARDS
+    # First 8 bytes of sha256("abc") = 0xba7816bf8f01cfea, whose last two bits are 0b10.
+    assert shard_of("abc") == 2 and KEY_SHARDS == 4
     assert manifest_subkey("abc", SLOTS_PER_AUTHOR + 3) == "abc/3"
     assert split_subkey("abc/3") == ("abc", 3)
     for bad in ("abc", "abc/", "/3", f"abc/{SLOTS_PER_AUTHOR}", "abc/-1", "abc/x"):

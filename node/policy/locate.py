@@ -1,0 +1,81 @@
+"""Where the base model comes from: an embedded folder, a local folder, or the local Hugging Face cache.
+
+This module is light (no torch, no transformers), so the CLI checks ``model.name_or_path`` before the
+heavy imports. Nothing is downloaded at run time: a hub name that is not in the local cache fails at once
+with a hint, instead of after about a minute of retries against a hub that may be unreachable; a hub
+name that is in the cache is loaded with ``local_files_only``, so the hub is never asked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import PolicyError
+
+__all__ = ["EMBEDDED_ALIASES", "TINY_BASE_NAME", "ModelLocation", "locate_model", "resolve_model_path",
+           "tiny_base_path"]
+
+TINY_BASE_NAME = "tiny-base"
+EMBEDDED_ALIASES: frozenset[str] = frozenset({TINY_BASE_NAME, "embedded"})
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def tiny_base_path() -> Path:
+    """Return the folder of the shipped tiny base model (``node/assets/tiny-base``)."""
+    return Path(__file__).resolve().parent.parent / "assets" / TINY_BASE_NAME
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map ``"tiny-base"`` or ``"embedded"`` to the shipped folder; return anything else unchanged."""
+    if name_or_path in EMBEDDED_ALIASES:
+        return str(tiny_base_path())
+    return name_or_path
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """What ``from_pretrained`` is given: a folder, or a hub name found in the local cache."""
+
+    path: str
+    local_files_only: bool
+
+
+def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:
+    """Whether the hub cache holds ``repo_id``'s current snapshot with its ``config.json``.
+
+    Reads the documented cache layout (``models--ORG--NAME/refs/main`` names a folder under
+    ``snapshots/``) instead of calling ``huggingface_hub.try_to_load_from_cache``, which imports the hub's
+    whole HTTP stack (a second or more); ``tests/node/test_locate.py`` checks that both agree.
+    """
+    from huggingface_hub import constants  # light: paths and environment only
+
+    repo = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    try:
+        commit = (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        return False
+    return bool(commit) and (repo / "snapshots" / commit / "config.json").is_file()
+
+
+def locate_model(name_or_path: str, cache_dir: str | None = None) -> ModelLocation:
+    """Find the model ``model.name_or_path`` names, or raise a one-line ``PolicyError`` saying what to do.
+
+    ``cache_dir`` is the Hugging Face hub cache (default: ``HF_HUB_CACHE``, i.e. ``~/.cache/huggingface/hub``).
+    """
+    resolved = resolve_model_path(name_or_path)
+    if Path(resolved).expanduser().is_dir():
+        return ModelLocation(str(Path(resolved).expanduser()), local_files_only=False)
+    if Path(resolved).expanduser().exists() or not _REPO_ID.fullmatch(resolved):
+        raise PolicyError(
+            f"model.name_or_path={name_or_path!r} is not a folder; give a folder written by save_pretrained, "
+            f"a hub name in the local Hugging Face cache, or {TINY_BASE_NAME!r}"
+        )
+    if _in_hf_cache(resolved, cache_dir):
+        return ModelLocation(resolved, local_files_only=True)
+    raise PolicyError(
+        f"model.name_or_path={name_or_path!r} is neither a local folder nor in the local Hugging Face cache, "
+        f"and nothing is downloaded at run time: on a connected machine run `hf download {resolved}` "
+        "(same HF_HOME), or give a folder written by save_pretrained"
+    )
