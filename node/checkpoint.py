@@ -2,7 +2,9 @@
 
 A checkpoint is a folder ``checkpoints/step_000025``. It is written under a temporary name and renamed
 into place only when complete, so a crash never leaves a half-written checkpoint that looks valid. The
-last ``keep`` checkpoints are kept.
+last ``keep`` checkpoints are kept; an old one is renamed out of sight before it is deleted, so a crash
+while pruning cannot leave a partly deleted checkpoint under a valid name either. ``tests/node/
+test_crash.py`` kills the node with SIGKILL at each of these moments and resumes.
 
 A checkpoint damaged afterwards (a truncated or unreadable ``adapter.safetensors``, ``trainer.pt`` or
 ``state.json``) is skipped with a warning: ``load_latest`` falls back to the newest intact one and moves
@@ -29,6 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from node.errors import CheckpointError
+from node.failpoints import crash_point
 
 logger = logging.getLogger(__name__)
 
@@ -110,18 +113,21 @@ class CheckpointManager:
         for f in tmp.iterdir():  # data on disk before the rename makes it visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        crash_point("checkpoint_files")
         if final.exists():
-            shutil.rmtree(final)
+            _remove(final)
         os.replace(tmp, final)
         _fsync_dir(self.root)
+        crash_point("checkpoint_renamed")
         self._prune()
         logger.info("checkpoint written: %s", final)
         return final
 
     def _prune(self) -> None:
         for old in self._complete()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in self.root.glob(".tmp-*"):
+            _remove(old)
+        for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".trash-*")]:  # left by a crash
             shutil.rmtree(stale, ignore_errors=True)
 
     def load(self, path: Path) -> CheckpointState:
@@ -175,6 +181,13 @@ class CheckpointManager:
             if target.exists():
                 shutil.rmtree(target)
             os.replace(path, target)
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint folder: first renamed out of sight (atomic), then deleted."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The ``swarm-node`` command line: ``silo``, ``start``, ``keygen``.
+"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``keygen``.
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from node.config import NodeConfig, load_config, with_initial_peers
+from node.api.client import api_banner
+from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, with_initial_peers
 from node.errors import CheckpointError, ConfigError
 from node.policy.locate import locate_model
 from node.rundir import prepare_run_dir
@@ -37,8 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="run a node that joins a swarm")
     _add_run_args(start)
     start.add_argument("--initial-peers", action="append", default=None, metavar="MADDR",
-                       help="multiaddr of a peer to join (repeat, or separate with commas); "
-                            "also SWARM_INITIAL_PEERS or swarm.initial_peers")
+                       help="multiaddr of a peer to join (repeat, or separate with commas), or @FILE: a file "
+                            "of multiaddrs, one a line, '#' comments; also SWARM_INITIAL_PEERS or "
+                            "swarm.initial_peers")
+    status = sub.add_parser("status", help="one-screen summary of a running node, from its status API")
+    status.add_argument("--url", help="the node's API, e.g. http://127.0.0.1:8770/ (the URL it printed at start)")
+    status.add_argument("--run-dir", help="or: the run dir of a node on this machine (reads RUN_DIR/api_url)")
+    status.add_argument("--token", default=os.environ.get(API_TOKEN_ENV), help=f"bearer token (default ${API_TOKEN_ENV})")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each answer")
     keygen = sub.add_parser("keygen", help="create an Ed25519 identity file (mode 0600)")
     keygen.add_argument("--out", default="identity.pem", help="path of the private key file to write")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -49,7 +56,9 @@ def _load(args: argparse.Namespace) -> NodeConfig:
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
-    return load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides)
+    resolve_api(cfg)  # a public bind without a token is refused before anything starts
+    return cfg
 
 
 def _preflight(cfg: NodeConfig) -> None:
@@ -78,6 +87,8 @@ def cmd_silo(args: argparse.Namespace) -> int:
     try:
         node.setup()
         print(f"swarm-node silo: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        if node.api is not None:
+            print(api_banner(node.api.url), flush=True)
         step = node.run()
     finally:
         node.close()
@@ -87,15 +98,26 @@ def cmd_silo(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from swarm.settings import parse_initial_peers
+    from swarm.settings import expand_initial_peers
 
-    peers = [p for item in (args.initial_peers or []) for p in parse_initial_peers(item)]
+    try:
+        peers = expand_initial_peers(args.initial_peers or [])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     cfg = with_initial_peers(_load(args), peers or None)  # validated before the heavy imports below
     _preflight(cfg)
     _setup_logging(args.log_level)
     from node.daemon import run_daemon
 
     return run_daemon(cfg, show_progress=not args.no_progress)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from node.api.client import resolve_url, status_command
+
+    code, text = status_command(resolve_url(args.url, args.run_dir), args.token, args.timeout)
+    print(text, file=sys.stdout if code != 3 else sys.stderr)
+    return code
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -113,7 +135,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"silo": cmd_silo, "start": cmd_start, "keygen": cmd_keygen}
+    handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen}
     try:
         return handlers[args.command](args)
     except (ConfigError, CheckpointError) as exc:

@@ -6,7 +6,9 @@ once and raises one ``ConfigError`` whose message names each bad field and what 
 
 from __future__ import annotations
 
+import ipaddress
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +20,8 @@ from node.modes import (
     AdvantageKind,
     ChatTemplateMode,
     DatasetPreference,
+    EngineSync,
+    GenerationBackendName,
     LossKind,
     SamplingMode,
     SelectionPolicy,
@@ -25,10 +29,14 @@ from node.modes import (
 )
 from swarm.settings import SwarmSettings, initial_peers_from_env
 
-__all__ = ["ConfigError", "NodeConfig", "apply_overrides", "load_config", "with_initial_peers"]
+__all__ = ["API_TOKEN_ENV", "ApiConfig", "ConfigError", "NodeConfig", "apply_overrides", "load_config", "resolve_api",
+           "with_initial_peers"]
 
 _PEER_TOKENS_FACTOR = 4
 _RENAMED = {"swarm.staleness_epochs": "swarm.read_epochs"}
+_REMOVED = {"metrics": "section removed: Prometheus /metrics is served by the status API now; "
+                       "use api.port (and api.host) instead of metrics.prometheus_port"}
+API_TOKEN_ENV = "SWARM_NODE_API_TOKEN"
 
 
 class _Section(BaseModel):
@@ -36,7 +44,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    name_or_path: str = Field("tiny-base", description="'tiny-base' (embedded), a hub name or a local folder")
+    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), a hub name or a local folder")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     chat_template: ChatTemplateMode = "auto"
@@ -94,13 +102,25 @@ class TasksConfig(_Section):
         return self
 
 
+class VllmConfig(_Section):
+    """The vLLM backend's engine (``generation.backend=vllm``), run in the node's own process."""
+
+    sync: EngineSync = Field(
+        "auto", description="how each new policy reaches the engine: merged weights pushed in place, or the LoRA "
+        "adapter hot-swapped (no trained norms); auto: merge, the faster where measured (see README)")
+    kv_cache_memory_bytes: int = Field(2**30, ge=2**20, description="KV cache size (CPU RAM or GPU memory)")
+    max_model_len: int = Field(4096, ge=16, description="longest prompt + completion, capped by the model's own")
+    enforce_eager: bool = Field(True, description="no CUDA graphs / compilation: starts in seconds")
+
+
 class GenerationConfig(_Section):
-    backend: Literal["hf"] = "hf"
+    backend: GenerationBackendName = Field("hf", description="hf: the node's own sampling loop; vllm: a vLLM engine")
     group_size: int = Field(8, ge=1, description="completions per task (G)")
     max_new_tokens: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    batch_size: int = Field(256, ge=1, description="sequences per generate() call")
+    batch_size: int = Field(256, ge=1, description="sequences decoded at once (hf: per forward; vllm: max_num_seqs)")
+    vllm: VllmConfig = VllmConfig()
 
     @property
     def peer_completion_tokens(self) -> int:
@@ -133,6 +153,7 @@ class TrainConfig(_Section):
         True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
     )
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     eval_every: int = Field(25, ge=1)
@@ -170,15 +191,45 @@ class IngestConfig(_Section):
     anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
 
 
-class MetricsConfig(_Section):
-    prometheus_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here; None: off")
-    prometheus_host: str = "127.0.0.1"
+class ApiConfig(_Section):
+    """The status API, the dashboard at ``/`` and Prometheus ``/metrics``, all on one port."""
+
+    port: int | None = Field(None, ge=0, le=65535, description="None: off; 0: any free port (the URL is printed)")
+    host: str = Field("127.0.0.1", description="a non-loopback address needs a token")
+    token: str | None = Field(None, min_length=16, description=f"bearer token (or ${API_TOKEN_ENV})")
+    stall_seconds: float = Field(600.0, gt=0, description="/healthz fails when no step completed for this long")
+    max_cpu_share: float = Field(0.01, gt=0, le=1, description="most of one core the API may use; requests wait beyond")
+
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: where it points is not ours to check
+
+
+def resolve_api(cfg: NodeConfig, environ: Mapping[str, str] | None = None) -> ApiConfig:
+    """``cfg.api`` with its token taken from ``$SWARM_NODE_API_TOKEN`` when the config has none; a
+    non-loopback bind without a token is a ``ConfigError``."""
+    env = os.environ if environ is None else environ
+    api = cfg.api
+    if api.token is None and env.get(API_TOKEN_ENV):
+        token = env[API_TOKEN_ENV]
+        if len(token) < 16:
+            raise ConfigError(f"{API_TOKEN_ENV}: the token must be at least 16 characters")
+        api = api.model_copy(update={"token": token})
+    if api.port is not None and not api.loopback and api.token is None:
+        raise ConfigError(f"api.host: {api.host!r} is reachable from other machines; set api.token=<secret> or "
+                          f"{API_TOKEN_ENV} (clients then send 'Authorization: Bearer <secret>'), or bind 127.0.0.1")
+    return api
 
 
 class NodeConfig(_Section):
     seed: int = 0
     run_dir: str = "runs/node"
-    metrics: MetricsConfig = MetricsConfig()
+    api: ApiConfig = ApiConfig()
     model: ModelConfig = ModelConfig()
     adapter: AdapterConfig = AdapterConfig()
     tasks: TasksConfig = TasksConfig()
@@ -188,6 +239,16 @@ class NodeConfig(_Section):
     sapo: SapoConfig = SapoConfig()
     ingest: IngestConfig = IngestConfig()
     swarm: SwarmSettings = SwarmSettings()
+
+    @model_validator(mode="after")
+    def _backend_fits_adapter(self) -> NodeConfig:
+        if self.generation.backend == "vllm" and self.adapter.kind == "remix":
+            raise ValueError("generation.backend=vllm cannot run adapter.kind=remix (its routing needs the node's "
+                             "own loop); set generation.backend=hf or adapter.kind=lora")
+        if self.generation.backend == "vllm" and self.generation.vllm.sync == "lora" and self.adapter.train_norms:
+            raise ValueError("generation.vllm.sync=lora cannot carry trained norms; set adapter.train_norms=false "
+                             "or generation.vllm.sync=merge")
+        return self
 
 
 def _parse_scalar(text: str) -> Any:
@@ -227,8 +288,11 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = str(e["msg"]).removeprefix("Value error, ").removeprefix(f"{e['loc'][-1] if e['loc'] else ''}: ")
+        if e["type"] == "value_error" and not e["loc"]:  # a cross-section rule: its message names the fields
+            lines.append(msg)
+            continue
         if e["type"] == "extra_forbidden":
-            msg = f"renamed to {_RENAMED[field]}" if field in _RENAMED else (
+            msg = f"renamed to {_RENAMED[field]}" if field in _RENAMED else _REMOVED.get(field) or (
                 "unknown key; check the spelling against configs/ and the README")
         elif e["type"] == "literal_error":
             msg = msg.replace("Input should be", "must be")

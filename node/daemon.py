@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from node.api.client import api_banner
 from node.config import NodeConfig
 from node.runner import Node, load_identity
 from protocol.identity import Identity
@@ -66,12 +67,19 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
         if not explicit_seed:
             print(f"swarm-node: seed {cfg.seed} (from the identity; set seed=N to choose one)", flush=True)
-        if addrs:
+        if addrs and cfg.swarm.client_mode:
+            print(f"swarm-node: network up in client mode (dials out only; batches are handed to "
+                  f"{cfg.swarm.handoff_copies} initial peers to serve)" if cfg.swarm.nat_sharing == "handoff" else
+                  f"swarm-node: network up in client mode (dials out only; nat_sharing={cfg.swarm.nat_sharing})",
+                  flush=True)
+        elif addrs:
             print("swarm-node: others can join with --initial-peers " + ",".join(addrs), flush=True)
         else:
             print("swarm-node: network not up yet (peers unreachable?); training locally and retrying to join "
                   "in the background", flush=True)
         print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        if node.api is not None:
+            print(api_banner(node.api.url), flush=True)
         step = node.run()
         print(f"swarm-node: stopped at step {step}", file=sys.stderr, flush=True)
         return 0

@@ -7,6 +7,10 @@ blocks the training loop: publishing queues, collecting returns what has arrived
 restarted with backoff while the node keeps training on its own groups. Ingestion is bounded per step
 (``node.ingest``); offences found in a peer's rollouts are reported to the transport, whose peer book
 bans the author. Failures of the transport's calls are counted (``exchange_errors``), never raised.
+
+A node that steps faster than its peers accept batches from one author (``min_publish_interval``: the
+per-author quota of each epoch) does not publish a batch every step: its groups accumulate (at most
+``max_pending_groups``, the oldest dropped and counted) and go out together in the next batch allowed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections import Counter, OrderedDict
 from typing import Any, Protocol
 
+from node.failpoints import crash_point
 from node.ingest import IngestLimits, Ingestor
 from node.outbound import to_rollout_groups
 from node.policy.model import Policy
@@ -24,7 +29,9 @@ from node.scoring import ScoringWorker
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity
-from protocol.records import RolloutBatch
+from protocol.records import RolloutBatch, RolloutGroup
+from swarm.peer_book import PeerRow
+from swarm.state import NetworkStatus
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +43,13 @@ class BatchTransport(Protocol):
 
     def current_epoch(self) -> int: ...
 
+    def min_publish_interval(self) -> float: ...
+
     def stats(self) -> dict[str, Any]: ...
+
+    def network_status(self) -> NetworkStatus: ...
+
+    def peer_stats(self) -> list[PeerRow]: ...
 
     def is_alive(self) -> bool: ...
 
@@ -55,7 +68,7 @@ class SwarmExchange:
                  swarm_id: str, temperature: float, top_p: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, ingest_limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, restart_backoff: float = 5.0,
-                 max_restart_backoff: float = 300.0) -> None:
+                 max_restart_backoff: float = 300.0, max_pending_groups: int = 256) -> None:
         self.policy = policy
         self.transport = transport
         self.identity = identity
@@ -67,12 +80,17 @@ class SwarmExchange:
                                  max_peer_tokens=max_peer_tokens, limits=ingest_limits, scorer=scorer,
                                  penalize=penalize)
         self.seq = 0
+        self.groups_shared = 0
         self.restart_backoff = restart_backoff
         self.max_restart_backoff = max_restart_backoff
         self._next_restart = 0.0
         self._failures = 0
         self.errors: Counter[str] = Counter()
         self.peers_seen: OrderedDict[str, None] = OrderedDict()  # bounded: most recent authors
+        self.max_pending_groups = max_pending_groups
+        self._pending: list[RolloutGroup] = []
+        self._last_publish = float("-inf")
+        self.groups_dropped = 0
 
     def current_epoch(self) -> int:
         return self.transport.current_epoch()
@@ -100,17 +118,27 @@ class SwarmExchange:
     def share(self, step: int, groups: list[SampledGroup]) -> None:
         if not groups or not self._ensure_alive():
             return
-        records = to_rollout_groups(self.policy, groups, policy_step=step, temperature=self.temperature,
-                                    top_p=self.top_p)
+        self._pending += to_rollout_groups(self.policy, groups, policy_step=step, temperature=self.temperature,
+                                           top_p=self.top_p)
+        if len(self._pending) > self.max_pending_groups:
+            self.groups_dropped += len(self._pending) - self.max_pending_groups
+            self._pending = self._pending[-self.max_pending_groups:]
+        now = time.monotonic()
+        if now - self._last_publish < self.transport.min_publish_interval():
+            return
+        self._last_publish = now
         batch = RolloutBatch(swarm_id=self.swarm_id, author=self.identity.public_key, address=(),
                              epoch=self.transport.current_epoch(), seq=self.seq, created_at=time.time(),
-                             groups=tuple(records))
+                             groups=tuple(self._pending))
+        self._pending = []
         self.seq += 1
+        self.groups_shared += len(batch.groups)
         try:
             self.transport.publish(batch)
         except Exception as exc:
             self.errors["publish"] += 1
             logger.warning("publishing batch %d failed: %s", batch.seq, exc)
+        crash_point("publish")
 
     def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
         """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).
@@ -143,6 +171,10 @@ class SwarmExchange:
             "batches_published": int(stats.get("batches_published", self.seq)),
             "batches_accepted": int(stats.get("batches_accepted", 0)),
             "batches_rejected": rejected,
+            "handoffs_sent": int(stats.get("handoffs_sent", 0)),
+            "handoffs_held": int(stats.get("handoffs_held", 0)),
+            "groups_pending": len(self._pending),
+            "groups_dropped": self.groups_dropped,
             "network_up": bool(self.transport.is_alive()),
             "exchange_errors": dict(self.errors),
             **{k: v for k, v in stats.items() if k in _TRANSPORT_METRICS},
@@ -158,6 +190,7 @@ class SwarmExchange:
 
 
 _TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "pulls_failed", "poll_key_timeouts",
-                      "dht_store_bytes", "duplicate_groups", "wire_encode_seconds", "wire_verify_seconds")
+                      "pulls_unreachable", "dht_store_bytes", "duplicate_groups", "wire_encode_seconds",
+                      "wire_verify_seconds")
 """Transport counters copied into the node's metrics next to the batch counts (``wire_*``: the in-process
 hub's time spent encoding and signing, and verifying and screening)."""

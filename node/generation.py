@@ -1,7 +1,9 @@
-"""Batched sampling with the HF backend: KV cache, left padding, temperature and top-p.
+"""The node's own sampling loop (the HF backend's): KV cache, left padding, temperature and top-p.
 
 Returns, for every completion, its token ids, the per-token log-probs of the distribution the token was
 actually drawn from (after temperature and top-p), and a mask that ends at (and includes) the first EOS.
+Only the last position's logits are computed (``logits_to_keep=1``), the attention mask is allocated once,
+and sampling draws from a generator on the policy's device, so no step copies logits to the host.
 """
 
 from __future__ import annotations
@@ -29,6 +31,22 @@ class Completions:
         """Token ids and behaviour log-probs of completion ``i``, cut at its mask."""
         n = int(self.completion_mask[i].sum())
         return self.completion_ids[i, :n].tolist(), self.behavior_logprobs[i, :n].tolist()
+
+
+def concat_completions(parts: list[Completions], pad_id: int = 0) -> Completions:
+    """Several calls' completions as one, rows in order, right-padded to the longest."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.completion_ids.shape[1] for p in parts)
+
+    def pad(t: torch.Tensor, value: float | bool | int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    routing = None if parts[0].routing is None else torch.cat([p.routing for p in parts])  # type: ignore[misc]
+    return Completions(torch.cat([pad(p.completion_ids, pad_id) for p in parts]),
+                       torch.cat([pad(p.behavior_logprobs, 0.0) for p in parts]),
+                       torch.cat([pad(p.completion_mask, False) for p in parts]),
+                       [r for p in parts for r in p.finish_reasons], routing)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +90,7 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -90,21 +108,24 @@ def generate(
     device = device or torch.device("cpu")
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    ids, attn = left_pad(prompts, pad_id)
-    ids, attn = ids.to(device), attn.to(device)
-    batch = ids.shape[0]
+    ids, prompt_mask = left_pad(prompts, pad_id)
+    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
+    batch, width = ids.shape
     if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
         remix.deterministic()
-        remix.set_prompt_mask(attn.bool())
+        remix.set_prompt_mask(prompt_mask.bool())
+    if generator is not None and generator.device != device:
+        raise ValueError(f"sampling generator on {generator.device}, policy on {device}: create it on the policy's device")
+    attn = torch.cat([prompt_mask, prompt_mask.new_ones((batch, max_new_tokens))], dim=1)  # grown by slicing
     was_training = model.training
     model.eval()
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), use_cache=True)
+    out = model(input_ids=ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
+                use_cache=True, logits_to_keep=1)
     past = out.past_key_values
-    next_pos = attn.sum(-1, keepdim=True)
-    tokens, logprobs = [], []
+    next_pos = prompt_mask.sum(-1, keepdim=True)
+    tokens, logprobs, masks = [], [], []
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     alive = torch.ones(batch, dtype=torch.bool, device=device)
-    masks = []
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :].float()
         if greedy:
@@ -112,24 +133,19 @@ def generate(
             lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
         else:
             logp = torch.log_softmax(top_p_filter(logits / temperature, top_p), -1)
-            probs = logp.exp()
-            if generator is not None and generator.device != probs.device:
-                tok = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(device)
-            else:
-                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
         tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
         tokens.append(tok)
         logprobs.append(torch.where(alive, lp, torch.zeros_like(lp)))
-        masks.append(alive.clone())
+        masks.append(alive)
         if eos_id is not None:
-            finished |= alive & (tok == eos_id)
+            finished = finished | (alive & (tok == eos_id))
         alive = ~finished
-        if not alive.any() or step == max_new_tokens - 1:
+        if step == max_new_tokens - 1 or not alive.any():
             break
-        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=past,
-                    use_cache=True)
+        out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=next_pos,
+                    past_key_values=past, use_cache=True, logits_to_keep=1)
         past = out.past_key_values
         next_pos = next_pos + 1
     model.train(was_training)

@@ -19,7 +19,8 @@ step has all the groups it can use). Checks run cheapest first:
   (``seed_cap``: a new seed makes the task source build a new table);
 * each rollout as this node would have generated it: at most our own ``max_new_tokens`` (or the wider
   limit for re-tokenized text; ``too_long``), ids in the vocabulary, an EOS at the end exactly when
-  ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), ids that
+  ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), re-tokenized
+  text our tokenizer spells exactly (``untokenizable``: characters outside its vocabulary), ids that
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
   log-probs no lower than ``min_logprob`` (``bad_logprobs``);
 * scoring, in a child process with a time limit per completion for sources whose scorers may be slow
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Rollout, RolloutBatch, RolloutGroup
 from protocol.taskref import TaskRef
+from swarm.peer_book import MAX_TRACKED_PEERS
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +112,22 @@ class Ingestor:
         self._eos = tok.eos_token_id
         self._special = frozenset(int(i) for i in tok.all_special_ids)
         self._seeds: dict[tuple[str, int], set[int]] = {}  # (author, epoch) -> task seeds seen
+        self.by_peer: OrderedDict[str, tuple[int, Counter[str]]] = OrderedDict()  # groups accepted, rejected
+        self._peer: str | None = None  # whose groups are being looked at, for the per-peer counts
 
     def _reject(self, reason: str, detail: str, n: int = 1) -> None:
         self.rejected[reason] += n
+        if self._peer is not None:
+            self._peer_counts(self._peer)[1][reason] += n
         logger.debug("rejected peer rollout data (%s): %s", reason, detail)
+
+    def _peer_counts(self, peer_id: str) -> tuple[int, Counter[str]]:
+        """The per-peer counts of ``peer_id``, bounded: the peer heard from longest ago goes first."""
+        counts = self.by_peer.pop(peer_id, None) or (0, Counter())
+        self.by_peer[peer_id] = counts
+        while len(self.by_peer) > MAX_TRACKED_PEERS:
+            self.by_peer.popitem(last=False)
+        return counts
 
     # -- one step ---------------------------------------------------------------------------------------
 
@@ -135,25 +149,32 @@ class Ingestor:
                 queue = queues[peer_id]
                 if (not queue or used[peer_id] >= self.limits.max_groups_per_peer
                         or seconds[peer_id] >= self.limits.max_seconds_per_peer):
-                    self._drop(queues.pop(peer_id), "over_budget")
+                    self._drop(peer_id, queues.pop(peer_id), "over_budget")
                     continue
                 if len(groups) >= max_groups or not self._within(budget):
                     break
                 epoch, rgroup = queue.popleft()
                 t0 = time.perf_counter()
-                group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                self._peer = peer_id
+                try:
+                    group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                finally:
+                    self._peer = None
                 seconds[peer_id] += time.perf_counter() - t0
                 used[peer_id] += 1
                 if group is not None:
                     groups.append(group)
                 if offence is not None:
                     self._offence(peer_id, offence)
-                    self._drop(queues.pop(peer_id), "peer_offended")
+                    self._drop(peer_id, queues.pop(peer_id), "peer_offended")
         leftover = "not_needed" if len(groups) >= max_groups else "over_budget"  # the step had all it can use
-        for queue in queues.values():
-            self._drop(queue, leftover)
+        for peer_id, queue in queues.items():
+            self._drop(peer_id, queue, leftover)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
+        for peer_id, n in Counter(g.peer_id for g in groups).items():
+            accepted, rejected = self._peer_counts(peer_id)
+            self.by_peer[peer_id] = (accepted + n, rejected)
         self.last_seconds = time.perf_counter() - started
         return groups
 
@@ -171,9 +192,11 @@ class Ingestor:
     def _within(self, budget: _Budget) -> bool:
         return budget.rollouts > 0 and budget.tokens > 0 and time.perf_counter() < budget.deadline
 
-    def _drop(self, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
+    def _drop(self, peer_id: str, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
         if queue:
+            self._peer = peer_id
             self._reject(reason, f"{len(queue)} groups not ingested", len(queue))
+            self._peer = None
 
     def _offence(self, peer_id: str, reason: str) -> None:
         self.offences[reason] += 1
@@ -269,7 +292,11 @@ class Ingestor:
         if len(rollout.completion) > _CHARS_PER_TOKEN * self.max_peer_tokens:
             return None, None, "too_long"
         ids = list(tok(rollout.completion, add_special_tokens=False)["input_ids"])
-        if any(i in self._special for i in ids):  # literal special tokens, or text our vocabulary lacks
+        # Text our tokenizer cannot spell (characters outside a character vocabulary become <unk>; a
+        # normalizer may rewrite text): we would train on other text than the one we score.
+        if tok.decode(ids, skip_special_tokens=False) != rollout.completion:
+            return None, None, "untokenizable"
+        if any(i in self._special for i in ids):  # literal special-token text, e.g. our EOS mid-completion
             return None, None, "special_token"
         if ends_with_eos and self._eos is not None:
             ids.append(self._eos)

@@ -1,13 +1,28 @@
-"""The run's metrics sink: one JSON line per step in ``RUN_DIR/metrics.jsonl`` and, when a port is
-configured, the same numbers as Prometheus gauges (``swarm_node_<name>``) on ``http://HOST:PORT/metrics``."""
+"""The run's metrics: one JSON line per step in ``RUN_DIR/metrics.jsonl``; the same rows, as Prometheus
+metric families, for the status API's ``/metrics`` (``render_prometheus``). There is one path: the row a
+step writes is the row the API and Prometheus serve.
+
+Prometheus types follow what a value means: running totals (steps, batches, groups, bytes) are counters
+(``swarm_node_<name>_total``), everything else is a gauge; dict-valued metrics (counts by reason) get a
+``reason`` label.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+PREFIX = "swarm_node_"
+COUNTERS = frozenset({
+    "step", "batches_published", "batches_accepted", "batches_rejected", "ingest_groups_accepted",
+    "ingest_retokenized", "ingest_rejected",
+})
+"""Record keys that only ever grow over a run (Prometheus counters); every other number is a gauge."""
+_SKIPPED = frozenset({"time"})  # the wall clock of the row: served as swarm_node_last_step_timestamp_seconds
 
 
 class MetricsWriter:
@@ -17,9 +32,8 @@ class MetricsWriter:
     never holds two lines for one step.
     """
 
-    def __init__(self, path: str | Path, resume_step: int = 0, prometheus: PrometheusExporter | None = None) -> None:
+    def __init__(self, path: str | Path, resume_step: int = 0) -> None:
         self.path = Path(path)
-        self.prometheus = prometheus
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._truncate_after(resume_step)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
@@ -39,53 +53,15 @@ class MetricsWriter:
         tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
         os.replace(tmp, self.path)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Write one row; returns it as written (non-finite floats as None), a new dict."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._fh.write(json.dumps(clean, sort_keys=False) + "\n")
         self._fh.flush()
-        if self.prometheus is not None:
-            self.prometheus.update(clean)
+        return clean
 
     def close(self) -> None:
         self._fh.close()
-        if self.prometheus is not None:
-            self.prometheus.close()
-
-
-class PrometheusExporter:
-    """Serves every numeric metric as a gauge; dict-valued metrics (counts by reason) get a label."""
-
-    def __init__(self, host: str, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
-        self.registry = CollectorRegistry()
-        self._gauges: dict[str, Any] = {}
-        self.server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        self.port = self.server.server_port
-
-    def _gauge(self, name: str, labelled: bool) -> Any:
-        from prometheus_client import Gauge
-
-        key = "swarm_node_" + "".join(c if c.isalnum() else "_" for c in name)
-        if key not in self._gauges:
-            self._gauges[key] = Gauge(key, name, ["reason"] if labelled else [], registry=self.registry)
-        return self._gauges[key]
-
-    def update(self, record: dict[str, Any]) -> None:
-        for name, value in record.items():
-            if isinstance(value, bool) or value is None:
-                value = float(value) if isinstance(value, bool) else None
-            if isinstance(value, (int, float)):
-                self._gauge(name, False).set(value)
-            elif isinstance(value, dict):
-                gauge = self._gauge(name, True)
-                for reason, count in value.items():
-                    if isinstance(count, (int, float)):
-                        gauge.labels(reason=str(reason)).set(count)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -97,3 +73,55 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def metric_name(key: str) -> str:
+    """``train/clip_frac`` -> ``swarm_node_train_clip_frac`` (Prometheus names allow [a-zA-Z0-9_:])."""
+    return PREFIX + "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _families(record: Mapping[str, Any], gauges: Mapping[str, float]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    for key, value in record.items():
+        if key in _SKIPPED:
+            continue
+        family_type = CounterMetricFamily if key in COUNTERS else GaugeMetricFamily
+        name = "swarm_node_steps" if key == "step" else metric_name(key)
+        if isinstance(value, Mapping):
+            family = family_type(name, f"{key} by reason", labels=["reason"])
+            for reason, count in sorted(value.items()):
+                number = _number(count)
+                if number is not None:
+                    family.add_metric([str(reason)], number)
+            yield family
+            continue
+        number = _number(value)
+        if number is not None:
+            yield family_type(name, key, value=number)
+    if "time" in record and _number(record["time"]) is not None:
+        yield GaugeMetricFamily(PREFIX + "last_step_timestamp_seconds", "when the last step ended",
+                                value=float(record["time"]))
+    for key, value in gauges.items():
+        yield GaugeMetricFamily(metric_name(key), key, value=value)
+
+
+def render_prometheus(record: Mapping[str, Any], gauges: Mapping[str, float] | None = None) -> bytes:
+    """The Prometheus text exposition of one metrics row plus extra live gauges (e.g. ``up``)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class _Row:
+        def collect(self) -> Iterator[Any]:
+            return _families(record, gauges or {})
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Row())
+    return generate_latest(registry)

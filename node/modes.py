@@ -16,6 +16,8 @@ DatasetPreference = Literal["none", "own_mixture", "low_signal", "both"]
 SamplingMode = Literal["standard", "ada_balanced", "ada_positive"]
 ChatTemplateMode = Literal["auto", "always", "never"]
 TaskSourceName = Literal["arith", "reasoning_gym"]
+GenerationBackendName = Literal["hf", "vllm"]
+EngineSync = Literal["auto", "merge", "lora"]
 
 ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
@@ -24,3 +26,5 @@ DATASET_PREFERENCES: tuple[str, ...] = get_args(DatasetPreference)
 SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
 CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
 TASK_SOURCES: tuple[str, ...] = get_args(TaskSourceName)
+GENERATION_BACKENDS: tuple[str, ...] = get_args(GenerationBackendName)
+ENGINE_SYNCS: tuple[str, ...] = get_args(EngineSync)

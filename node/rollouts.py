@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from node.generation import Completions, generate
+from node.engines.base import GenerationBackend, SamplingSettings
 from node.policy.model import Policy
 from node.tasks import Task, TaskSource
 from node.train.groups import TrainGroup
@@ -47,28 +47,18 @@ class SampledGroup:
     finish_reasons: list[str]
 
 
-def _generate_batched(policy: Policy, prompts: list[list[int]], batch_size: int, **kwargs: object) -> list[Completions]:
-    return [
-        generate(policy.model, policy.tokenizer, prompts[i : i + batch_size], device=policy.device,
-                 remix=policy.remix, **kwargs)  # type: ignore[arg-type]
-        for i in range(0, len(prompts), batch_size)
-    ]
-
-
-def sample_groups(policy: Policy, source: TaskSource, tasks: list[Task], *, group_size: int, max_new_tokens: int,
-                  temperature: float, top_p: float, batch_size: int, generator: torch.Generator,
+def sample_groups(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,
+                  group_size: int, settings: SamplingSettings, generator: torch.Generator,
                   epoch: int = 0) -> list[SampledGroup]:
     """Sample ``group_size`` completions for each task and score each with the task's own verifier."""
     prompts = [encode_prompt(policy, source.format_prompt(t, policy.tokenizer)) for t in tasks]
     flat = [p for p in prompts for _ in range(group_size)]
-    outs = _generate_batched(policy, flat, batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                             top_p=top_p, generator=generator)
+    out = backend.generate(flat, settings, generator)
     rows: list[tuple[list[int], list[float], str, list[int]]] = []
-    for out in outs:
-        for i in range(out.completion_ids.shape[0]):
-            ids, lps = out.row(i)
-            routing = out.routing[i].flatten().tolist() if out.routing is not None else []
-            rows.append((ids, lps, out.finish_reasons[i], routing))
+    for i in range(out.completion_ids.shape[0]):
+        ids, lps = out.row(i)
+        routing = out.routing[i].flatten().tolist() if out.routing is not None else []
+        rows.append((ids, lps, out.finish_reasons[i], routing))
     groups = []
     for t_idx, task in enumerate(tasks):
         chunk = rows[t_idx * group_size : (t_idx + 1) * group_size]
@@ -93,9 +83,9 @@ def _downsample(chunk: list[int], rewards: list[float], n: int, rng: torch.Gener
     return sorted(pos[:take_pos] + neg[:take_neg])
 
 
-def sample_groups_adaptive(policy: Policy, source: TaskSource, tasks: list[Task], *, group_size: int,
-                           round_size: int, max_rounds: int, mode: str, max_new_tokens: int, temperature: float,
-                           top_p: float, batch_size: int, generator: torch.Generator, epoch: int = 0,
+def sample_groups_adaptive(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,
+                           group_size: int, round_size: int, max_rounds: int, mode: str, settings: SamplingSettings,
+                           generator: torch.Generator, epoch: int = 0,
                            positive_threshold: float = 1.0) -> list[SampledGroup]:
     """Reinforce-Ada: draw ``round_size`` completions per active task per round, up to ``max_rounds``; a task
     leaves the active set once it has ``group_size/2`` positives and negatives (``ada_balanced``) or one
@@ -108,9 +98,8 @@ def sample_groups_adaptive(policy: Policy, source: TaskSource, tasks: list[Task]
     for _ in range(max_rounds):
         if not active:
             break
-        drawn = sample_groups(policy, source, [tasks[i] for i in active], group_size=round_size,
-                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                              batch_size=batch_size, generator=generator, epoch=epoch)
+        drawn = sample_groups(backend, policy, source, [tasks[i] for i in active], group_size=round_size,
+                              settings=settings, generator=generator, epoch=epoch)
         still = []
         for i, sg in zip(active, drawn):
             pools[i].append(sg)
@@ -144,18 +133,12 @@ def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator, positiv
     return SampledGroup(task=parts[0].task, group=group, texts=kept(texts), finish_reasons=kept(reasons))
 
 
-def greedy_accuracy(policy: Policy, source: TaskSource, tasks: list[Task], *, max_new_tokens: int,
-                    batch_size: int) -> float:
+def greedy_accuracy(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,
+                    max_new_tokens: int) -> float:
     """Mean score of one greedy completion per task (the evaluation metric)."""
     if not tasks:
         return float("nan")
     prompts = [encode_prompt(policy, source.format_prompt(t, policy.tokenizer)) for t in tasks]
-    outs = _generate_batched(policy, prompts, batch_size, max_new_tokens=max_new_tokens, greedy=True)
-    scores = []
-    i = 0
-    for out in outs:
-        for r in range(out.completion_ids.shape[0]):
-            ids, _ = out.row(r)
-            scores.append(float(source.score(tasks[i], decode_completion(policy, ids))))
-            i += 1
+    out = backend.generate(prompts, SamplingSettings(max_new_tokens=max_new_tokens, greedy=True))
+    scores = [float(source.score(task, decode_completion(policy, out.row(i)[0]))) for i, task in enumerate(tasks)]
     return sum(scores) / len(scores)

@@ -17,24 +17,29 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import signal
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
+from node.api.board import NodeInfo, PeerIngest, StatusBoard, StepSnapshot, freeze_record
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng, restore_rng
-from node.config import NodeConfig
+from node.config import NodeConfig, resolve_api
+from node.engines.base import GenerationBackend, SamplingSettings
+from node.engines.hf import HFBackend
 from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
+from node.failpoints import crash_point
 from node.ingest import IngestLimits
-from node.metrics import MetricsWriter, PrometheusExporter
-from node.policy.model import Policy, build_policy
+from node.metrics import MetricsWriter, read_metrics
+from node.policy.model import Policy, build_policy, pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.rundir import prepare_run_dir
 from node.scoring import ScoringWorker, SourceSpec
@@ -45,6 +50,9 @@ from node.train.trainer import Trainer
 from protocol.errors import IdentityError
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
+
+if TYPE_CHECKING:
+    from node.api.server import ApiServer
 
 logger = logging.getLogger(__name__)
 
@@ -74,37 +82,81 @@ class Node:
         self._external_pool: list[TrainGroup] = []
         # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
         self._signal_history: deque[dict[str, list[int]]] = deque(maxlen=cfg.sapo.signal_window)
+        self.board = StatusBoard()
+        self._started_at = time.time()
+        self.api: ApiServer | None = None
+        self._last_eval: tuple[int, float] | None = None
 
-    # ----- setup: ordering matters -- the policy exists before the trainer (its parameters); the
-    # checkpoint is restored over freshly seeded state; the exchange comes last, so a broken model or
-    # config fails before any network is touched.
+    # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
+    # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
+    # starts); the checkpoint is restored over freshly seeded state and handed to the generator; the
+    # exchange comes after them, so a broken model or config fails before any network is touched; the API
+    # last, once there is a node to report on.
     def setup(self) -> None:
         prepare_run_dir(self.run_dir)
-        (self.run_dir / "config.yaml").write_text(_dump_yaml(self.cfg))
+        _write_atomic(self.run_dir / "config.yaml", _dump_yaml(self.cfg))
+        if self.cfg.generation.backend == "vllm":
+            from node.engines.vllm_engine import require_vllm
+
+            require_vllm(pick_device(self.cfg.model.device))
         self.policy = self._build_policy()
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
+        self.generator = self._build_generator()
         self.task_rng = random.Random(self.cfg.seed)
         self.select_rng = random.Random(stream_seed(self.cfg.seed, "select"))
-        self.sample_gen = torch.Generator().manual_seed(self.cfg.seed)
+        self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
-                                     prometheus=self._build_prometheus())
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
             self.exchange = self._build_exchange(self._transport_factory)
+        self.board.set_info(self._node_info())
+        self._publish_resumed()
+        self.board.set_state("ready")
+        if self.cfg.api.port is not None:
+            self.api = self._build_api()
 
-    def _build_prometheus(self) -> PrometheusExporter | None:
-        mc = self.cfg.metrics
-        if mc.prometheus_port is None:
-            return None
-        exporter = PrometheusExporter(mc.prometheus_host, mc.prometheus_port)
-        logger.info("Prometheus metrics on http://%s:%d/metrics", mc.prometheus_host, exporter.port)
-        return exporter
+    def _node_info(self) -> NodeInfo:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ver = version("swarm-node")
+        except PackageNotFoundError:
+            ver = "unknown"
+        name = self.cfg.model.name_or_path
+        if Path(name).expanduser().exists():  # a local folder: its name only, never where it lives
+            name = Path(name).expanduser().resolve().name
+        ex = self.exchange
+        return NodeInfo(version=ver, mode="silo" if ex is None else "swarm",
+                        peer_id=None if ex is None else ex.identity.peer_id,
+                        swarm_id=None if ex is None else ex.swarm_id, model=name, adapter=self.cfg.adapter.kind,
+                        run_dir=self.run_dir.resolve().name, total_steps=self.cfg.train.steps,
+                        started_at=self._started_at)
+
+    def _build_api(self) -> ApiServer:
+        from node.api.server import ApiServer
+
+        api = ApiServer(resolve_api(self.cfg), self.board, self.run_dir / "metrics.jsonl",
+                        transport=None if self.exchange is None else self.exchange.transport)
+        api.start()
+        (self.run_dir / "api_url").write_text(api.url + "\n")
+        logger.info("status API and dashboard on %s", api.url)
+        return api
 
     def _build_policy(self) -> Policy:
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
+
+    def _build_generator(self) -> GenerationBackend:
+        g, m = self.cfg.generation, self.cfg.model
+        if g.backend == "hf":
+            return HFBackend(self.policy, batch_size=g.batch_size)
+        from node.engines.vllm_engine import VLLMBackend, base_model_path
+
+        return VLLMBackend(self.policy, base_model_path(self.policy), g.vllm, dtype=m.dtype,
+                           max_num_seqs=g.batch_size, seed=self.cfg.seed, trust_remote_code=m.trust_remote_code,
+                           lora_rank=self.cfg.adapter.rank)
 
     def _build_task_source(self) -> TaskSource:
         t = self.cfg.tasks
@@ -134,7 +186,8 @@ class Node:
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
-                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed)
+                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
+                       gradient_checkpointing=tc.gradient_checkpointing)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)
@@ -179,6 +232,7 @@ class Node:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])
         self._signal_history.extend(state.extra.get("signal_history", []))
         self.step = state.step
+        self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)
 
     # ----- run
@@ -198,6 +252,7 @@ class Node:
         """Train until ``train.steps`` (or a stop signal); return the last completed step."""
         total = self.cfg.train.steps
         bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
+        self.board.set_state("training")
         try:
             while self.step < total and not self.stop_requested:
                 record = self.train_step()
@@ -206,10 +261,13 @@ class Node:
                                 **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
                 if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
                     self.save_checkpoint()
+            if self.stop_requested:
+                self.board.set_state("stopping")
             if self.stop_requested and self.step % self.cfg.train.checkpoint_every != 0:
                 self.save_checkpoint()
         finally:
             bar.close()
+            self.board.set_state("finished" if self.step >= total else "stopped")
         return self.step
 
     def train_step(self) -> dict[str, Any]:
@@ -219,16 +277,17 @@ class Node:
         refs = self.source.sample(cfg.sapo.generated_groups or cfg.sapo.local_groups, self.task_rng)
         tasks = [self.source.task(r) for r in refs]
         g = cfg.generation
-        common: dict[str, Any] = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                                      batch_size=g.batch_size, generator=self.sample_gen, epoch=epoch)
+        settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
+        common: dict[str, Any] = dict(settings=settings, generator=self.sample_gen, epoch=epoch)
         if cfg.sampling.mode == "standard":
-            sampled = sample_groups(self.policy, self.source, tasks, group_size=g.group_size, **common)
+            sampled = sample_groups(self.generator, self.policy, self.source, tasks, group_size=g.group_size, **common)
         else:
-            sampled = sample_groups_adaptive(self.policy, self.source, tasks, group_size=g.group_size,
+            sampled = sample_groups_adaptive(self.generator, self.policy, self.source, tasks, group_size=g.group_size,
                                              round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
                                              mode=cfg.sampling.mode, positive_threshold=cfg.sampling.positive_threshold,
                                              **common)
         t_gen = time.perf_counter()
+        crash_point("generation")
         local = [s.group for s in sampled]
         with_signal = assign_advantages(local, cfg.train.advantage)
         self._record_signal(local, with_signal)
@@ -240,6 +299,7 @@ class Node:
         # I local groups with signal (all of them when no more were generated), then the J external ones.
         signal_groups = with_signal[: cfg.sapo.local_groups] + external
         stats = self.trainer.step(signal_groups)
+        sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
         rewards = [r for grp in local for r in (grp.all_rewards or grp.rewards)]  # everything sampled
@@ -258,14 +318,17 @@ class Node:
             "grad_norm": stats.get("grad_norm", 0.0),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
+        record.update({f"gen/{k}": v for k, v in sync.items()})
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
             record["exchange_seconds"] = t_exchange
+            record["peer_reward_mean"] = _mean([r for grp in external for r in grp.rewards])  # re-scored here
             record.update(self.exchange.metrics())
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
             record["eval_accuracy"] = self.evaluate()
-        self.metrics.write(record)
+            self._last_eval = (self.step, record["eval_accuracy"])
+        self._publish_status(self.metrics.write(record))
         return record
 
     def _record_signal(self, local: list[TrainGroup], with_signal: list[TrainGroup]) -> None:
@@ -293,6 +356,26 @@ class Node:
         mixture = dict(zip(tasks.datasets, tasks.weights or [1.0] * len(tasks.datasets)))
         return preference_weights(datasets, sapo.dataset_preference, mixture=mixture,
                                   signal_rates=self.signal_rates(), floor=sapo.preference_floor)
+
+    def _publish_resumed(self) -> None:
+        """After a resume, the API starts from the last step already done, not from nothing."""
+        rows = read_metrics(self.metrics.path) if self.step else []
+        evals = [r for r in rows if isinstance(r.get("eval_accuracy"), float)]
+        if evals:
+            self._last_eval = (int(evals[-1]["step"]), float(evals[-1]["eval_accuracy"]))
+        if rows and rows[-1].get("step") == self.step:
+            self._publish_status(rows[-1])
+
+    def _publish_status(self, row: dict[str, Any]) -> None:
+        """Hand the API an immutable picture of this step (a few small copies; no tensors)."""
+        ex = self.exchange
+        exchange: dict[str, Any] = {}
+        if ex is not None:
+            exchange = {"published_batches": ex.seq, "published_groups": ex.groups_shared,
+                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected))
+                                        for peer, (n, rejected) in ex.ingestor.by_peer.items()}}
+        self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
+                                        **exchange))
 
     def _select_external(self, epoch: int) -> list[TrainGroup]:
         """Add freshly received peer groups to the pool, drop stale ones, pick up to J (never waits)."""
@@ -323,8 +406,8 @@ class Node:
 
     def evaluate(self) -> float:
         g = self.cfg.generation
-        return greedy_accuracy(self.policy, self.source, self.eval_tasks, max_new_tokens=g.max_new_tokens,
-                               batch_size=g.batch_size)
+        return greedy_accuracy(self.generator, self.policy, self.source, self.eval_tasks,
+                               max_new_tokens=g.max_new_tokens)
 
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)
@@ -334,10 +417,27 @@ class Node:
                                               optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
 
     def close(self) -> None:
+        if self.api is not None:  # first: it reads what the rest of close() shuts
+            self.api.stop()
+            (self.run_dir / "api_url").unlink(missing_ok=True)
+            self.api = None
+        if getattr(self, "generator", None) is not None:
+            self.generator.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if self.exchange is not None:
             self.exchange.close()
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (no torn file after a crash)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def load_identity(cfg: NodeConfig, run_dir: Path) -> Identity:
@@ -354,4 +454,7 @@ def load_identity(cfg: NodeConfig, run_dir: Path) -> Identity:
 def _dump_yaml(cfg: NodeConfig) -> str:
     import yaml
 
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    data = cfg.model_dump(mode="json")
+    if data["api"]["token"] is not None:
+        data["api"]["token"] = "<redacted>"  # a secret does not go into a file others may read
+    return yaml.safe_dump(data, sort_keys=False)

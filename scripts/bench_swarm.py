@@ -11,6 +11,16 @@ its own network thread and its own p2pd). Then:
 2. pull throughput: node 1 pulls a large incompressible batch (``--pull-mib``) from node 0 over the
    batch handler ``--pulls`` times; reports MiB/s;
 3. memory: RSS of this process (its growth per node, over the baseline after imports) and of each p2pd.
+
+With ``--processes`` the same measurements run over N real processes instead (``scripts/swarm_probe.py``:
+each its own Python and p2pd, node 0 bootstrapping the rest), in two rounds:
+
+1. latency: every process publishes ``--rounds`` small batches, staggered so one batch goes out every
+   ``--gap`` seconds across the swarm; p50/p99 over all (batch, receiver) pairs, from wall-clock times
+   the processes log (one machine, one clock);
+2. pull throughput: every process publishes one ``--pull-mib`` batch at once and pulls everyone else's;
+   reports the swarm's total pulled bytes per second (first publish to last arrival) and per node;
+3. memory: RSS of each process (Python with the transport, no model) and of its p2pd.
 """
 
 from __future__ import annotations
@@ -33,8 +43,12 @@ from protocol.identity import Identity  # noqa: E402
 from protocol.limits import Limits  # noqa: E402
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams  # noqa: E402
 from protocol.taskref import TaskRef  # noqa: E402
+from swarm.core import _PullProgress  # noqa: E402
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns_lib import Probe, delivery, percentile  # noqa: E402
 
 SWARM_ID = "bench-swarm"
 MIB = 1024 * 1024
@@ -134,18 +148,14 @@ def measure_pull(nodes: list[SwarmTransport], mib: float, pulls: int) -> tuple[f
 
     async def pull(core: object) -> float:
         started = time.perf_counter()
-        got = await core._fetch_from(PeerID.from_base58(peer), bid, len(data))  # type: ignore[attr-defined]
+        progress = _PullProgress()
+        got = await core._fetch_from(PeerID.from_base58(peer), bid, len(data), progress, author=True)  # type: ignore[attr-defined]
         if got != data:
             raise SystemExit("pulled bytes differ")
         return time.perf_counter() - started
 
     times = [client._await_on_loop(pull) for _ in range(pulls)]
     return len(data) * pulls / sum(times) / MIB, len(data)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def main() -> None:
@@ -157,10 +167,14 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.3, help="seconds between two publishes")
     parser.add_argument("--pull-mib", type=float, default=4.0)
     parser.add_argument("--pulls", type=int, default=10)
+    parser.add_argument("--processes", action="store_true", help="one real process per node (see above)")
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error("--nodes must be >= 2")
     logging.basicConfig(level=logging.WARNING)
+    if args.processes:
+        multiprocess_main(args)
+        return
 
     me = psutil.Process()
     baseline = me.memory_info().rss
@@ -199,6 +213,78 @@ def main() -> None:
         f"shared process baseline after imports {baseline / MIB:.0f} MiB, total {process_rss / MIB:.0f} MiB"
     )
     print(f"rejections across nodes: {rejected}")
+
+
+def start_probes(n: int, *, seconds: float, publish_every: float, count: int, stagger: float,
+                 batch_args: tuple[str, ...]) -> list[Probe]:
+    """N probe processes, node 0 bootstrapping the rest, all up and told to start publishing."""
+    base = {"swarm_id": SWARM_ID, "collect_interval": 0.25, "request_timeout": 10.0, "startup_timeout": 120.0}
+    extra = ("--wait-go", *batch_args)
+
+    def probe(i: int, settings: dict[str, object]) -> Probe:
+        return Probe(sys.executable, settings, seconds=seconds, publish_every=publish_every, publish_count=count,
+                     publish_after=i * stagger, stats_every=5.0, extra_args=extra)
+
+    boot = probe(0, base)
+    boot.wait_up(180)
+    probes = [boot] + [probe(i, {**base, "initial_peers": [boot.maddr()]}) for i in range(1, n)]
+    for p in probes:
+        p.wait_up(300)
+    time.sleep(3.0)  # let routing tables settle
+    for p in probes:
+        p.send("go")
+    return probes
+
+
+def wait_delivered(probes: list[Probe], expected: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(delivery(probes)[0]) < expected:
+        time.sleep(0.5)
+
+
+def multiprocess_main(args: argparse.Namespace) -> None:
+    n = args.nodes
+    load = os.getloadavg()
+    t0 = time.monotonic()
+    probes = start_probes(n, seconds=600, publish_every=args.gap * n, count=args.rounds, stagger=args.gap,
+                          batch_args=("--groups", "2", "--text-chars", "200"))
+    try:
+        startup = time.monotonic() - t0
+        wait_delivered(probes, args.rounds * n * (n - 1), args.rounds * args.gap * n + 60)
+        latencies, expected = delivery(probes)
+        memory = [(p.of("stats")[-1]["rss"], p.of("stats")[-1]["p2pd_rss"]) for p in probes if p.of("stats")]
+    finally:
+        for p in probes:
+            p.stop()
+    chars = 16000  # 16 groups x 4 completions x 16,000 random letters: about 0.75 MiB compressed
+    groups = max(1, int(args.pull_mib * MIB / (4 * chars * 0.75)))
+    probes = start_probes(n, seconds=600, publish_every=1.0, count=1, stagger=0.0,
+                          batch_args=("--groups", str(groups), "--text-chars", str(chars)))
+    try:
+        go = time.time()
+        wait_delivered(probes, n * (n - 1), 300)
+        arrivals = [float(e["t"]) for p in probes for e in p.of("got")]
+        for p in probes:
+            p.send("stop")
+        for p in probes:
+            p.stop()
+        pulled = sum(int(p.of("stats")[-1]["stats"]["bytes_in"]) for p in probes if p.of("stats"))
+    finally:
+        for p in probes:
+            p.stop()
+    span = max(arrivals) - go if arrivals else float("nan")
+    print(f"nodes: {n} real processes on 127.0.0.1 (each its own Python and p2pd), {os.cpu_count()} CPUs, "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; started in {startup:.1f} s")
+    print(f"publish-to-visible latency over {len(latencies)}/{expected} (batch, receiver) pairs: "
+          f"p50 {percentile(latencies, 50) * 1000:.0f} ms, p99 {percentile(latencies, 99) * 1000:.0f} ms, "
+          f"max {max(latencies) * 1000:.0f} ms")
+    print(f"pull throughput: {len(arrivals)}/{n * (n - 1)} large batches, {pulled / MIB:.1f} MiB pulled in {span:.1f} s: "
+          f"{pulled / MIB / span:.1f} MiB/s across the swarm, {pulled / MIB / span / n:.2f} MiB/s per node")
+    if memory:
+        py = statistics.mean(m[0] for m in memory) / MIB
+        daemon = statistics.mean(m[1] for m in memory) / MIB
+        print(f"memory per node: {py + daemon:.1f} MiB = {py:.1f} MiB Python (transport only, no model; hivemind imports torch) + "
+              f"{daemon:.1f} MiB p2pd; total {(py + daemon) * n:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
+from node.policy.build_env import build_environment  # noqa: E402
 from node.policy.tiny import build_char_tokenizer, tiny_base_path  # noqa: E402
 from node.tasks.arith_format import DATASETS, answer_width, make_problem  # noqa: E402
 
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": n_params,
         "train_seconds": round(train_seconds, 1),
         "threads": args.threads,
-        "torch_version": torch.__version__,
+        **build_environment(),
     }
     if not default_eval:
         info["eval_ops"] = list(args.eval_ops)

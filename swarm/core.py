@@ -12,7 +12,12 @@ serves signed batches by id, and four background loops:
   time), verify them (size, hash, expanded size charged before decoding, signature, manifest match,
   content not seen before) and queue them; the screening and verification steps are ``swarm.intake``'s,
   shared with the in-process hub;
-* health: watch p2pd, refresh the peer list, prune old state.
+* health: watch p2pd, refresh the peer list and this node's visible addresses, prune old state.
+
+Behind NAT (``client_mode``) a node cannot be dialed; ``settings.nat_sharing`` picks how its batches still
+reach the swarm: ``handoff`` pushes each batch to reachable holders (``rpc_put_batch``, ``swarm.handoff``)
+before its manifest is stored, ``relay`` makes p2pd reserve a circuit-relay slot with the initial peers
+and announce the relayed address first.
 
 Every network await is bounded by a timeout. CPU-heavy decoding runs in the default executor, one batch
 at a time, not on the loop. Held batches and the inbox are bounded in bytes as well as in count. Peer
@@ -38,11 +43,21 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure, P2PDaemonErro
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
+from protocol.codec import batch_id, batch_payload_size, decode_batch
 from protocol.errors import ProtocolError
 from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.records import Manifest
-from swarm.hivemind_compat import dht_neighbours, dial, own_session_p2pd, p2pd_exited, p2pd_pid, p2pd_process
+from swarm.handoff import HandoffStatus, HandoffStore
+from swarm.hivemind_compat import (
+    dht_neighbours,
+    dial,
+    disconnect,
+    own_session_p2pd,
+    p2pd_exited,
+    p2pd_pid,
+    p2pd_process,
+)
 from swarm.intake import (
     DEFER,
     KNOWN,
@@ -61,19 +76,28 @@ from swarm.state import SharedState
 from swarm.validator import ManifestValidator
 from swarm.watchdog import P2pdWatchdog
 
-__all__ = ["PublishItem", "SwarmCore", "decoded_cost", "handler_name"]  # decoded_cost lives in swarm.intake
+__all__ = ["PublishItem", "SwarmCore", "decoded_cost", "describe_error", "handler_name", "put_handler_name"]
 
 logger = logging.getLogger(__name__)
 
 _ID_BYTES = 64  # a batch id on the wire: 64 ASCII hex chars
 _LEN_BYTES = 8  # big-endian length prefix of a served batch; 0 means "not held here"
 _HEALTH_PERIOD = 1.0
+_MADDR_REFRESH_TICKS = 5  # health ticks between two refreshes of this node's visible addresses
+_MAX_PULL_SOURCES = 4  # listed peers tried for one pull
+_MAX_HANDOFFS_IN_FLIGHT = 2  # hand-offs being received and verified at once; more are refused (busy)
+_CIRCUIT = "/p2p-circuit"
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
 
 
 def handler_name(swarm_id: str) -> str:
     """The libp2p protocol name of a swarm's batch handler."""
     return f"/swarm-node/{swarm_id}/get_batch/1"
+
+
+def put_handler_name(swarm_id: str) -> str:
+    """The libp2p protocol name of a swarm's hand-off handler."""
+    return f"/swarm-node/{swarm_id}/put_batch/1"
 
 
 @dataclass(frozen=True)
@@ -86,6 +110,8 @@ class PublishItem:
     key: str
     subkey: str
     expires_at: float
+    holders: tuple[str, ...] = ()
+    """Full multiaddrs of the peers to hand the batch to before its manifest is stored (NAT hand-off)."""
 
 
 @dataclass
@@ -94,6 +120,7 @@ class _PullProgress:
 
     reading_author: bool = False  # a stream to the author's address is open
     stalled: bool = False  # the author's address took a stream and did not deliver
+    peer: PeerID | None = None  # the listed peer last read from
 
 
 class _NetworkDiedError(Exception):
@@ -101,13 +128,42 @@ class _NetworkDiedError(Exception):
 
 
 def _parse_peer_maddr(maddr: str) -> tuple[PeerID, Multiaddr] | None:
-    """``(peer id, address without /p2p)`` of a full multiaddr, or None if it does not parse."""
+    """``(peer id, address to dial)`` of a full multiaddr, or None if it does not parse.
+
+    The peer is the last ``/p2p/`` component, so a relayed address
+    ``/ip4/R/tcp/P/p2p/<relay>/p2p-circuit/p2p/<peer>`` is dialed through the relay.
+    """
+    head, sep, peer = maddr.rpartition("/p2p/")
+    if not sep or not head or "/" in peer:
+        return None
     try:
-        full = Multiaddr(maddr)
-        peer_id = PeerID.from_base58(full["p2p"])
-        return peer_id, full.decapsulate(Multiaddr(f"/p2p/{full['p2p']}"))
+        return PeerID.from_base58(peer), Multiaddr(head)
     except (ValueError, LookupError, TypeError):
         return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as one short line for status pages (``p2pd exited``, ``TimeoutError``)."""
+    return str(exc) or type(exc).__name__
+
+
+def _libp2p_ids(maddrs: tuple[str, ...]) -> list[str]:
+    """The libp2p peer ids named by full multiaddrs (``.../p2p/<id>``); others are skipped."""
+    return [parsed[0].to_base58() for parsed in map(_parse_peer_maddr, maddrs) if parsed is not None]
+
+
+def _by_peer(maddrs: tuple[str, ...] | list[str]) -> dict[PeerID, list[Multiaddr]]:
+    """Parsed addresses grouped by peer, in the order peers first appear."""
+    grouped: dict[PeerID, list[Multiaddr]] = {}
+    for parsed in map(_parse_peer_maddr, maddrs):
+        if parsed is not None:
+            grouped.setdefault(parsed[0], []).append(parsed[1])
+    return grouped
+
+
+def _order_maddrs(maddrs: list[str], relayed_first: bool) -> list[str]:
+    """Relayed (circuit) addresses first when behind NAT with a relay: the direct ones cannot be dialed."""
+    return sorted(maddrs, key=lambda m: _CIRCUIT not in m) if relayed_first else maddrs
 
 
 class SwarmCore:
@@ -134,6 +190,13 @@ class SwarmCore:
         self.watchdog = watchdog
         self.held: OrderedDict[str, bytes] = OrderedDict()
         self.held_bytes = 0
+        self.handoffs = HandoffStore(
+            max_per_author_epoch=settings.max_handoffs_per_author_epoch,
+            max_bytes_per_author_epoch=settings.max_handoff_bytes_per_author_epoch,
+            max_total_bytes=settings.max_handoff_bytes,
+            read_epochs=settings.read_epochs,
+        )
+        self._handoffs_in_flight = 0
         self.publish_queue: asyncio.Queue[PublishItem] = asyncio.Queue()
         self._seen_manifests: dict[bytes, tuple[int, str]] = {}  # raw manifest -> (epoch seen, batch id)
         self._deferred: dict[bytes, Manifest] = {}  # checked manifests whose pull waits for a slot
@@ -144,6 +207,8 @@ class SwarmCore:
         self._newcomer_pulls = 0
         self._decode_slot = asyncio.Semaphore(1)
         self._handler = handler_name(settings.swarm_id)
+        self._put_handler = put_handler_name(settings.swarm_id)
+        self._relayed = settings.client_mode and settings.nat_sharing == "relay"
 
     @classmethod
     async def create(
@@ -157,6 +222,7 @@ class SwarmCore:
         """Start p2pd (in its own session, with an orphan watchdog) and a DHT node; joining peers happens
         in ``run``. A Ctrl-C at the node's terminal reaches the node, not p2pd: the node shuts it down."""
         own_session_p2pd()
+        relayed = settings.client_mode and settings.nat_sharing == "relay"
         p2p = await P2P.create(
             host_maddrs=settings.host_maddrs,
             announce_maddrs=settings.announce_maddrs or None,
@@ -164,6 +230,12 @@ class SwarmCore:
             startup_timeout=settings.startup_timeout,
             identity_path=settings.p2p_identity_path,
             check_if_identity_free=False,
+            # Behind NAT with a relay: reserve a slot on the initial peers (trusted, static relays) at once
+            # instead of waiting for AutoNAT to find out that nobody can dial in.
+            # A reachable node says so at once, which also starts its relay service for such peers.
+            use_auto_relay=relayed,
+            force_reachability="private" if relayed else (None if settings.client_mode else "public"),
+            trusted_relays=settings.initial_peers if relayed else None,
         )
         pid = p2pd_pid(p2p)
         watchdog = P2pdWatchdog(pid) if pid is not None else None
@@ -178,7 +250,12 @@ class SwarmCore:
             )
             self = cls(settings, identity, limits, shared, validator, p2p, dht, watchdog)
             await p2p.add_binary_stream_handler(self._handler, self.rpc_get_batch)
-            maddrs = [str(m) for m in await p2p.get_visible_maddrs()]
+            if settings.accept_handoffs and not settings.client_mode:
+                await p2p.add_binary_stream_handler(self._put_handler, self.rpc_put_batch)
+            try:
+                maddrs = _order_maddrs([str(m) for m in await p2p.get_visible_maddrs()], relayed)
+            except ValueError:  # behind NAT with a relay: no address until a reservation is made
+                maddrs = []
             started = True
         finally:
             if not started:
@@ -202,11 +279,10 @@ class SwarmCore:
         try:
             done, _ = await asyncio.wait([*loops, stopper], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is not stopper and not task.cancelled() and task.exception() is not None:
-                    exc = task.exception()
+                exc = None if task is stopper or task.cancelled() else task.exception()
+                if exc is not None:
                     logger.error("swarm network loop %s failed: %r", task.get_name(), exc)
-                    with self.shared.lock:
-                        self.shared.last_error = repr(exc)
+                    self.shared.set_error(describe_error(exc))
         finally:
             for task in [*loops, stopper, *self._pulls]:
                 task.cancel()
@@ -227,11 +303,22 @@ class SwarmCore:
     async def _join_loop(self) -> None:
         delay = self.settings.join_retry_seconds
         warned = False
+        initial_ids = {p[0].to_base58() for p in map(_parse_peer_maddr, self.settings.initial_peers) if p is not None}
+        rejoin_delay, next_rejoin = self.settings.join_retry_seconds, 0.0
         while True:
             neighbours = self._neighbours()
             if neighbours or not self.settings.initial_peers:
                 self.shared.set_network(up=True, dht_peers=neighbours)
                 delay, warned = self.settings.join_retry_seconds, False
+                if not initial_ids or initial_ids & set(neighbours):
+                    rejoin_delay = self.settings.join_retry_seconds
+                elif time.monotonic() >= next_rejoin:
+                    # Neighbours, but none of the initial peers: after a partition the ones left may all be
+                    # on this side of it. Dial the initial peers again (with backoff) so the sides rejoin.
+                    self.shared.add("rejoin_attempts")
+                    await self._join_once()
+                    next_rejoin = time.monotonic() + rejoin_delay
+                    rejoin_delay = min(rejoin_delay * 2, self.settings.join_retry_max_seconds)
                 await asyncio.sleep(_HEALTH_PERIOD)
                 continue
             self.shared.set_network(up=False, dht_peers=[])
@@ -261,16 +348,17 @@ class SwarmCore:
             )
         return True
 
-    async def _dial(self, peer_id: PeerID, addr: Multiaddr) -> bool:
+    async def _dial(self, peer_id: PeerID, addrs: list[Multiaddr]) -> bool:
+        """Connect to ``peer_id`` (at once if already connected; its addresses are tried together)."""
         try:
-            await asyncio.wait_for(dial(self.p2p, peer_id, [addr]), self.settings.request_timeout)
+            await asyncio.wait_for(dial(self.p2p, peer_id, addrs), self.settings.request_timeout)
         except _NETWORK_ERRORS as exc:
-            logger.debug("could not dial %s at %s: %r", peer_id, addr, exc)
+            logger.debug("could not dial %s at %s: %r", peer_id, addrs, exc)
             return False
         return True
 
     async def _dial_and_ping(self, peer_id: PeerID, addr: Multiaddr) -> bool:
-        if not await self._dial(peer_id, addr):
+        if not await self._dial(peer_id, [addr]):
             return False
         return await self.dht.protocol.call_ping(peer_id) is not None
 
@@ -297,6 +385,8 @@ class SwarmCore:
     async def _publish_loop(self) -> None:
         while True:
             item = await self.publish_queue.get()
+            if item.holders:  # hand the batch over first, so it can be pulled once the manifest is seen
+                await self._hand_off(item)
             try:
                 ok = await asyncio.wait_for(
                     self.dht.store(item.key, item.manifest_data, item.expires_at, subkey=item.subkey),
@@ -306,6 +396,114 @@ class SwarmCore:
                 logger.debug("storing manifest of %s failed: %r", item.batch_id[:12], exc)
                 ok = False
             self.shared.add("batches_published" if ok else "publish_failed")
+
+    async def _hand_off(self, item: PublishItem) -> int:
+        """Push ``item`` to its listed holders until ``handoff_copies`` of them hold it; returns how many."""
+        held = 0
+        for maddr in item.holders:
+            if held >= self.settings.handoff_copies:
+                break
+            parsed = _parse_peer_maddr(maddr)
+            if parsed is None or not await self._dial(parsed[0], [parsed[1]]):
+                continue
+            status = await self._put_to(parsed[0], item)
+            if status in (HandoffStatus.OK, HandoffStatus.HAVE):
+                held += 1
+            else:
+                logger.debug("holder %s refused %s: %s", parsed[0], item.batch_id[:12], status)
+        self.shared.add("handoffs_sent", held)
+        if held == 0:
+            self.shared.add("handoff_failed")
+        return held
+
+    async def _put_to(self, peer_id: PeerID, item: PublishItem) -> int | None:
+        """One hand-off (see ``swarm.handoff`` for the exchange): the holder's status, or None."""
+        timeout = self.settings.request_timeout
+        try:
+            _, reader, writer = await asyncio.wait_for(
+                self.p2p.call_binary_stream_handler(peer_id, self._put_handler), timeout
+            )
+        except _NETWORK_ERRORS as exc:
+            logger.debug("could not open a hand-off stream to %s: %r", peer_id, exc)
+            return None
+        try:
+            writer.write(item.batch_id.encode("ascii") + len(item.data).to_bytes(_LEN_BYTES, "big"))
+            await asyncio.wait_for(writer.drain(), timeout)
+            status = int((await asyncio.wait_for(reader.readexactly(1), timeout))[0])
+            if status != HandoffStatus.GO:
+                return status
+            writer.write(item.data)
+            await asyncio.wait_for(writer.drain(), timeout)
+            return int((await asyncio.wait_for(reader.readexactly(1), timeout))[0])
+        except _NETWORK_ERRORS as exc:
+            logger.debug("hand-off of %s to %s failed: %r", item.batch_id[:12], peer_id, exc)
+            return None
+        finally:
+            writer.close()
+
+    async def rpc_put_batch(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Take a batch handed over by a peer behind NAT: hold and serve it if valid and within quotas."""
+        timeout = self.settings.request_timeout
+        reserved = False
+        try:
+            header = await asyncio.wait_for(reader.readexactly(_ID_BYTES + _LEN_BYTES), timeout)
+            bid = header[:_ID_BYTES].decode("ascii", errors="replace")
+            size = int.from_bytes(header[_ID_BYTES:], "big")
+            status = self.handoffs.precheck(bid, size, self.limits.max_compressed_bytes)
+            if status == HandoffStatus.GO and self._handoffs_in_flight >= _MAX_HANDOFFS_IN_FLIGHT:
+                status = self.handoffs.refuse(HandoffStatus.BUSY)
+            if status == HandoffStatus.GO:
+                self._handoffs_in_flight += 1
+                reserved = True
+            self._count_handoff(status)
+            writer.write(bytes([status]))
+            await asyncio.wait_for(writer.drain(), timeout)
+            if status != HandoffStatus.GO:
+                return
+            data = await asyncio.wait_for(reader.readexactly(size), timeout)
+            status = await self._take_handoff(bid, data)
+            self._count_handoff(status)
+            writer.write(bytes([status]))
+            await asyncio.wait_for(writer.drain(), timeout)
+        except _NETWORK_ERRORS as exc:
+            logger.debug("receiving a hand-off from %s failed: %r", info.peer_id, exc)
+        finally:
+            if reserved:
+                self._handoffs_in_flight -= 1
+            writer.close()
+
+    async def _take_handoff(self, bid: str, data: bytes) -> int:
+        """Verify a handed-over batch (hash, expanded size, signature, swarm, ban list); store it within quotas."""
+        if batch_id(data) != bid:
+            return self.handoffs.refuse(HandoffStatus.INVALID)
+        try:  # the expanded size, from the frame header, is checked before anything is decoded
+            payload = batch_payload_size(data)
+        except ProtocolError:
+            return self.handoffs.refuse(HandoffStatus.INVALID)
+        if payload > min(self.settings.max_batch_payload_bytes, self.limits.max_decompressed_bytes):
+            return self.handoffs.refuse(HandoffStatus.TOO_LARGE)
+        loop = asyncio.get_running_loop()
+        async with self._decode_slot:  # shares the one decode slot with pulls: bounded memory
+            try:
+                batch = await loop.run_in_executor(None, decode_batch, data, self.limits)
+            except ProtocolError:
+                return self.handoffs.refuse(HandoffStatus.INVALID)
+        author = peer_id_from_public_key(batch.author)
+        with self.shared.lock:
+            banned = self.shared.peer_book.is_banned(author, time.monotonic())
+        if batch.swarm_id != self.settings.swarm_id or banned:
+            return self.handoffs.refuse(HandoffStatus.INVALID)
+        current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
+        return self.handoffs.add(bid, data, author, batch.epoch, current)
+
+    def _count_handoff(self, status: int) -> None:
+        if status == HandoffStatus.OK:
+            self.shared.add("handoffs_held")
+        elif status not in (HandoffStatus.GO, HandoffStatus.HAVE):
+            self.shared.add("handoffs_refused")
+
 
     # -- collect ------------------------------------------------------------------------------------
 
@@ -390,8 +588,11 @@ class SwarmCore:
         author = peer_id_from_public_key(manifest.author)
         book = self.shared.peer_book
         with self.shared.lock:
+            now = time.monotonic()
+            if not book.is_known(manifest.batch_id) and not book.in_flight(manifest.batch_id):
+                book.note_addresses(author, _libp2p_ids(manifest.address), now)
             newcomer = not book.is_established(author)
-            reason = screen(book, manifest, self.limits, current_epoch=current, now=time.monotonic(),
+            reason = screen(book, manifest, self.limits, current_epoch=current, now=now,
                             may_start=self._slot_free)
         if reason == DEFER:
             return False
@@ -433,6 +634,11 @@ class SwarmCore:
         except asyncio.TimeoutError:
             data, from_author = None, False
             progress.stalled = progress.stalled or progress.reading_author
+        if data is None and progress.stalled and not await self._reachable(manifest, progress.peer):
+            # A fresh connection cannot even be made: a partition, a crash or a frozen process, not a
+            # stall aimed at us. Banning it would keep its batches out long after the network heals.
+            progress.stalled = False
+            self.shared.add("pulls_unreachable")
         book = self.shared.peer_book
         if data is None:
             with self.shared.lock:
@@ -444,11 +650,11 @@ class SwarmCore:
             if retry:
                 self._forget_manifest(manifest)
             return
-        reason, offence = await self._verify(manifest, author, data, from_author)
+        reason, offence, groups = await self._verify(manifest, author, data, from_author)
         with self.shared.lock:
-            if reason is None:
-                self.shared.counters["bytes_in"] += len(data)
-            settle(book, manifest, len(data), reason, offence=offence, now=time.monotonic())
+            self.shared.counters["bytes_in"] += len(data)  # pulled, whatever the checks say of it
+            book.received(author, len(data), time.monotonic())
+            settle(book, manifest, len(data), reason, offence=offence, now=time.monotonic(), groups=groups)
         if reason is not None:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
 
@@ -458,9 +664,11 @@ class SwarmCore:
         for raw in stale:
             del self._seen_manifests[raw]
 
-    async def _verify(self, manifest: Manifest, author: str, data: bytes, from_author: bool) -> tuple[str | None, bool]:
-        """``(None, False)`` if ``data`` is the batch ``manifest`` announced (then it is held and queued),
-        else ``(reason, whether it is an offence of the manifest's author)``.
+    async def _verify(
+        self, manifest: Manifest, author: str, data: bytes, from_author: bool
+    ) -> tuple[str | None, bool, int]:
+        """``(None, False, groups queued)`` if ``data`` is the batch ``manifest`` announced (then it is held
+        and queued), else ``(reason, whether it is an offence of the manifest's author, 0)``.
 
         The steps are ``swarm.intake``'s (``verify_now`` composes the same ones without an event loop);
         here decoding runs in the executor, one batch at a time.
@@ -470,40 +678,49 @@ class SwarmCore:
             with self.shared.lock:
                 reason = self.shared.peer_book.charge_payload(author, manifest.epoch, payload)
         if reason is not None:
-            return reason, offence
+            return reason, offence, 0
         loop = asyncio.get_running_loop()
         async with self._decode_slot:  # one decode at a time: bounded memory, and the GIL allows no more
             try:
                 batch, digests = await loop.run_in_executor(None, decode_with_digests, data, self.limits)
             except ProtocolError as exc:
-                return exc.reason, True
+                return exc.reason, True, 0
         reason = check_decoded(manifest, batch, swarm_id=self.settings.swarm_id)
         if reason is not None:
-            return reason, True
+            return reason, True, 0
         fresh, dropped = fresh_groups(batch, digests, self._digests, manifest.epoch)
         if fresh is None:
-            return RejectReason.DUPLICATE_CONTENT, False
+            return RejectReason.DUPLICATE_CONTENT, False, 0
         if dropped:
             self.shared.add("duplicate_groups", dropped)
         self.hold(manifest.batch_id, data)
         self.shared.push_batch(fresh, decoded_cost(payload))
-        return None, False
+        return None, False, len(fresh.groups)
+
+    def _local(self, bid: str) -> bytes | None:
+        """A batch this node already holds (collected before, or handed over to it), else None."""
+        data = self.held.get(bid)
+        return data if data is not None else self.handoffs.get(bid)
 
     async def _fetch(self, manifest: Manifest, progress: _PullProgress) -> tuple[bytes | None, bool]:
-        """Pull a batch's bytes from its author's addresses, else from a few DHT neighbours.
+        """A batch's bytes: held here already, else pulled from the peers its signed address list names
+        (the author, or the holders it handed the batch to: its delegates), else from a few DHT neighbours.
 
-        Returns ``(data or None, whether it came from the author's address)``.
+        Returns ``(data or None, whether it came from a listed address or from here)``.
         """
+        local = self._local(manifest.batch_id)
+        if local is not None:
+            return local, True
         limit = min(manifest.byte_size, self.limits.max_compressed_bytes)
-        author_peers = [p for p in map(_parse_peer_maddr, manifest.address) if p is not None]
-        for peer_id, addr in author_peers[:4]:
-            if await self._dial(peer_id, addr):
+        listed = _by_peer(manifest.address)
+        for peer_id, addrs in list(listed.items())[:_MAX_PULL_SOURCES]:
+            if await self._dial(peer_id, addrs):
                 data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
                 if data is not None:
                     return data, True
                 if progress.stalled:
                     return None, False
-        others = [p for p in dht_neighbours(self.dht) if p not in dict(author_peers)]
+        others = [p for p in dht_neighbours(self.dht) if p not in listed]
         for peer_id in random.sample(others, min(2, len(others))):
             data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=False)
             if data is not None:
@@ -522,6 +739,8 @@ class SwarmCore:
             logger.debug("could not open a stream to %s: %r", peer_id, exc)
             return None
         progress.reading_author = author
+        if author:
+            progress.peer = peer_id
         try:
             writer.write(bid.encode("ascii"))
             await asyncio.wait_for(writer.drain(), timeout)
@@ -539,20 +758,35 @@ class SwarmCore:
             progress.reading_author = False
             writer.close()
 
+    async def _reachable(self, manifest: Manifest, peer_id: PeerID | None) -> bool:
+        """After a stalled pull: whether ``peer_id`` can still be reached over a fresh connection.
+
+        The old connection is dropped and the peer dialed again at its listed addresses. A peer that
+        takes a new connection and then stalled our stream did it on purpose; one that cannot be dialed
+        any more is on the other side of a partition, crashed or frozen (its stall is no offence).
+        """
+        if peer_id is None:
+            return True
+        with contextlib.suppress(*_NETWORK_ERRORS):
+            await asyncio.wait_for(disconnect(self.p2p, peer_id), self.settings.request_timeout)
+        return await self._dial(peer_id, _by_peer(manifest.address).get(peer_id, []))
+
     async def rpc_get_batch(
-        self, _info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """Serve one batch by id: read 64 hex chars, answer a length prefix and the signed bytes."""
         timeout = self.settings.request_timeout
         try:
             raw = await asyncio.wait_for(reader.readexactly(_ID_BYTES), timeout)
-            data = self.held.get(raw.decode("ascii", errors="replace"), b"")
+            data = self._local(raw.decode("ascii", errors="replace")) or b""
             writer.write(len(data).to_bytes(_LEN_BYTES, "big"))
             writer.write(data)
             await asyncio.wait_for(writer.drain(), timeout)
             if data:
-                self.shared.add("bytes_out", len(data))
-                self.shared.add("batches_served")
+                with self.shared.lock:
+                    self.shared.counters["bytes_out"] += len(data)
+                    self.shared.counters["batches_served"] += 1
+                    self.shared.peer_book.served(info.peer_id.to_base58(), len(data), time.monotonic())
         except _NETWORK_ERRORS as exc:
             self.shared.add("serve_failed")
             logger.debug("serving a batch failed: %r", exc)
@@ -563,10 +797,14 @@ class SwarmCore:
 
     async def _health_loop(self) -> None:
         last_epoch = -1
+        tick = 0
         while True:
             await asyncio.sleep(_HEALTH_PERIOD)
             if p2pd_exited(self.p2p):
                 raise _NetworkDiedError("p2pd exited")
+            tick += 1
+            if tick % _MADDR_REFRESH_TICKS == 0:
+                await self._refresh_maddrs()
             current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
             if current != last_epoch:
                 last_epoch = current
@@ -575,8 +813,20 @@ class SwarmCore:
                 self._deferred = {m: v for m, v in self._deferred.items() if v.epoch >= oldest}
                 self._bad_entries = {k: e for k, e in self._bad_entries.items() if e >= oldest}
                 self._digests = {d: e for d, e in self._digests.items() if e >= oldest}
+                self.handoffs.prune(current)
                 with self.shared.lock:
                     self.shared.peer_book.prune(current, time.monotonic())
+
+    async def _refresh_maddrs(self) -> None:
+        """Ask p2pd for this node's addresses again (a relay reservation adds a circuit address)."""
+        try:
+            found = await asyncio.wait_for(self.p2p.get_visible_maddrs(latest=True), self.settings.request_timeout)
+        except (*_NETWORK_ERRORS, ValueError) as exc:
+            logger.debug("refreshing visible addresses failed: %r", exc)
+            return
+        maddrs = _order_maddrs([str(m) for m in found], self._relayed)
+        with self.shared.lock:
+            self.shared.visible_maddrs = maddrs
 
 
 async def _shutdown_p2p(p2p: P2P, watchdog: P2pdWatchdog | None, *, timeout: float) -> None:

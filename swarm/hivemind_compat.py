@@ -7,7 +7,8 @@ hivemind's public API lacks four things a node needs:
 * p2pd in a session of its own (``own_session_p2pd``): hivemind starts it in the node's process group,
   so a Ctrl-C typed at the node's terminal would kill the node's network before the node could finish
   its step and shut it down; the node stops p2pd itself (and its watchdog does if the node dies);
-* dialing a peer at a given address (``P2P._client.connect``): ``P2P`` only dials through the DHT;
+* dialing a peer at a given address (``P2P._client.connect``): ``P2P`` only dials through the DHT; and
+  dropping the connections to a peer (``P2P._client.disconnect``), to tell whether it can still be dialed;
 * the current DHT neighbours (``DHTNode.protocol.routing_table.peer_id_to_uid``).
 
 Each accessor checks that the attribute is still there and raises ``HivemindCompatError`` naming it
@@ -32,7 +33,8 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import SwarmError
 
-__all__ = ["HivemindCompatError", "dht_neighbours", "dial", "own_session_p2pd", "p2pd_pid", "p2pd_process"]
+__all__ = ["HivemindCompatError", "dht_neighbours", "dial", "disconnect", "own_session_p2pd", "p2pd_pid",
+           "p2pd_process"]
 
 TESTED_VERSIONS = ("1.1.10", "1.1.11", "1.1.12")
 """hivemind releases these accessors were checked against (``pyproject.toml`` pins ``<1.2``)."""
@@ -108,6 +110,12 @@ async def dial(p2p: P2P, peer_id: PeerID, addrs: Sequence[Multiaddr]) -> None:
     """Connect ``p2p`` to ``peer_id`` at ``addrs`` (raises hivemind's network errors on failure)."""
     client = _attribute(p2p, "_client")
     await client.connect(peer_id, list(addrs))
+
+
+async def disconnect(p2p: P2P, peer_id: PeerID) -> None:
+    """Close ``p2p``'s connections to ``peer_id`` (raises hivemind's network errors on failure)."""
+    client = _attribute(p2p, "_client")
+    await client.disconnect(peer_id)
 
 
 def dht_neighbours(dht: DHTNode) -> list[PeerID]:

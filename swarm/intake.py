@@ -186,12 +186,20 @@ def verify_now(
 
 
 def settle(
-    book: PeerBook, manifest: Manifest, nbytes: int, reason: str | None, *, offence: bool, now: float
+    book: PeerBook,
+    manifest: Manifest,
+    nbytes: int,
+    reason: str | None,
+    *,
+    offence: bool,
+    now: float,
+    groups: int = 0,
 ) -> None:
-    """Count a verified pull: accepted (``reason`` None) or rejected, banning the author on ``offence``."""
+    """Count a verified pull: accepted (``reason`` None; ``groups`` of it queued) or rejected, banning the
+    author on ``offence``."""
     author = peer_id_from_public_key(manifest.author)
     if reason is None:
-        book.accept(author, manifest.batch_id, manifest.epoch, nbytes)
+        book.accept(author, manifest.batch_id, manifest.epoch, nbytes, groups=groups)
     else:
         book.reject(author, manifest.batch_id, manifest.epoch, manifest.byte_size, reason, offence=offence,
                     now=now)

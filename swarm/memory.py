@@ -21,12 +21,13 @@ from dataclasses import replace
 
 from protocol.codec import encode_batch, encode_manifest, make_manifest
 from protocol.errors import ProtocolError
-from protocol.identity import Identity
+from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
 from swarm.intake import read_manifest, screen, settle, verify_now
+from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
-from swarm.state import peer_book_for
+from swarm.state import NetworkStatus, peer_book_for
 
 __all__ = ["InMemoryHub", "InMemoryTransport"]
 
@@ -109,7 +110,9 @@ class InMemoryTransport:
                 continue
             batch, reason, offence = verify_now(self.book, manifest, data, self.settings, self.hub.limits,
                                                self._digests, from_author=True)  # the author's own bytes
-            settle(self.book, manifest, len(data), reason, offence=offence, now=now)
+            self.book.received(peer_id_from_public_key(manifest.author), len(data), now)
+            settle(self.book, manifest, len(data), reason, offence=offence, now=now,
+                   groups=len(batch.groups) if batch is not None else 0)
             if batch is not None:
                 out.append(batch)
         self.verify_seconds += time.perf_counter() - started
@@ -122,6 +125,9 @@ class InMemoryTransport:
     def current_epoch(self) -> int:
         return self.hub.epoch
 
+    def min_publish_interval(self) -> float:
+        return 0.0  # the hub's epochs advance when its owner says, not by the clock: no pacing
+
     def stats(self) -> dict[str, StatValue]:
         return {
             "peers_seen": self.book.authors_seen(),
@@ -132,6 +138,19 @@ class InMemoryTransport:
             "wire_encode_seconds": self.encode_seconds,
             "wire_verify_seconds": self.verify_seconds,
         }
+
+    def network_status(self) -> NetworkStatus:
+        others = len(self.hub.members) - 1
+        return NetworkStatus(up=not self.closed, reason="closed" if self.closed else f"in-memory hub, {others} others",
+                             neighbours=(), restarts=0, last_error="")
+
+    def peer_stats(self) -> list[PeerRow]:
+        """Per-peer counters of this transport's peer book (``PeerBook.peer_table``), times as Unix times."""
+        mono = time.monotonic()
+        offset = time.time() - mono
+        return [replace(row, last_seen=row.last_seen + offset,
+                        banned_until=None if row.banned_until is None else row.banned_until + offset)
+                for row in self.book.peer_table(mono)]
 
     def is_alive(self) -> bool:
         return not self.closed

@@ -14,15 +14,24 @@ Authors with an accepted batch are "established"; newcomers together get at most
 each epoch's global quota (the pull slots are split the same way by the caller), so identities created
 for a flood cannot starve the peers this node already trades with.
 
+For status pages it also keeps counters per peer (``peer_table``): batches and groups accepted, rejections
+by reason, bytes each way, last seen. They are kept apart from the admission state above, bounded by
+``MAX_TRACKED_PEERS`` (the least recently seen row goes first) and forgotten after
+``PEER_FORGET_SECONDS`` without news, so a status page still shows a peer that went quiet a while ago.
+
 Callers pass ``now`` (seconds, any monotonic clock) and the current epoch, so tests need no sleeping.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["PeerBook", "RejectReason"]
+__all__ = ["PeerBook", "PeerRow", "RejectReason"]
+
+MAX_TRACKED_PEERS = 1024  # per-peer counter rows kept at most
+PEER_FORGET_SECONDS = 3600.0  # a row unseen (and not banned) this long is dropped
+_MAX_IDS_PER_PEER = 8  # libp2p ids remembered per author (bytes served to others count under their own id)
 
 
 class RejectReason:
@@ -52,6 +61,40 @@ class _Quota:
     batches: int = 0
     nbytes: int = 0
     payload: int = 0
+
+
+@dataclass
+class _PeerStats:
+    """Counters of one peer, keyed by its swarm peer id (or by its libp2p id until it publishes)."""
+
+    last_seen: float
+    published: bool = False
+    batches_accepted: int = 0
+    groups_accepted: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    libp2p_ids: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One peer's counters at one moment (a copy: safe to hand to another thread).
+
+    ``peer_id`` is the author's swarm peer id, or the libp2p id of a peer that pulled from us but whose
+    batches we never saw (``published`` False). Times are in the caller's clock (``now``).
+    """
+
+    peer_id: str
+    published: bool
+    batches_accepted: int
+    groups_accepted: int
+    rejected: dict[str, int]
+    bytes_in: int
+    bytes_out: int
+    last_seen: float
+    banned_until: float | None
+    libp2p_ids: tuple[str, ...]
 
 
 @dataclass
@@ -108,6 +151,9 @@ class PeerBook:
         self._quotas: dict[tuple[str, int], _Quota] = {}
         self._epoch_totals: dict[tuple[int, bool], _Quota] = {}  # (epoch, newcomer) -> all authors
         self._peers: dict[str, _Peer] = {}
+        self._stats: dict[str, _PeerStats] = {}
+        self._libp2p_owner: dict[str, str] = {}  # libp2p id -> author, from manifests' addresses
+        self._now = 0.0  # the latest ``now`` a caller passed: when a peer was last seen
 
     # -- screening, before a pull ------------------------------------------------------------------
 
@@ -137,9 +183,11 @@ class PeerBook:
     ) -> str | None:
         """Decide whether to pull a batch: None (go: in flight, quotas reserved) or the counted reason."""
         self._seen(author, epoch)
+        stats = self._stat(author, now, published=True)
         reason = self._screen_reason(author, epoch, byte_size, current_epoch, now)
         if reason is not None:
             self.rejected[reason] += 1
+            stats.rejected[reason] += 1
             return reason
         newcomer = not self.is_established(author)
         self._in_flight[batch_id] = (author, newcomer)
@@ -152,6 +200,7 @@ class PeerBook:
         """Reject an announced batch without pulling it (e.g. announced larger than allowed)."""
         self._seen(author, epoch)
         self.rejected[reason] += 1
+        self._stat(author, now, published=True).rejected[reason] += 1
         if offence:
             self.punish(author, now, reason)
         return reason
@@ -196,14 +245,21 @@ class PeerBook:
 
     # -- outcomes, after a pull ---------------------------------------------------------------------
 
-    def accept(self, author: str, batch_id: str, epoch: int, nbytes: int) -> None:
-        """A pulled batch passed every check: its id is known from now on."""
+    def received(self, author: str, nbytes: int, now: float) -> None:
+        """``nbytes`` of a batch of ``author`` were pulled (whatever the checks then say of them)."""
+        self._stat(author, now).bytes_in += nbytes
+
+    def accept(self, author: str, batch_id: str, epoch: int, nbytes: int, *, groups: int = 0) -> None:
+        """A pulled batch (of ``groups`` rollout groups) passed every check: its id is known from now on."""
         self._in_flight.pop(batch_id, None)
         self._attempts.pop((author, batch_id), None)
         self._known[batch_id] = epoch
         self._seen(author, epoch).accepted += 1
         self.accepted += 1
         self.accepted_bytes += nbytes
+        stats = self._stat(author)
+        stats.batches_accepted += 1
+        stats.groups_accepted += groups
 
     def reject(
         self,
@@ -224,6 +280,7 @@ class PeerBook:
         self._attempts.pop((author, batch_id), None)
         self._release(batch_id, author, epoch, byte_size)
         self.rejected[reason] += 1
+        self._stat(author, now).rejected[reason] += 1
         if offence:
             self.punish(author, now, reason)
 
@@ -240,12 +297,14 @@ class PeerBook:
         if stalled:
             self._attempts.pop((author, batch_id), None)
             self.rejected[RejectReason.STALLED] += 1
+            self._stat(author, now).rejected[RejectReason.STALLED] += 1
             self.punish(author, now, RejectReason.STALLED)
             return False
         failures = self._attempts.get((author, batch_id), (0, epoch))[0] + 1
         if failures >= self.max_pull_attempts:
             self._attempts.pop((author, batch_id), None)
             self.rejected[RejectReason.UNREACHABLE] += 1
+            self._stat(author, now).rejected[RejectReason.UNREACHABLE] += 1
             self.punish(author, now, RejectReason.UNREACHABLE)
             return False
         self._attempts[(author, batch_id)] = (failures, epoch)
@@ -254,6 +313,7 @@ class PeerBook:
     def penalize(self, author: str, reason: str, now: float) -> float:
         """An offence found after the batch was accepted (e.g. its rollouts failed the node's checks)."""
         self.rejected[reason] += 1
+        self._stat(author, now).rejected[reason] += 1
         return self.punish(author, now, reason)
 
     def punish(self, author: str, now: float, reason: str = "offence") -> float:
@@ -271,9 +331,49 @@ class PeerBook:
         self.offences[reason] += 1
         return length
 
+    def note_addresses(self, author: str, libp2p_ids: list[str], now: float) -> None:
+        """The libp2p ids an author announced in its manifest: what it pulls from us is counted as its."""
+        stats = self._stat(author, now, published=True)
+        for lid in libp2p_ids:
+            if lid in stats.libp2p_ids or len(stats.libp2p_ids) >= _MAX_IDS_PER_PEER:
+                continue
+            self._libp2p_owner[lid] = author
+            stats.libp2p_ids.add(lid)
+            orphan = self._stats.pop(lid, None)  # bytes it pulled before we knew whose they were
+            if orphan is not None and lid != author:
+                stats.bytes_out += orphan.bytes_out
+
+    def served(self, libp2p_id: str, nbytes: int, now: float) -> None:
+        """We served ``nbytes`` of batch data to the peer ``libp2p_id``."""
+        owner = self._libp2p_owner.get(libp2p_id)
+        stats = self._stat(owner if owner is not None else libp2p_id, now)
+        if owner is None:
+            stats.libp2p_ids.add(libp2p_id)
+        stats.bytes_out += nbytes
+
     def count(self, reason: str, n: int = 1) -> None:
         """Count a rejection decided elsewhere (a DHT record validator, a full inbox)."""
         self.rejected[reason] += n
+
+    def _stat(self, key: str, now: float | None = None, *, published: bool = False) -> _PeerStats:
+        """The counters of ``key``, created (evicting the least recently seen beyond the cap) and touched."""
+        if now is not None:
+            self._now = max(self._now, now)
+        stats = self._stats.get(key)
+        if stats is None:
+            if len(self._stats) >= MAX_TRACKED_PEERS:
+                self._forget_stats(min(self._stats, key=lambda k: self._stats[k].last_seen))
+            stats = self._stats[key] = _PeerStats(last_seen=self._now)
+        if now is not None:
+            stats.last_seen = max(stats.last_seen, now)
+        stats.published = stats.published or published
+        return stats
+
+    def _forget_stats(self, key: str) -> None:
+        stats = self._stats.pop(key)
+        for lid in stats.libp2p_ids:
+            if self._libp2p_owner.get(lid) == key:
+                del self._libp2p_owner[lid]
 
     def _ban_length(self, strikes: int) -> float:
         return float(min(self.max_ban_seconds, self.ban_seconds * self.ban_backoff ** (strikes - 1)))
@@ -336,6 +436,9 @@ class PeerBook:
             for a, p in self._peers.items()
             if p.last_epoch >= oldest or p.banned_until > now or p.last_offence + self.max_ban_seconds >= now
         }
+        idle = [k for k, st in self._stats.items() if st.last_seen < now - PEER_FORGET_SECONDS and not self.is_banned(k, now)]
+        for key in idle:
+            self._forget_stats(key)
 
     def authors_seen(self) -> int:
         """Authors remembered now (seen in the window, banned, or with strikes)."""
@@ -343,3 +446,24 @@ class PeerBook:
 
     def banned(self, now: float) -> list[str]:
         return sorted(a for a, p in self._peers.items() if p.banned_until > now)
+
+    def peer_table(self, now: float) -> list[PeerRow]:
+        """Every tracked peer's counters, most recently seen first."""
+        rows = []
+        for key, st in self._stats.items():
+            peer = self._peers.get(key)
+            until = peer.banned_until if peer is not None and peer.banned_until > now else None
+            rows.append(PeerRow(
+                peer_id=key,
+                published=st.published,
+                batches_accepted=st.batches_accepted,
+                groups_accepted=st.groups_accepted,
+                rejected=dict(st.rejected),
+                bytes_in=st.bytes_in,
+                bytes_out=st.bytes_out,
+                last_seen=st.last_seen,
+                banned_until=until,
+                libp2p_ids=tuple(sorted(st.libp2p_ids)),
+            ))
+        rows.sort(key=lambda r: r.last_seen, reverse=True)
+        return rows

@@ -5,12 +5,19 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarm.maddr import multiaddr_problem
 
-__all__ = ["INITIAL_PEERS_ENV", "SwarmSettings", "initial_peers_from_env", "parse_initial_peers"]
+__all__ = [
+    "INITIAL_PEERS_ENV",
+    "SwarmSettings",
+    "expand_initial_peers",
+    "initial_peers_from_env",
+    "parse_initial_peers",
+]
 
 INITIAL_PEERS_ENV = "SWARM_INITIAL_PEERS"
 _SWARM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -20,6 +27,30 @@ _MIB = 1024 * 1024
 def parse_initial_peers(text: str) -> list[str]:
     """Split a comma- and/or whitespace-separated list of multiaddrs (empty entries dropped)."""
     return [item for item in re.split(r"[\s,]+", text) if item]
+
+
+def expand_initial_peers(items: list[str]) -> list[str]:
+    """Multiaddrs from ``--initial-peers`` values: each a list (``parse_initial_peers``) or ``@FILE``.
+
+    A peers file holds multiaddrs separated by newlines, commas or spaces; ``#`` starts a comment. A
+    missing or unreadable file raises ``ValueError`` with one line naming it.
+    """
+    peers: list[str] = []
+    for item in items:
+        if not item.startswith("@"):
+            peers += parse_initial_peers(item)
+            continue
+        path = item[1:]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read(1024 * 1024)
+        except OSError as exc:
+            raise ValueError(
+                f"--initial-peers {item}: cannot read {path!r} ({exc.strerror}); give a file of multiaddrs, one a line"
+            ) from None
+        for line in text.splitlines():
+            peers += parse_initial_peers(line.partition("#")[0])
+    return peers
 
 
 def initial_peers_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -60,6 +91,20 @@ class SwarmSettings(BaseModel):
     """Addresses others should dial (e.g. a public IP behind a port forward); explicit ports only."""
     client_mode: bool = False
     """Behind NAT: take part without answering DHT requests (others cannot dial in)."""
+    nat_sharing: Literal["handoff", "relay", "direct"] = "handoff"
+    """How a ``client_mode`` node gets its batches to peers that cannot dial it. ``handoff``: push each
+    batch to ``handoff_copies`` reachable initial peers, which hold and serve it (within their quotas);
+    ``relay``: become reachable through a libp2p circuit relay (the initial peers); ``direct``: neither
+    (only peers already connected to it can pull). See the README's "Joining a public swarm"."""
+    handoff_copies: int = Field(default=2, ge=1, le=8)
+    """``handoff``: how many reachable peers receive each batch."""
+    accept_handoffs: bool = True
+    """Hold and serve batches that ``client_mode`` peers hand over (never in client mode itself)."""
+    max_handoffs_per_author_epoch: int = Field(default=16, ge=0)
+    """Hand-offs held per author and epoch; more are refused."""
+    max_handoff_bytes_per_author_epoch: int = Field(default=16 * _MIB, ge=0)
+    max_handoff_bytes: int = Field(default=128 * _MIB, ge=0)
+    """All hand-offs held at once, every author together; more are refused until old ones expire."""
     identity_path: str = "identity.pem"
     """The node's Ed25519 key file, relative to the run dir (loaded by the daemon, not by ``swarm``)."""
     p2p_identity_path: str | None = None

@@ -14,7 +14,7 @@ from protocol.records import RolloutBatch
 from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
 
-__all__ = ["SharedState", "peer_book_for"]
+__all__ = ["NetworkStatus", "SharedState", "network_reason", "peer_book_for"]
 
 
 def peer_book_for(settings: SwarmSettings) -> PeerBook:
@@ -35,6 +35,47 @@ def peer_book_for(settings: SwarmSettings) -> PeerBook:
     )
 
 
+@dataclass(frozen=True)
+class NetworkStatus:
+    """Whether the network side is up and, in words, why (not); a copy safe to hand to any thread."""
+
+    up: bool
+    reason: str
+    neighbours: tuple[str, ...]
+    restarts: int
+    last_error: str
+    """Why the network side last failed (a start failure or a loop that died); "" if it never did."""
+
+
+def network_reason(
+    *,
+    alive: bool,
+    running: bool,
+    up: bool,
+    neighbours: int,
+    initial_peers: int,
+    join_failures: int,
+    start_failures: int,
+    error: str,
+) -> str:
+    """One line saying what the network side is doing, from its state (pure, for ``NetworkStatus``)."""
+    if not alive:
+        return f"stopped: {error}" if error else "stopped"
+    if not running:
+        if start_failures and error:
+            return f"starting failed {start_failures} times, retrying: {error}"
+        return "starting"
+    if error:  # a loop failed (p2pd died): the network side is shutting down
+        return f"stopped: {error}"
+    if not up:
+        if join_failures:
+            return f"joining: none of {initial_peers} initial peers answered ({join_failures} attempts failed)"
+        return "joining"
+    if neighbours:
+        return f"joined: {neighbours} DHT neighbour{'s' if neighbours != 1 else ''}"
+    return "up, no peers yet (first node: others join through its address)"
+
+
 @dataclass
 class SharedState:
     """Counters, the inbox of verified batches and the network's visible state."""
@@ -49,7 +90,10 @@ class SharedState:
     network_up: bool = False
     dht_peers: list[str] = field(default_factory=list)
     visible_maddrs: list[str] = field(default_factory=list)
+    error: str = ""
+    """Why the network side is not running now ("" once it starts)."""
     last_error: str = ""
+    """The most recent failure, kept after recovery (for status pages)."""
     up_event: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -86,6 +130,14 @@ class SharedState:
             self.up_event.set()
         else:
             self.up_event.clear()
+
+    def set_error(self, message: str) -> None:
+        with self.lock:
+            self.error = self.last_error = message
+
+    def clear_error(self) -> None:
+        with self.lock:
+            self.error = ""
 
     def add(self, name: str, n: int = 1) -> None:
         with self.lock:

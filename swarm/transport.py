@@ -28,11 +28,12 @@ from protocol.errors import ProtocolError
 from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
-from swarm.core import PublishItem, SwarmCore
+from swarm.core import PublishItem, SwarmCore, describe_error
 from swarm.hivemind_compat import p2pd_pid
-from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
-from swarm.state import SharedState
+from swarm.state import NetworkStatus, SharedState, network_reason
 from swarm.validator import ManifestValidator
 from swarm.watchdog import kill_process
 
@@ -66,7 +67,10 @@ class SwarmTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._core: SwarmCore | None = None
-        self._seq = 0
+        # Consecutive batches get consecutive sequence numbers, so they take the author's DHT subkey slots
+        # in turn (``swarm.keys``) and a manifest is overwritten only SLOTS_PER_AUTHOR batches later;
+        # starting from the clock in milliseconds keeps them increasing across process restarts.
+        self._seq = int(time.time() * 1000)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -105,6 +109,7 @@ class SwarmTransport:
 
     def restart(self) -> None:
         """Stop the network side (if any) and start a fresh one; counters and bans are kept."""
+        self._shared.add("restarts")
         self._stop_network()
         self.start()
 
@@ -137,8 +142,9 @@ class SwarmTransport:
         ready.set()
         try:
             loop.run_until_complete(self._network_main(stop))
-        except Exception:
+        except Exception as exc:
             logger.exception("swarm network thread crashed")
+            self._shared.set_error(describe_error(exc))
         finally:
             self._shared.set_network(up=False, dht_peers=[])
             _cancel_leftovers(loop)
@@ -157,12 +163,14 @@ class SwarmTransport:
                 )
             except _START_ERRORS as exc:
                 self._shared.add("start_failures")
+                self._shared.set_error(describe_error(exc))
                 logger.warning("could not start the swarm network (%r); retrying in %.1f s", exc, delay)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
                 delay = min(2 * delay, self.settings.join_retry_max_seconds)
                 continue
             self._core = core
+            self._shared.clear_error()
             try:
                 await core.run(stop)
             finally:
@@ -198,6 +206,13 @@ class SwarmTransport:
         """``floor(dht_time / epoch_seconds)``."""
         return epoch_at(get_dht_time(), self.settings.epoch_seconds)
 
+    def min_publish_interval(self) -> float:
+        """Seconds to leave between two batches so that no honest batch is refused: peers accept at most
+        ``max_batches_per_peer_epoch`` batches of an author per epoch, and an author's manifests share
+        ``SLOTS_PER_AUTHOR`` DHT subkeys (a faster author overwrites manifests before peers read them)."""
+        s = self.settings
+        return s.epoch_seconds / min(s.max_batches_per_peer_epoch, SLOTS_PER_AUTHOR)
+
     def publish(self, batch: RolloutBatch) -> str | None:
         """Sign and share a batch of this node's rollouts; returns its batch id without waiting.
 
@@ -226,12 +241,13 @@ class SwarmTransport:
     def _prepare(self, batch: RolloutBatch, maddrs: list[str]) -> PublishItem | None:
         now = get_dht_time()
         with self._lifecycle:
-            self._seq = max(self._seq + 1, int(now * 1000))  # increases across restarts too
+            self._seq += 1
             seq = self._seq
+        holders = self._holders(seq)
         batch = replace(
             batch,
             swarm_id=self.settings.swarm_id,
-            address=tuple(maddrs[: self.limits.max_addresses]),
+            address=tuple([*holders, *maddrs][: self.limits.max_addresses]),
             epoch=epoch_at(now, self.settings.epoch_seconds),
             seq=seq,
             created_at=now,
@@ -251,7 +267,19 @@ class SwarmTransport:
             key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id)),
             subkey=manifest_subkey(self.identity.peer_id, seq),
             expires_at=manifest.expires_at,
+            holders=tuple(holders),
         )
+
+    def _holders(self, seq: int) -> list[str]:
+        """Behind NAT with ``nat_sharing: handoff``: the initial peers a batch is handed to (and listed
+        first in its signed address list), rotated by ``seq`` to spread the load; one spare beyond
+        ``handoff_copies`` in case a holder refuses. Empty otherwise."""
+        s = self.settings
+        if not (s.client_mode and s.nat_sharing == "handoff" and s.initial_peers):
+            return []
+        k = seq % len(s.initial_peers)
+        rotated = [*s.initial_peers[k:], *s.initial_peers[:k]]
+        return rotated[: s.handoff_copies + 1]
 
     def collect(self) -> list[RolloutBatch]:
         """Peers' batches verified since the last call (signature, hash, limits, quotas, dedup)."""
@@ -279,6 +307,45 @@ class SwarmTransport:
         with self._shared.lock:
             return list(self._shared.visible_maddrs)
 
+    def network_status(self) -> NetworkStatus:
+        """Up or not, and why, with the current DHT neighbours (libp2p ids)."""
+        alive, running = self.is_alive(), self._core is not None
+        shared = self._shared
+        with shared.lock:
+            counters = shared.counters
+            return NetworkStatus(
+                up=shared.network_up,
+                reason=network_reason(
+                    alive=alive,
+                    running=running,
+                    up=shared.network_up,
+                    neighbours=len(shared.dht_peers),
+                    initial_peers=len(self.settings.initial_peers),
+                    join_failures=counters["join_failures"],
+                    start_failures=counters["start_failures"],
+                    error=shared.error,
+                ),
+                neighbours=tuple(shared.dht_peers),
+                restarts=counters["restarts"],
+                last_error=shared.last_error,
+            )
+
+    def peer_stats(self) -> list[PeerRow]:
+        """Per-peer counters (``PeerBook.peer_table``), with ``last_seen`` and ``banned_until`` as wall-clock
+        Unix times."""
+        with self._shared.lock:
+            mono = time.monotonic()
+            rows = self._shared.peer_book.peer_table(mono)
+        offset = time.time() - mono
+        return [
+            replace(
+                row,
+                last_seen=row.last_seen + offset,
+                banned_until=None if row.banned_until is None else row.banned_until + offset,
+            )
+            for row in rows
+        ]
+
     def stats(self) -> dict[str, StatValue]:
         """A snapshot of counters; ``batches_rejected`` maps reason to count (DHT records: ``record_*``)."""
         shared = self._shared
@@ -302,6 +369,10 @@ class SwarmTransport:
                 "batches_accepted": book.accepted,
                 "batches_rejected": rejected,
                 "batches_served": counters["batches_served"],
+                "handoffs_sent": counters["handoffs_sent"],
+                "handoff_failed": counters["handoff_failed"],
+                "handoffs_held": counters["handoffs_held"],
+                "handoffs_refused": counters["handoffs_refused"],
                 "bytes_in": counters["bytes_in"],
                 "bytes_out": counters["bytes_out"],
                 "inbox": len(shared.inbox),
@@ -309,6 +380,7 @@ class SwarmTransport:
                 "offences": dict(book.offences),
                 "pulls_failed": counters["pulls_failed"],
                 "pulls_stalled": counters["pulls_stalled"],
+                "pulls_unreachable": counters["pulls_unreachable"],
                 "serve_failed": counters["serve_failed"],
                 "poll_failed": counters["poll_failed"],
                 "poll_key_timeouts": counters["poll_key_timeouts"],

@@ -9,10 +9,12 @@ name that is in the cache is loaded with ``local_files_only``, so the hub is nev
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from node.errors import PolicyError
+from node.policy.embedded import embedded_model, embedded_names
 
 __all__ = ["EMBEDDED_ALIASES", "TINY_BASE_NAME", "ModelLocation", "locate_model", "resolve_model_path",
            "tiny_base_path"]
@@ -28,18 +30,20 @@ def tiny_base_path() -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map ``"tiny-base"`` or ``"embedded"`` to the shipped folder; return anything else unchanged."""
-    if name_or_path in EMBEDDED_ALIASES:
-        return str(tiny_base_path())
-    return name_or_path
+    """Map an embedded model's name (``node.policy.embedded``) to its folder, which for a model built on
+    first use (``small-base``) may not exist yet; return anything else unchanged."""
+    model = embedded_model(name_or_path)
+    return str(model.path) if model is not None else name_or_path
 
 
 @dataclass(frozen=True)
 class ModelLocation:
-    """What ``from_pretrained`` is given: a folder, or a hub name found in the local cache."""
+    """What ``from_pretrained`` is given: a folder, or a hub name found in the local cache; ``build`` builds
+    the folder first (an embedded model not built on this machine yet), else None."""
 
     path: str
     local_files_only: bool
+    build: Callable[[], Path] | None = None
 
 
 def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:
@@ -64,13 +68,16 @@ def locate_model(name_or_path: str, cache_dir: str | None = None) -> ModelLocati
 
     ``cache_dir`` is the Hugging Face hub cache (default: ``HF_HUB_CACHE``, i.e. ``~/.cache/huggingface/hub``).
     """
+    embedded = embedded_model(name_or_path)
+    if embedded is not None and not embedded.shipped and not embedded.is_built():
+        return ModelLocation(str(embedded.path), local_files_only=False, build=embedded.ensure)
     resolved = resolve_model_path(name_or_path)
     if Path(resolved).expanduser().is_dir():
         return ModelLocation(str(Path(resolved).expanduser()), local_files_only=False)
     if Path(resolved).expanduser().exists() or not _REPO_ID.fullmatch(resolved):
         raise PolicyError(
             f"model.name_or_path={name_or_path!r} is not a folder; give a folder written by save_pretrained, "
-            f"a hub name in the local Hugging Face cache, or {TINY_BASE_NAME!r}"
+            f"a hub name in the local Hugging Face cache, or one of {embedded_names()}"
         )
     if _in_hf_cache(resolved, cache_dir):
         return ModelLocation(resolved, local_files_only=True)

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from node.config import AdapterConfig, ModelConfig
 from node.errors import PolicyError
+from node.policy.embedded import embedded_names
 from node.policy.locate import locate_model
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ def model_fingerprint(name_or_path: str, model: PreTrainedModel) -> str:
 def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the base model and tokenizer by name or path; the model comes back frozen, in eval mode."""
     where = locate_model(cfg.name_or_path)  # a hub name not in the local cache fails here, at once
+    if where.build is not None:
+        where.build()  # an embedded model this machine has not built yet (small-base): built and cached once
     options: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code, "local_files_only": where.local_files_only}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where.path, **options)
@@ -63,8 +66,8 @@ def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     except (OSError, ValueError) as exc:
         raise PolicyError(
             f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({str(exc).strip().splitlines()[0]}); "
-            "give a local folder "
-            "in save_pretrained format, a model in the local Hugging Face cache, or 'tiny-base'"
+            f"give a local folder in save_pretrained format, a model in the local Hugging Face cache, or one of "
+            f"{embedded_names()}"
         ) from exc
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:

@@ -307,3 +307,17 @@ def policy_loss(
     stats = _stats(logprobs, anchor_logprobs, advantages, mask, kind, eps_low, eps_high, length_norm)
     stats["loss"] = float(loss.detach())
     return loss, stats
+
+
+def logprob_gap(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor) -> tuple[float, float, int]:
+    """How far the trainer's log-probs are from the sampler's, for tokens the sampler drew itself.
+
+    ``logprobs``, ``behavior_logprobs``, ``mask`` ``[B, T]``. Returns sums over masked tokens of
+    ``|logprobs - behavior|`` and of the k3 estimate ``exp(d) - 1 - d`` with ``d = logprobs - behavior``
+    (unbiased for KL(sampler || trainer) when the tokens were drawn from the sampler, and never negative),
+    and the token count; divide by the count for means (sums, so micro-batches add up).
+    """
+    keep = mask != 0
+    d = torch.where(keep, logprobs.detach().float() - behavior_logprobs.detach().float(), torch.zeros_like(logprobs))
+    k3 = torch.expm1(d) - d
+    return float(d.abs().sum()), float(k3.sum()), int(keep.sum())

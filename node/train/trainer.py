@@ -16,9 +16,12 @@ import torch
 from node.generation import left_pad, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
-from node.train.losses import policy_loss, sequence_values
+from node.train.losses import logprob_gap, policy_loss, sequence_values
 
 logger = logging.getLogger(__name__)
+
+
+_Row = tuple[list[int], list[int], list[float], float, bool]  # prompt, completion, anchors, advantage, own sample
 
 
 class Trainer:
@@ -27,8 +30,11 @@ class Trainer:
     def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
                  micro_batch_size: int, temperature: float, routings: int = 2,
-                 off_policy_correction: bool = True, seed: int = 0) -> None:
+                 off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False) -> None:
         self.policy = policy
+        if gradient_checkpointing:  # only in train mode: generation and evaluation run without it
+            policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         lrs = {"adapter": lr, "norm": norm_lr, "router": router_lr}
         self.optimizer = torch.optim.AdamW(
             [{"params": ps, "lr": lrs[name], "name": name} for name, ps in policy.param_groups.items()],
@@ -42,6 +48,7 @@ class Trainer:
         self.routings = routings
         self.off_policy_correction = off_policy_correction
         self.routing_generator = torch.Generator(device=policy.device).manual_seed(seed)  # ReMix routings sampled in training
+        self._gap = [0.0, 0.0, 0]  # |diff| sum, k3 sum, tokens of this step's own samples
         self.skipped_steps = 0
 
     def _params(self) -> list[torch.nn.Parameter]:
@@ -49,8 +56,8 @@ class Trainer:
 
     def step(self, groups: list[TrainGroup]) -> dict[str, float]:
         """One optimizer step over every completion of ``groups`` (advantages already assigned)."""
-        rows: list[tuple[list[int], list[int], list[float], float]] = [
-            (g.prompt_ids, ids, lps, float(a))
+        rows: list[_Row] = [
+            (g.prompt_ids, ids, lps, float(a), g.is_local)
             for g in groups
             if g.advantages is not None
             for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
@@ -63,6 +70,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total, sums = len(rows), {"loss": 0.0}
         n_tokens = 0
+        self._gap = [0.0, 0.0, 0]
         for start in range(0, total, self.micro_batch_size):
             chunk = rows[start : start + self.micro_batch_size]
             stats = self._micro_step(chunk, weight=len(chunk) / total)
@@ -79,10 +87,13 @@ class Trainer:
                            float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
-        return {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens),
-                "grad_norm": float(grad_norm) if finite else 0.0, "skipped_steps": float(self.skipped_steps)}
+        out = {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens),
+               "grad_norm": float(grad_norm) if finite else 0.0, "skipped_steps": float(self.skipped_steps)}
+        if self._gap[2]:  # this step's own samples: the sampler's log-probs against ours, before the update
+            out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
+        return out
 
-    def _micro_step(self, rows: list[tuple[list[int], list[int], list[float], float]], weight: float) -> dict[str, float]:
+    def _micro_step(self, rows: list[_Row], weight: float) -> dict[str, float]:
         device = self.policy.device
         pad_id = self.policy.tokenizer.pad_token_id
         prompt_ids, prompt_mask = left_pad([r[0] for r in rows], pad_id)
@@ -95,6 +106,9 @@ class Trainer:
         if remix is None:
             logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                          temperature=self.temperature)
+            own = torch.tensor([r[4] for r in rows], device=device)
+            gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
+            self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
             if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
                 anchor = logprobs.detach()
             loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]

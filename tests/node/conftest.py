@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
+from node.policy.small_build import ensure_built
+from node.policy.small_recipe import FULL
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -31,3 +33,10 @@ def fast_config(tmp_path):
         return make_config(str(tmp_path / "run"), *overrides)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def small_base():
+    """The cached small-base folder, built here first if this machine has not built it (minutes on 2 idle
+    cores, once per cache: ``scripts/build_small_base.py`` builds it ahead of time)."""
+    return ensure_built(FULL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from node.engines.base import SamplingSettings
 from node.rollouts import _downsample, sample_groups_adaptive
 from node.runner import Node
 
@@ -25,9 +26,9 @@ def test_adaptive_groups_have_group_size_completions_and_remember_every_reward(f
     node = Node(cfg, cfg.run_dir, show_progress=False)
     node.setup()
     tasks = [node.source.task(r) for r in node.source.sample(6, node.task_rng)]
-    groups = sample_groups_adaptive(node.policy, node.source, tasks, group_size=4, round_size=4, max_rounds=3,
-                                    mode="ada_balanced", max_new_tokens=5, temperature=1.0, top_p=1.0,
-                                    batch_size=64, generator=node.sample_gen)
+    groups = sample_groups_adaptive(node.generator, node.policy, node.source, tasks, group_size=4, round_size=4,
+                                    max_rounds=3, mode="ada_balanced", settings=SamplingSettings(max_new_tokens=5),
+                                    generator=node.sample_gen)
     node.close()
     assert len(groups) == 6
     for sg in groups:

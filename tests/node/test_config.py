@@ -74,3 +74,30 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert "train.loss" in lines[0] and lines[0].startswith("swarm-node: error:")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fields"),
+    [
+        (["generation.backend=vllm", "adapter.kind=remix"], ["generation.backend=vllm", "adapter.kind=remix"]),
+        (["generation.backend=vllm", "generation.vllm.sync=lora"], ["generation.vllm.sync=lora", "train_norms"]),
+    ],
+)
+def test_backend_and_adapter_that_cannot_work_together_are_one_line_errors(overrides, fields):
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/tiny-silo.yaml", overrides)
+    message = str(err.value)
+    assert all(f in message for f in fields) and "\n" not in message and "<root>" not in message
+    # the same adapters are fine where they can run
+    load_config("configs/tiny-silo.yaml", [o for o in overrides if not o.startswith("generation.backend")])
+
+
+def test_cli_remix_with_vllm_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "node.cli", "silo", "-c", "configs/tiny-silo.yaml", "--run-dir", str(tmp_path),
+         "generation.backend=vllm", "adapter.kind=remix"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "set generation.backend=hf or adapter.kind=lora" in lines[0], proc.stderr

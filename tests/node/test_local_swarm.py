@@ -29,7 +29,7 @@ def _p2pd_of(pid: int) -> list[psutil.Process]:
 def test_ctrl_c_stops_every_node_cleanly(tmp_path: Path) -> None:
     """The terminal's Ctrl-C goes to the script's whole process group; the nodes (in their own sessions)
     get only the script's SIGTERM, finish their step, checkpoint and shut their p2pd down themselves."""
-    env = {**os.environ, "SWARM_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "SWARM_RUNS": str(tmp_path), "SWARM_API_PORT": "0", "OMP_NUM_THREADS": "1"}  # free API ports
     script = subprocess.Popen(["bash", "scripts/local_swarm.sh", "2", *SMALL], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     nodes: list[psutil.Process] = []

@@ -171,20 +171,3 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     node2 = _run(resumed)
     assert node2.step == 3
     assert [r["step"] for r in read_metrics(tmp_path / "rx" / "metrics.jsonl")] == [1, 2, 3]
-
-
-def test_metrics_are_also_served_to_prometheus(fast_config):
-    import urllib.request
-
-    cfg = fast_config("train.steps=1", "metrics.prometheus_port=0")
-    node = Node(cfg, cfg.run_dir, show_progress=False)
-    node.setup()
-    try:
-        node.run()
-        port = node.metrics.prometheus.port
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    finally:
-        node.close()
-    row = read_metrics(Path(cfg.run_dir) / "metrics.jsonl")[-1]
-    line = next(ln for ln in body.splitlines() if ln.startswith("swarm_node_reward_mean "))
-    assert float(line.split()[1]) == pytest.approx(row["reward_mean"])

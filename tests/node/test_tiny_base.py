@@ -13,13 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from node.policy.tiny import (
-    CHAR_VOCAB,
-    TINY_BASE_NAME,
-    build_char_tokenizer,
-    resolve_model_path,
-    tiny_base_path,
-)
+from node.policy.build_env import environment_differences
+from node.policy.locate import resolve_model_path
+from node.policy.tiny import CHAR_VOCAB, TINY_BASE_NAME, build_char_tokenizer, tiny_base_path
 from node.tasks.arith_format import make_problem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -145,13 +141,11 @@ def test_left_padding_does_not_change_greedy_answers(model: Any, tokenizer: Any)
     assert [*batched[:3], batched[-1]] == alone
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_build_script_rebuilds_to_target(tmp_path: Path) -> None:
-    out = tmp_path / "tiny"
+def _rebuild(out: Path, shipped: dict[str, Any]) -> dict[str, Any]:
     script = REPO_ROOT / "scripts" / "build_tiny_base.py"
     result = subprocess.run(
-        [sys.executable, str(script), "--out", str(out), "--seed", "0", "--target-acc", "0.5"],
+        [sys.executable, str(script), "--out", str(out), "--seed", str(shipped["seed"]),
+         "--target-acc", str(shipped["target_acc"]), "--threads", str(shipped["threads"])],
         capture_output=True,
         text=True,
         timeout=900,
@@ -159,13 +153,31 @@ def test_build_script_rebuilds_to_target(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "greedy add acc" in result.stdout
-    info = json.loads((out / "build_info.json").read_text())
+    info: dict[str, Any] = json.loads((out / "build_info.json").read_text())
+    return info
+
+
+SHIPPED_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_build_script_rebuilds_byte_identical_files(tmp_path: Path) -> None:
+    """Same build environment as the shipped build: its exact bytes. Otherwise (other CPU kernels or
+    library versions round differently) two rebuilds here must at least equal each other."""
     shipped = json.loads((tiny_base_path() / "build_info.json").read_text())
+    info = _rebuild(tmp_path / "a", shipped)
     assert info["reached_target"] is True and 0.5 <= info["greedy_add_accuracy"] <= 0.8
     assert info["sampled_add_accuracy_t1"] < info["greedy_add_accuracy"]
-    # Bit-identical weights to the shipped build need the same CPU kernels, so only the size is compared.
-    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
     assert sum(p.numel() for p in reloaded.parameters()) == shipped["parameters"]
+    if environment_differences(shipped):
+        reference, expected = tmp_path / "b", _rebuild(tmp_path / "b", shipped)
+    else:
+        reference, expected = tiny_base_path(), shipped
+    for name in SHIPPED_FILES:
+        assert (tmp_path / "a" / name).read_bytes() == (reference / name).read_bytes(), name
+    assert (info["steps"], info["greedy_add_accuracy"]) == (expected["steps"], expected["greedy_add_accuracy"])
 
 
 def _build_script() -> Any:

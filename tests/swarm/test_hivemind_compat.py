@@ -47,6 +47,22 @@ def test_dial_connects_and_neighbours_lists_the_peer(make_transport: Callable[..
     assert wait_for(lambda: peer_id in a._call_on_loop(lambda core: hivemind_compat.dht_neighbours(core.dht)))
 
 
+def test_disconnect_closes_the_connection(make_transport: Callable[..., SwarmTransport]) -> None:
+    a, b = make_transport(), make_transport()
+    full = Multiaddr(b.visible_multiaddrs()[0])
+    peer_id = PeerID.from_base58(full["p2p"])
+    addr = full.decapsulate(Multiaddr(f"/p2p/{full['p2p']}"))
+
+    def connected() -> bool:
+        peers = a._await_on_loop(lambda core: core.p2p.list_peers())
+        return any(info.peer_id == peer_id for info in peers)
+
+    a._await_on_loop(lambda core: hivemind_compat.dial(core.p2p, peer_id, [addr]))
+    assert connected()
+    a._await_on_loop(lambda core: hivemind_compat.disconnect(core.p2p, peer_id))
+    assert wait_for(lambda: not connected())
+
+
 def test_a_missing_internal_is_named_in_the_error() -> None:
     class NotAP2P:
         is_alive = True

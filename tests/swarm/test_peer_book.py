@@ -160,3 +160,59 @@ def test_authors_are_pruned_and_bounded_in_number() -> None:
     assert pb.banned(1) == ["sybil-99"] and pb.authors_seen() == 1
     pb.prune(current_epoch=20, now=40)
     assert pb.authors_seen() == 0
+
+
+def test_per_peer_counts_add_up_to_the_totals() -> None:
+    pb = book(max_pull_attempts=2)
+    pb.screen("p", "b1", 10, 100, current_epoch=10, now=1)
+    pb.received("p", 100, now=2)
+    pb.accept("p", "b1", 10, 100, groups=4)
+    pb.screen("p", "b2", 10, 300, current_epoch=10, now=3)
+    pb.received("p", 290, now=4)
+    pb.reject("p", "b2", 10, 300, "bad_signature", offence=True, now=4)  # banned 4..14
+    pb.screen("p", "b3", 10, 100, current_epoch=10, now=5)  # banned: not pulled
+    pb.screen("q", "b4", 7, 100, current_epoch=10, now=6)  # stale
+    pb.refuse("q", 10, "too_large", offence=False, now=7)
+    pb.screen("q", "b6", 10, 100, current_epoch=10, now=8)
+    pb.pull_failed("q", "b6", 10, 100, stalled=False, now=9)
+    pb.screen("q", "b6", 10, 100, current_epoch=10, now=10)
+    pb.pull_failed("q", "b6", 10, 100, stalled=False, now=11)  # second failure: unreachable, banned 11..21
+    rows = {r.peer_id: r for r in pb.peer_table(now=12)}
+    p, q = rows["p"], rows["q"]
+    assert (p.batches_accepted, p.groups_accepted, p.bytes_in, p.last_seen) == (1, 4, 100 + 290, 5)
+    assert p.rejected == {"bad_signature": 1, "banned": 1} and p.banned_until == 14
+    assert (q.batches_accepted, q.bytes_in, q.last_seen, q.banned_until) == (0, 0, 11, 21)
+    assert q.rejected == {"stale": 1, "too_large": 1, "unreachable": 1}
+    assert [r.peer_id for r in pb.peer_table(now=12)] == ["q", "p"]  # most recently seen first
+    total: dict[str, int] = {}
+    for row in rows.values():
+        for reason, n in row.rejected.items():
+            total[reason] = total.get(reason, 0) + n
+    assert total == dict(pb.rejected)
+    assert pb.peer_table(now=30)[1].banned_until is None  # the ban is over
+
+
+def test_bytes_served_are_counted_for_the_author_behind_a_libp2p_id() -> None:
+    pb = book()
+    pb.served("L1", 50, now=1)  # someone we do not know yet pulled 50 bytes
+    assert [(r.peer_id, r.published, r.bytes_out) for r in pb.peer_table(now=1)] == [("L1", False, 50)]
+    pb.note_addresses("p", ["L1"], now=2)  # p's manifest names L1: those bytes were p's
+    pb.served("L1", 70, now=3)
+    [row] = pb.peer_table(now=3)
+    assert (row.peer_id, row.published, row.bytes_out, row.libp2p_ids) == ("p", True, 120, ("L1",))
+
+
+def test_per_peer_rows_are_bounded_and_idle_peers_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swarm.peer_book as peer_book
+
+    monkeypatch.setattr(peer_book, "MAX_TRACKED_PEERS", 3)
+    pb = book(ban_seconds=5000.0, max_ban_seconds=5000.0)
+    for i, author in enumerate("abcd"):
+        pb.refuse(author, 10, "too_large", offence=False, now=float(i))
+    assert sorted(r.peer_id for r in pb.peer_table(now=4)) == ["b", "c", "d"]  # a, seen longest ago, went
+    pb.punish("b", now=4)  # banned until 5004: kept while banned, although idle
+    pb.note_addresses("d", [f"L{i}" for i in range(20)], now=4)
+    assert len(pb.peer_table(now=4)[0].libp2p_ids) == 8  # bounded, whatever a manifest claims
+    now = 3.5 + peer_book.PEER_FORGET_SECONDS  # c (seen at 2) is idle; d (seen at 4) is not
+    pb.prune(current_epoch=10, now=now)
+    assert sorted(r.peer_id for r in pb.peer_table(now=now)) == ["b", "d"]

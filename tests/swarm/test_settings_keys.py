@@ -79,3 +79,16 @@ def test_epochs_and_keys() -> None:
     assert split_subkey("abc/3") == ("abc", 3)
     for bad in ("abc", "abc/", "/3", f"abc/{SLOTS_PER_AUTHOR}", "abc/-1", "abc/x"):
         assert split_subkey(bad) is None
+
+
+def test_initial_peers_from_a_file_with_comments(tmp_path) -> None:
+    from swarm.settings import expand_initial_peers
+
+    a = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+    b = "/dns4/peer.example.org/tcp/31337/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+    c = "/ip4/198.51.100.7/tcp/4001/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+    peers = tmp_path / "peers.txt"
+    peers.write_text(f"# bootstrap peers of the public swarm\n{a}   # eu\n\n  {b},{c}\n#{c}\n")
+    assert expand_initial_peers([f"@{peers}", a]) == [a, b, c, a]
+    with pytest.raises(ValueError, match=r"--initial-peers @.*nope\.txt: cannot read"):
+        expand_initial_peers([f"@{tmp_path / 'nope.txt'}"])

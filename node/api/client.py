@@ -1,0 +1,132 @@
+"""``swarm-node status``: a one-screen summary of a running node, read from its status API.
+
+Standard library only (no torch, no aiohttp), so it answers in a blink on a server without a browser.
+Exit codes: 0 healthy, 1 reachable but unhealthy (no progress within ``api.stall_seconds``), 3 not
+reachable (or the token was refused).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from node.errors import ConfigError
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE = 0, 1, 3
+DEFAULT_URL = "http://127.0.0.1:8770/"
+_MAX_PEER_ROWS = 12
+
+
+def api_banner(url: str) -> str:
+    """The line ``silo`` and ``start`` print once the API is up."""
+    return f"swarm-node: dashboard and status API at {url} (swarm-node status --url {url})"
+
+
+class Unreachable(Exception):
+    """The node did not answer (or refused our token)."""
+
+
+def resolve_url(url: str | None, run_dir: str | None) -> str:
+    """``--url``, else the URL a node running in ``--run-dir`` wrote to ``RUN_DIR/api_url``, else the default."""
+    if url:
+        return url if url.endswith("/") else url + "/"
+    if run_dir:
+        path = Path(run_dir) / "api_url"
+        if not path.is_file():
+            raise ConfigError(f"--run-dir {run_dir!r}: no api_url file; is a node with api.port set running there?")
+        return path.read_text().strip()
+    return DEFAULT_URL
+
+
+def fetch(base: str, path: str, token: str | None, timeout: float) -> tuple[int, Any]:
+    """``(HTTP status, decoded JSON)``; 503 (unhealthy) is an answer, not an error."""
+    req = urllib.request.Request(base.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise Unreachable("the node wants a bearer token (--token or SWARM_NODE_API_TOKEN)") from None
+        if exc.code == 503:
+            return 503, json.loads(exc.read())
+        raise Unreachable(f"HTTP {exc.code} from {base}{path.lstrip('/')}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise Unreachable(f"{base} is not answering ({reason})") from None
+
+
+def _num(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m {s % 60:02d}s" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def render(url: str, status: dict[str, Any], peers: dict[str, Any], health: dict[str, Any]) -> str:
+    s, net = status, status["network"]
+    ev = s["last_eval"]
+    summary = [
+        ["node", f"{s['mode']} · {s['model']} ({s['adapter']}) · run {s['run_dir']} · v{s['version']}"],
+        ["state", f"{s['state']} · step {s['step']} / {s['total_steps']} · up {_duration(s['uptime_s'])}"],
+        ["health", ("ok" if health["ok"] else "STALLED") + f" · last progress {health['seconds_since_progress']:.1f} s ago"
+         f" (limit {health['stall_seconds']:.0f} s)"],
+        ["reward", f"{_num(s['last_reward'], 3)} last step · eval {_num(ev and ev['accuracy'], 3)}"
+         + (f" at step {ev['step']}" if ev else "")],
+        ["speed", f"{_num(s['tokens_per_s'], 0)} tokens/s · {_num(s['step_seconds'], 2)} s a step"],
+        ["network", ("off" if s["mode"] == "silo" else "up" if net["up"] else "DOWN") + f" · {net['reason']}"
+         + (f" · {net['restarts']} restarts, last error: {net['last_error']}" if net["restarts"] else "")],
+    ]
+    if s["mode"] == "swarm":
+        summary.insert(1, ["peer id", f"{s['peer_id']} · swarm {s['swarm_id']}"])
+        summary.append(["shared", f"{s['published']['batches']} batches, {s['published']['groups']} groups"])
+    lines = [f"swarm-node status of {url}", *table(summary)]
+    rows = peers["peers"]
+    if s["mode"] == "swarm":
+        lines.append("")
+        if not rows:
+            lines.append("no peers yet")
+        else:
+            head = ["peer", "conn", "batches", "groups", "ingested", "rejected", "in", "out", "seen", "banned"]
+            body = [[p["peer_id"][:14] + "…", "yes" if p["connected"] else "no", str(p["batches_accepted"]),
+                     str(p["groups_accepted"]), str(p["groups_ingested"]),
+                     ",".join(f"{k}:{v}" for k, v in sorted(p["rejected"].items())) or "-",
+                     _bytes(p["bytes_in"]), _bytes(p["bytes_out"]),
+                     f"{max(0.0, peers['time'] - p['last_seen']):.0f}s ago",
+                     "-" if p["banned_until"] is None else f"{p['banned_until'] - peers['time']:.0f}s"]
+                    for p in rows[:_MAX_PEER_ROWS]]
+            lines += table([head, *body])
+            if len(rows) > _MAX_PEER_ROWS:
+                lines.append(f"... and {len(rows) - _MAX_PEER_ROWS} more (GET /api/peers)")
+    return "\n".join(lines)
+
+
+def status_command(url: str, token: str | None, timeout: float = 5.0) -> tuple[int, str]:
+    """``(exit code, text to print)``."""
+    try:
+        code, health = fetch(url, "/healthz", token, timeout)
+        _, status = fetch(url, "/api/status", token, timeout)
+        _, peers = fetch(url, "/api/peers", token, timeout)
+    except Unreachable as exc:
+        return EXIT_UNREACHABLE, f"swarm-node status: {exc}"
+    text = render(url, status, peers, health)
+    if code != 200:
+        return EXIT_UNHEALTHY, text + f"\nunhealthy: no progress for {health['seconds_since_progress']:.0f} s"
+    return EXIT_OK, text

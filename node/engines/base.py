@@ -1,0 +1,46 @@
+"""The generation-backend interface and the settings of one generate call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from node.generation import Completions
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to sample: ``greedy`` ignores temperature and top-p (evaluation)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+class GenerationBackend(Protocol):
+    """Samples completions from the node's *current* policy.
+
+    ``generate`` returns one completion per prompt (token-id lists, formatted, BOS included), with the
+    behaviour log-probs of the distribution each token was drawn from (after temperature and top-p).
+    ``sync`` is called after every optimizer step and after a checkpoint restore: once it returns, the next
+    ``generate`` samples from the updated policy. It returns timing stats for the metrics.
+    """
+
+    name: str
+
+    def generate(self, prompts: list[list[int]], settings: SamplingSettings,
+                 generator: torch.Generator | None = None) -> Completions: ...
+
+    def sync(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+def request_seeds(generator: torch.Generator | None, n: int) -> list[int] | None:
+    """``n`` per-request sampling seeds drawn from ``generator`` (on its own device), or None without one."""
+    if generator is None:
+        return None
+    return torch.randint(0, 2**62, (n,), generator=generator, device=generator.device).tolist()

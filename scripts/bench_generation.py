@@ -1,0 +1,372 @@
+"""Generation throughput of the node's backends against transformers ``generate``, in one run, with ratios.
+
+Usage: python scripts/bench_generation.py [--models tiny,small,qwen0.5b] [--threads 2] [--dtype float32]
+                                          [--device cpu] [--reps 2] [--scale 1.0] [--no-vllm]
+       python scripts/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
+
+Models: ``tiny`` (the embedded tiny-base), ``small`` (``small-base`` when this checkout has it, else a
+random-init Llama of its shape: hidden 512, 8 layers, head dim 64, vocabulary 8,192, about 25 M
+parameters) and ``qwen0.5b`` (a random-init Qwen2 with Qwen2.5-0.5B's shape, built from a config here: no
+download). Every model gets the node's policy: a LoRA of rank 8 on all projections (no trained norms, so
+both vLLM sync modes apply).
+
+Contenders, on the same prompts (one "step" = sequences x new tokens; tokens counted up to EOS):
+
+- ``generate/naive``: transformers ``generate`` one prompt at a time (on a subset of the prompts);
+- ``generate/batched``: ``generate`` on the whole batch (left-padded), sampling at temperature 1;
+- ``node-hf``: the node's own loop (``HFBackend``), which also returns exact behaviour log-probs;
+- ``vllm``: the in-process vLLM engine, merged weights pushed after each step (``sync=merge``);
+- ``vllm-lora``: the same engine with the adapter hot-swapped as a LoRARequest (``sync=lora``).
+
+For the vLLM contenders the table also gives the policy-sync time a step (the adapters are moved first,
+as an optimizer step would), tokens/s a step with the sync included, and the mean |engine - trainer|
+log-prob of the sampled tokens. Times are the best of ``--reps`` runs after a warm-up. Contenders are
+timed interleaved so that a loaded machine's drift hits them alike: the three HF contenders take turns
+within each rep, and each vLLM step is followed by the node's HF loop on the same prompts, whose rate in
+those reps is what the vLLM rows' ``x node-hf`` ratio (sync included) divides by.
+
+``--train-steps N`` instead trains N steps of the node loop's trainer on the first model (random
+advantages on its own samples, since a random-init model earns no reward), generation with vLLM,
+and prints tokens/s, step time, peak accelerator memory and the engine/trainer gap (scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
+from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402
+from node.engines.hf import HFBackend  # noqa: E402
+from node.errors import PolicyError  # noqa: E402
+from node.generation import Completions, left_pad, sequence_logprobs  # noqa: E402
+from node.policy.model import Policy, build_policy  # noqa: E402
+from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E402
+
+# sequences (tasks x group) and new tokens of one step, per model, at --scale 1
+WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "qwen0.5b": (32, 32)}
+NAIVE_PROMPTS = 8  # naive per-prompt generate is timed on this many prompts (its rate does not depend on it)
+
+
+@dataclass
+class Row:
+    name: str
+    tokens: int
+    seconds: float
+    sync_seconds: float = 0.0
+    gap: float | None = None
+    paired_hf: float | None = None  # node-hf tokens/s measured in the same reps (vLLM rows)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def step_tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds + self.sync_seconds, 1e-9)
+
+
+def random_model_folder(kind: str, root: Path, dtype: torch.dtype) -> str:
+    """Save a random-init model of the named shape (and the char tokenizer, for its special ids) to a folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_char_tokenizer()
+    special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    if kind == "small":
+        cfg: Any = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
+                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
+                          tie_word_embeddings=True, **special)
+        model: Any = LlamaForCausalLM(cfg)
+    else:  # Qwen2.5-0.5B's shape
+        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+                          tie_word_embeddings=True, **special)
+        model = Qwen2ForCausalLM(cfg)
+    folder = root / kind
+    model.to(dtype).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, str, str]:
+    """The policy, the folder its base model loads from, and a label."""
+    adapter = AdapterConfig(train_norms=False)
+    if kind == "tiny":
+        return build_policy(ModelConfig(name_or_path="tiny-base", dtype=dtype, device=device), adapter, 0), \
+            resolve_model_path("tiny-base"), "tiny-base"
+    if kind == "small":
+        try:
+            policy = build_policy(ModelConfig(name_or_path="small-base", dtype=dtype, device=device), adapter, 0)
+            from node.engines.vllm_engine import base_model_path
+
+            return policy, base_model_path(policy), "small-base"
+        except PolicyError:
+            pass
+    folder = random_model_folder(kind, root, getattr(torch, dtype))
+    policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
+    label = "small-base stand-in (random init)" if kind == "small" else "Qwen2.5-0.5B shape (random init)"
+    return policy, folder, label
+
+
+def step_prompts(policy: Policy, n: int, *, tasks: bool) -> list[list[int]]:
+    """``n`` prompts, 8 copies each (a group): arithmetic tasks formatted for the model when its tokenizer
+    is its own (``tasks``), else random ids of 24 to 39 tokens (random-init models)."""
+    distinct = max(1, n // 8)
+    if tasks:
+        import random
+
+        from node.rollouts import encode_prompt
+        from node.tasks import build_task_source
+
+        source = build_task_source("arith", ["add"], None, 0, chat_template="auto")
+        refs = source.sample(distinct, random.Random(0))
+        prompts = [encode_prompt(policy, source.format_prompt(source.task(r), policy.tokenizer)) for r in refs]
+    else:
+        gen = torch.Generator().manual_seed(0)
+        vocab = int(policy.model.config.vocab_size)  # type: ignore[union-attr,arg-type]
+        prompts = [[1, *torch.randint(4, vocab, (23 + i % 16,), generator=gen).tolist()] for i in range(distinct)]
+    return [prompts[i // 8 % len(prompts)] for i in range(n)]
+
+
+def count_tokens(rows: torch.Tensor, eos: int) -> int:
+    """Generated tokens up to and including the first EOS of each row ``[B, T]``."""
+    is_eos = rows == eos
+    first = torch.where(is_eos.any(-1), is_eos.float().argmax(-1) + 1, torch.full_like(rows[:, 0], rows.shape[1]))
+    return int(first.sum())
+
+
+def time_best(fn: Any, reps: int) -> tuple[float, Any]:
+    best, out = float("inf"), None
+    for _ in range(reps):
+        sync_device()
+        t0 = time.perf_counter()
+        out = fn()
+        sync_device()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def sync_device() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def hf_generate(policy: Policy, prompts: list[list[int]], tokens: int) -> torch.Tensor:
+    tok = policy.tokenizer
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    with torch.inference_mode():
+        out = policy.model.generate(input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),  # type: ignore[operator]
+                                    max_new_tokens=tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return torch.as_tensor(out[:, ids.shape[1] :].cpu())
+
+
+def gap_of(policy: Policy, prompts: list[list[int]], out: Completions) -> float:
+    p_ids, p_mask = left_pad(prompts, policy.tokenizer.pad_token_id)
+    dev = policy.device
+    with torch.no_grad():
+        lps = torch.cat([
+            sequence_logprobs(policy.model, p_ids[i : i + 64].to(dev), p_mask[i : i + 64].to(dev),
+                              out.completion_ids[i : i + 64].to(dev), out.completion_mask[i : i + 64].to(dev)).cpu()
+            for i in range(0, len(prompts), 64)
+        ])
+    m = out.completion_mask
+    return float((lps[m].float() - out.behavior_logprobs[m]).abs().mean())
+
+
+def move_adapters(policy: Policy, seed: int) -> None:
+    """What an optimizer step does to the policy, as far as the engines are concerned."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            if p.requires_grad:
+                p.add_((torch.randn(p.shape, generator=gen) * 1e-3).to(p.device, p.dtype))
+
+
+def bench_hf(policy: Policy, prompts: list[list[int]], tokens: int, reps: int) -> tuple[list[Row], HFBackend]:
+    """The transformers contenders and the node's loop, interleaved: every rep runs each once, back to back,
+    so a change in the machine's load hits all of them alike. Best of ``reps``."""
+    eos = policy.tokenizer.eos_token_id
+    settings = SamplingSettings(max_new_tokens=tokens)
+    gen = torch.Generator(device=policy.device).manual_seed(0)
+    naive = prompts[:NAIVE_PROMPTS]
+    backend = HFBackend(policy, batch_size=len(prompts))
+    hf_generate(policy, naive[:2], 2)  # warm-up
+    backend.generate(naive[:2], SamplingSettings(max_new_tokens=2), gen)
+    best = {"naive": float("inf"), "batched": float("inf"), "node": float("inf")}
+    outs: dict[str, Any] = {}
+    contenders = {"naive": lambda: [hf_generate(policy, [p], tokens) for p in naive],
+                  "batched": lambda: hf_generate(policy, prompts, tokens),
+                  "node": lambda: backend.generate(prompts, settings, gen)}
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            seconds, outs[name] = time_best(fn, 1)
+            best[name] = min(best[name], seconds)
+    node_out = outs["node"]
+    return [Row("generate/naive", sum(count_tokens(o, eos) for o in outs["naive"]), best["naive"]),
+            Row("generate/batched", count_tokens(outs["batched"], eos), best["batched"]),
+            Row("node-hf", int(node_out.completion_mask.sum()), best["node"], gap=gap_of(policy, prompts, node_out))], \
+        backend
+
+
+def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: int, args: argparse.Namespace,
+               mode: str, hf: HFBackend) -> Row:
+    """One engine; every rep is one step: the policy moves, reaches the engine, the engine samples, and the
+    node's HF loop samples the same prompts right after (the paired rate the ``x node-hf`` column uses)."""
+    from node.engines.vllm_engine import VLLMBackend
+
+    settings = SamplingSettings(max_new_tokens=tokens)
+    gen = torch.Generator(device=policy.device).manual_seed(0)
+    t0 = time.perf_counter()
+    engine = VLLMBackend(policy, folder, engine_config(args, sync=mode), dtype=args.dtype, max_num_seqs=len(prompts),
+                         seed=0)
+    started = time.perf_counter() - t0
+    try:
+        engine.generate(prompts[:4], SamplingSettings(max_new_tokens=2), gen)  # warm-up
+        syncs, gens, hf_rates, out = [], [], [], None
+        for rep in range(max(args.reps, 2)):
+            move_adapters(policy, seed=rep)
+            syncs.append(engine.sync()["sync_seconds"])
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, settings, gen)
+            gens.append(time.perf_counter() - t0)
+            t_hf, hf_out = time_best(lambda: hf.generate(prompts, settings, gen), 1)
+            hf_rates.append(int(hf_out.completion_mask.sum()) / t_hf)
+        assert out is not None
+        return Row(f"vllm-{mode}" if mode == "lora" else "vllm", int(out.completion_mask.sum()), min(gens),
+                   statistics.median(syncs), gap=gap_of(policy, prompts, out), paired_hf=max(hf_rates),
+                   notes=[f"start {started:.1f} s"])
+    finally:
+        engine.close()
+        gc.collect()
+
+
+def engine_config(args: argparse.Namespace, sync: str = "merge") -> VllmConfig:
+    return VllmConfig(sync=sync, kv_cache_memory_bytes=args.kv_bytes, enforce_eager=not args.cuda_graphs)  # type: ignore[arg-type]
+
+
+def print_table(label: str, sequences: int, tokens: int, rows: list[Row]) -> None:
+    base = next(r for r in rows if r.name == "node-hf")
+    batched = next(r for r in rows if r.name == "generate/batched")
+    print(f"\n== {label}: {sequences} sequences x up to {tokens} new tokens a step")
+    print(f"{'contender':<18}{'tokens':>8}{'gen s':>9}{'tok/s':>10}{'sync s':>9}{'tok/s+sync':>12}"
+          f"{'x node-hf':>11}{'gap':>10}")
+    for r in rows:
+        gap = f"{r.gap:.1e}" if r.gap is not None else "-"
+        print(f"{r.name:<18}{r.tokens:>8}{r.seconds:>9.2f}{r.tokens_per_s:>10.0f}{r.sync_seconds:>9.3f}"
+              f"{r.step_tokens_per_s:>12.0f}{r.step_tokens_per_s / (r.paired_hf or base.step_tokens_per_s):>11.2f}"
+              f"{gap:>10}"
+              + (f"  ({'; '.join(r.notes)})" if r.notes else ""))
+    print(f"node-hf / generate/batched: {base.tokens_per_s / batched.tokens_per_s:.2f}x; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+
+
+def run_bench(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
+        for kind in args.models.split(","):
+            policy, folder, label = load_model(kind, Path(tmp), args.dtype, args.device)
+            sequences, tokens = WORKLOADS[kind]
+            sequences, tokens = max(1, int(sequences * args.scale)), max(1, int(tokens * args.scale))
+            prompts = step_prompts(policy, sequences, tasks="random" not in label)
+            rows, hf = bench_hf(policy, prompts, tokens, args.reps)
+            if not args.no_vllm:
+                for mode in ("merge", "lora"):
+                    rows.append(bench_vllm(policy, folder, prompts, tokens, args, mode, hf))
+            for r in rows:  # progress, in case a later model does not finish
+                paired = f", node-hf in the same reps {r.paired_hf:.0f} tok/s" if r.paired_hf else ""
+                print(f"[{label}] {r.name}: {r.tokens_per_s:.0f} tok/s, sync {r.sync_seconds:.3f} s{paired}",
+                      file=sys.stderr, flush=True)
+            print_table(label, sequences, tokens, rows)
+            del policy
+            gc.collect()
+
+
+def run_training(args: argparse.Namespace) -> None:
+    """N trainer steps of the first model with vLLM generation: tokens/s, step time, memory, gap."""
+    from node.engines.vllm_engine import VLLMBackend
+    from node.train.groups import TrainGroup
+    from node.train.trainer import Trainer
+
+    kind = args.models.split(",")[0]
+    with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
+        policy, folder, label = load_model(kind, Path(tmp), args.dtype, args.device)
+        sequences, tokens = WORKLOADS[kind]
+        sequences, tokens = max(2, int(sequences * args.scale)), max(1, int(tokens * args.scale))
+        prompts = step_prompts(policy, sequences, tasks="random" not in label)
+        group = 8 if sequences % 8 == 0 else 1
+        trainer = Trainer(policy, lr=1e-5, norm_lr=1e-3, router_lr=1e-3, weight_decay=0.0, max_grad_norm=1.0,
+                          loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
+                          temperature=1.0, gradient_checkpointing=args.gradient_checkpointing)
+        engine: GenerationBackend = VLLMBackend(policy, folder, engine_config(args), dtype=args.dtype,
+                                                max_num_seqs=sequences, seed=0)
+        gen = torch.Generator(device=policy.device).manual_seed(0)
+        adv_gen = torch.Generator().manual_seed(1)
+        settings = SamplingSettings(max_new_tokens=tokens)
+        print(f"\n== training {label}: {args.train_steps} steps of {sequences} sequences x up to {tokens} tokens, "
+              f"{args.dtype}, gradient checkpointing {args.gradient_checkpointing}")
+        for step in range(1, args.train_steps + 1):
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, settings, gen)
+            t_gen = time.perf_counter() - t0
+            groups = []
+            for g0 in range(0, sequences, group):
+                rows = [out.row(i) for i in range(g0, g0 + group)]
+                groups.append(TrainGroup(key=str(g0), peer_id="", epoch=0, prompt_ids=prompts[g0],
+                                         completions=[r[0] for r in rows], anchor_logprobs=[r[1] for r in rows],
+                                         rewards=[0.0] * group,
+                                         advantages=torch.randn(group, generator=adv_gen)))
+            stats = trainer.step(groups)
+            sync = engine.sync()["sync_seconds"]
+            sync_device()
+            dt = time.perf_counter() - t0
+            n_tok = int(out.completion_mask.sum())
+            mem = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+            print(f"step {step:>3}: {n_tok / t_gen:>8.0f} gen tok/s, {n_tok / dt:>8.0f} tok/s a step, "
+                  f"step {dt:6.2f} s (gen {t_gen:.2f}, sync {sync:.3f}), peak mem {mem:.1f} GiB, "
+                  f"gap |d| {stats.get('logprob_gap_abs', float('nan')):.2e} KL {stats.get('logprob_gap_kl', float('nan')):.1e}",
+                  flush=True)
+        engine.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,small,qwen0.5b")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply sequences and tokens of every workload")
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--train-steps", type=int, default=0)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--kv-bytes", type=int, default=1 << 30, help="vLLM KV cache size in bytes")
+    parser.add_argument("--cuda-graphs", action="store_true", help="let vLLM capture CUDA graphs (GPU)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # small-base is looked up locally only
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.dtype} on {args.device}; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    if args.train_steps:
+        run_training(args)
+    else:
+        run_bench(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The status API of two real swarm nodes (hivemind, p2pd, 127.0.0.1) in this process, stepped by the test:
+per-peer numbers agree with the peer book and with what the other node counted; a killed network shows
+as down with its reason, and as restarted after the next step."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from node.api.client import EXIT_OK, status_command
+from node.config import with_initial_peers
+from node.daemon import start_swarm_transport
+from node.metrics import read_metrics
+from node.runner import Node
+from swarm.transport import SwarmTransport
+from tests.chromium import Chromium, chromium_or_skip
+from tests.node.conftest import make_config
+
+SWARM = ["sapo.external_groups=4", "swarm.swarm_id=api-test", "swarm.collect_interval=0.2", "swarm.request_timeout=3",
+         "swarm.join_retry_seconds=0.5", "swarm.join_retry_max_seconds=2", "swarm.startup_timeout=30", "api.port=0"]
+GROUPS_PER_BATCH = 4  # sapo.local_groups in FAST: every step shares 4 groups (steps between two allowed
+# publications go out together, so a batch holds a multiple of 4)
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def transport(node: Node) -> SwarmTransport:
+    assert node.exchange is not None and isinstance(node.exchange.transport, SwarmTransport)
+    return node.exchange.transport
+
+
+def libp2p_id(node: Node) -> str:
+    return transport(node).visible_multiaddrs()[0].rsplit("/p2p/", 1)[1]
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api-swarm")
+    nodes: list[Node] = []
+    try:
+        a = Node(make_config(str(root / "a"), *SWARM), show_progress=False, transport=start_swarm_transport)
+        nodes.append(a)
+        a.setup()
+        assert transport(a).wait_until_up(30)
+        cfg_b = with_initial_peers(make_config(str(root / "b"), *SWARM, "seed=1"), transport(a).visible_multiaddrs())
+        b = Node(cfg_b, show_progress=False, transport=start_swarm_transport)
+        nodes.append(b)
+        b.setup()
+        assert transport(b).wait_until_up(30)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until each trained on groups of the other
+            rows = [a.train_step(), b.train_step()]
+            used = [sum(r["n_peer_groups"] for r in read_metrics(n.run_dir / "metrics.jsonl")) for n in (a, b)]
+            if all(u > 0 for u in used) and all(r["batches_accepted"] >= 2 for r in rows):
+                break
+        else:
+            raise AssertionError("the two nodes did not exchange groups in 120 s")
+        # Let the last batches arrive: the books stop changing once nobody publishes.
+        wait_until(lambda: _settled(a) and _settled(b), 30, "the peer books to settle")
+        yield a, b
+    finally:
+        for node in reversed(nodes):
+            node.close()
+        gc.collect()  # hivemind's finalizers now, not inside pytest's assertion rewriter (see tests/swarm/conftest.py)
+
+
+def _settled(node: Node) -> bool:
+    before = transport(node).peer_stats()
+    time.sleep(1.0)
+    return [(r.peer_id, r.batches_accepted, r.bytes_in, r.bytes_out) for r in before] == \
+        [(r.peer_id, r.batches_accepted, r.bytes_in, r.bytes_out) for r in transport(node).peer_stats()]
+
+
+def test_peers_agree_with_the_peer_book_and_with_the_other_node(pair):
+    a, b = pair
+    time.sleep(1.1)  # past the API's one-second answer cache
+    docs = {n: get_json(n.api.url + "api/peers") for n in (a, b)}
+    for me, other in ((a, b), (b, a)):
+        doc, book = docs[me], transport(me).peer_stats()
+        assert [row["peer_id"] for row in doc["peers"]] == [r.peer_id for r in book]
+        [row] = [r for r in doc["peers"] if r["peer_id"] == other.exchange.identity.peer_id]
+        [mine] = [r for r in book if r.peer_id == other.exchange.identity.peer_id]
+        assert (row["batches_accepted"], row["groups_accepted"], row["rejected"], row["bytes_in"], row["bytes_out"]) == \
+            (mine.batches_accepted, mine.groups_accepted, mine.rejected, mine.bytes_in, mine.bytes_out)
+        assert row["last_seen"] == pytest.approx(mine.last_seen, abs=0.01) and row["banned_until"] is None
+        assert row["batches_accepted"] >= 2 and row["groups_accepted"] % GROUPS_PER_BATCH == 0
+        assert GROUPS_PER_BATCH * row["batches_accepted"] <= row["groups_accepted"] <= other.exchange.groups_shared
+        assert row["connected"] is True and row["published"] is True
+        assert row["groups_ingested"] == me.exchange.ingestor.by_peer[other.exchange.identity.peer_id][0] > 0
+        stats = transport(me).stats()
+        assert sum(r["batches_accepted"] for r in doc["peers"]) == stats["batches_accepted"]
+        assert sum(r["bytes_in"] for r in doc["peers"]) == stats["bytes_in"]
+        assert doc["own"] == {"peer_id": me.exchange.identity.peer_id, "batches_published": me.exchange.seq,
+                              "groups_published": me.exchange.groups_shared}
+    # What one node pulled from the other is what the other served to it (two nodes: every pull is direct).
+    row_ab = next(r for r in docs[a]["peers"] if r["peer_id"] == b.exchange.identity.peer_id)
+    row_ba = next(r for r in docs[b]["peers"] if r["peer_id"] == a.exchange.identity.peer_id)
+    assert row_ab["bytes_out"] == row_ba["bytes_in"] > 0 and row_ba["bytes_out"] == row_ab["bytes_in"] > 0
+
+
+def test_status_and_metrics_agree_with_metrics_jsonl(pair):
+    a, b = pair
+    status = get_json(a.api.url + "api/status")
+    rows = read_metrics(a.run_dir / "metrics.jsonl")
+    assert (status["mode"], status["peer_id"], status["swarm_id"]) == ("swarm", a.exchange.identity.peer_id, "api-test")
+    assert status["step"] == a.step == rows[-1]["step"] and status["last_reward"] == rows[-1]["reward_mean"]
+    assert status["groups_trained"] == {"own": rows[-1]["n_local_groups"], "peers": rows[-1]["n_peer_groups"]}
+    assert status["network"]["up"] is True and status["network"]["reason"] == "joined: 1 DHT neighbour"
+    assert status["network"]["neighbours"] == [libp2p_id(b)]
+    assert status["published"]["batches"] == a.exchange.seq
+    assert get_json(a.api.url + "api/metrics?since=0")["rows"] == rows
+    body = urllib.request.urlopen(a.api.url + "metrics", timeout=10).read().decode()
+    assert f"swarm_node_batches_accepted_total {float(rows[-1]['batches_accepted'])}" in body
+    assert "swarm_node_network_up 1.0" in body and "swarm_node_dht_neighbours 1.0" in body
+
+
+def test_dashboard_peers_table_shows_what_the_api_says(pair):
+    exe = chromium_or_skip()
+    a, b = pair
+    shot = a.run_dir / "dashboard.png"
+
+    async def look() -> list[dict]:
+        async with Chromium(exe) as browser:
+            page = await browser.open(a.api.url, 1280, 1000)
+            await page.wait_for("document.querySelectorAll('#peers tbody tr[data-peer]').length > 0")
+            cells = await page.evaluate("""[...document.querySelectorAll('#peers tbody tr[data-peer]')].map(tr =>
+                Object.fromEntries([...tr.cells].map(td => [td.dataset.field, td.dataset.value])))""")
+            await page.screenshot(shot)
+            assert not browser.exceptions, browser.exceptions
+            return cells
+
+    cells = asyncio.run(look())
+    api = get_json(a.api.url + "api/peers")["peers"]
+    assert [c["peer"] for c in cells] == [r["peer_id"] for r in api] == [b.exchange.identity.peer_id]
+    for field in ("batches_accepted", "groups_accepted", "groups_ingested", "bytes_in", "bytes_out"):
+        assert int(cells[0][field]) == api[0][field], field
+    assert cells[0]["connected"] == "true" and json.loads(cells[0]["rejected"]) == api[0]["rejected"]
+    assert shot.stat().st_size > 10_000
+
+
+def test_a_killed_network_shows_as_down_with_its_reason_then_restarted(pair):
+    a, _ = pair
+    pid = transport(a).p2pd_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    status = wait_until(lambda: (s := get_json(a.api.url + "api/status"))["network"]["up"] is False and s, 20,
+                        "the network to show as down")
+    assert status["network"]["reason"] == "stopped: p2pd exited" and status["healthy"] is True
+    code, text = status_command(a.api.url, None)
+    assert code == EXIT_OK and "network  DOWN · stopped: p2pd exited" in text  # training goes on: healthy
+    wait_until(lambda: not transport(a).is_alive(), 20, "the network thread to end")
+    a.train_step()  # the exchange finds its network side dead and restarts it
+    status = wait_until(lambda: (s := get_json(a.api.url + "api/status"))["network"]["up"] and s, 30,
+                        "the network to come back")
+    assert status["network"]["restarts"] == 1 and status["network"]["last_error"] == "p2pd exited"
+
+
+def test_closing_a_node_stops_its_api(pair):
+    a, b = pair
+    url = b.api.url
+    b.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "healthz", timeout=5)
+    assert b.api is None and not (b.run_dir / "api_url").exists()

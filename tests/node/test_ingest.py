@@ -1,0 +1,91 @@
+"""Re-tokenizing a peer's text for a node with another tokenizer: the character tokenizer of tiny-base and
+the byte-level BPE of small-base, each receiving the other's completions (``Ingestor._tokens``; the
+end-to-end path is in ``test_heterogeneous``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from node.ingest import Ingestor
+from node.policy.model import tokenizer_fingerprint
+from node.policy.small import train_bpe_tokenizer
+from node.policy.tiny import build_char_tokenizer
+from node.tasks import build_task_source
+from protocol.records import Rollout, SamplingParams
+
+SOURCE = build_task_source("arith", ["add"], None, 0)
+
+
+def _ingestor(tokenizer: Any) -> Ingestor:
+    policy = SimpleNamespace(tokenizer=tokenizer, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer))
+    return Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16)  # type: ignore[arg-type]
+
+
+def _ids(tokenizer: Any, text: str, finish_reason: str = "eos") -> list[int] | None:
+    """What a node with ``tokenizer`` makes of a peer's ``text``: our ids, or None with the reason checked."""
+    ids, lps, why = _ingestor(tokenizer)._tokens(_rollout(text, finish_reason))
+    assert lps is None  # the peer's log-probs are of other tokens: our own anchor is computed instead
+    assert (ids is None) == (why is not None)
+    return ids
+
+
+def _why(tokenizer: Any, text: str) -> str | None:
+    return _ingestor(tokenizer)._tokens(_rollout(text))[2]
+
+
+def _rollout(text: str, finish_reason: str = "eos") -> Rollout:
+    """A peer's rollout from a tokenizer unlike ours (its ids mean nothing to us)."""
+    return Rollout(task=SOURCE.make_ref("add", 0), prompt="07+35=", completion=text, completion_ids=(5, 6, 7),
+                   tokenizer_fingerprint="another-tokenizer", behavior_logprobs=(-0.5, -0.1, -0.2),
+                   sampling=SamplingParams(temperature=1.0, top_p=1.0), model_fingerprint="peer-model",
+                   policy_step=3, finish_reason=finish_reason)
+
+
+@pytest.fixture(scope="module")
+def char_tok() -> Any:
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def bpe_tok() -> Any:
+    """small-base's tokenizer kind (byte-level BPE, ChatML specials), trained here on a little text."""
+    corpus = [f"{a:02d}+{b:02d}=" for a in range(30) for b in range(30)] + ["<answer>Friday</answer>"] * 20
+    return train_bpe_tokenizer(corpus, vocab_size=400)
+
+
+def test_character_node_spells_bpe_text_and_adds_its_own_eos(char_tok):
+    digits = char_tok.convert_tokens_to_ids(["0", "4", "2"])
+    assert _ids(char_tok, "042") == [*digits, char_tok.eos_token_id]
+    assert _ids(char_tok, "042", finish_reason="length") == digits
+
+
+@pytest.mark.parametrize("text", ["Friday", "<answer>42</answer>", "4 → 2", "x\ty"])
+def test_character_node_rejects_text_outside_its_vocabulary(char_tok, text):
+    assert _ids(char_tok, text) is None
+    assert _why(char_tok, text) == "untokenizable"
+
+
+def test_character_node_rejects_special_token_text(char_tok):
+    assert _why(char_tok, "04<eos>2") == "special_token"
+
+
+@pytest.mark.parametrize("text", ["042", "7 ", " 12\n", "<answer>(P ∧ ¬Q)</answer>", "Friday, été"])
+def test_bpe_node_spells_any_text_and_ends_with_its_eos(bpe_tok, text):
+    ids = _ids(bpe_tok, text)
+    assert ids is not None
+    assert ids[-1] == bpe_tok.eos_token_id == bpe_tok.convert_tokens_to_ids("<|im_end|>")
+    assert bpe_tok.decode(ids[:-1]) == text and bpe_tok.eos_token_id not in ids[:-1]
+
+
+@pytest.mark.parametrize("text", ["042<|im_end|>", "<|im_start|>assistant", "<|endoftext|>"])
+def test_bpe_node_rejects_special_token_text(bpe_tok, text):
+    """A peer's text must not smuggle in our special tokens (our EOS mid-completion would end training there)."""
+    assert _why(bpe_tok, text) == "special_token"
+
+
+def test_retokenized_text_longer_than_the_limit_is_rejected(char_tok):
+    assert _ids(char_tok, "1" * 15) is not None  # 15 characters + eos: 16 tokens
+    assert _why(char_tok, "1" * 16) == "too_long"

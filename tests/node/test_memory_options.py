@@ -1,0 +1,39 @@
+"""GPU memory options, checked on CPU: gradient checkpointing changes memory, not the update; bf16 trains."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from node.runner import Node
+
+
+def _one_step(cfg) -> tuple[dict, dict[str, torch.Tensor], set[torch.dtype]]:
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    try:
+        record = node.train_step()
+        frozen = {p.dtype for p in node.policy.model.parameters() if not p.requires_grad}
+        return record, node.policy.trainable_state(), frozen
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("kind", ["lora", "remix"])  # ReMix: its routing hooks run again in the recomputation
+def test_gradient_checkpointing_gives_the_same_update(fast_config, tmp_path, kind):
+    common = ("train.eval_every=100", f"adapter.kind={kind}")
+    plain, plain_state, _ = _one_step(fast_config(*common, f"run_dir={tmp_path / 'a'}"))
+    ckpt, ckpt_state, _ = _one_step(fast_config(*common, "train.gradient_checkpointing=true", f"run_dir={tmp_path / 'b'}"))
+    assert plain["train/n_sequences"] > 0 and ckpt["reward_mean"] == plain["reward_mean"]
+    assert abs(ckpt["loss"] - plain["loss"]) < 1e-6 and abs(ckpt["grad_norm"] - plain["grad_norm"]) < 1e-5
+    moved = max((plain_state[k] - ckpt_state[k]).abs().max().item() for k in plain_state)
+    assert moved < 1e-6
+
+
+def test_bfloat16_policy_trains_with_gradient_checkpointing(fast_config):
+    record, state, frozen = _one_step(fast_config("model.dtype=bfloat16", "train.gradient_checkpointing=true",
+                                                  "train.eval_every=100"))
+    assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
+    assert frozen == {torch.bfloat16} and all(torch.isfinite(t).all() for t in state.values())

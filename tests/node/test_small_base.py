@@ -1,0 +1,186 @@
+"""The embedded small-base model: built once by recipe and cached, deterministic, loads like a hub model,
+has a byte-level BPE tokenizer with a ChatML template the node's prompt formatting uses, and earns some
+(not all) reward on arith and two reasoning-gym datasets.
+
+The fixture ``small_base`` builds the cached model the first time (minutes on 2 idle cores, once per cache)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from node.config import ModelConfig, load_config
+from node.generation import generate
+from node.policy.embedded import embedded_model, embedded_names
+from node.policy.locate import locate_model, resolve_model_path
+from node.policy.model import load_base
+from node.policy.small import CHAT_TEMPLATE, template_tokenizer, train_bpe_tokenizer
+from node.policy.small_build import build, ensure_built
+from node.policy.small_recipe import FULL, cached_path
+from node.tasks import build_task_source
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MIN_SAMPLED_REWARD = 0.03  # measured at build time: add 0.05, calendar 0.215, propositional 0.254
+
+
+@pytest.fixture(scope="module")
+def info(small_base: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((small_base / "build_info.json").read_text())
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def tokenizer(small_base: Path) -> Any:
+    return AutoTokenizer.from_pretrained(small_base)
+
+
+@pytest.fixture(scope="module")
+def model(small_base: Path) -> Any:
+    loaded = AutoModelForCausalLM.from_pretrained(small_base, dtype=torch.float32)
+    loaded.eval()
+    return loaded
+
+
+def test_registry_names_the_cached_folder_and_reuses_it(small_base: Path) -> None:
+    assert embedded_names() == ["tiny-base", "small-base"]
+    small = embedded_model("small-base")
+    assert small is not None and not small.shipped and small.path == cached_path(FULL) == small_base
+    assert resolve_model_path("small-base") == str(small_base)
+    where = locate_model("small-base")
+    assert (where.path, where.build) == (str(small_base), None)  # built: reused, not rebuilt
+    assert resolve_model_path("tiny-base") == resolve_model_path("embedded") != str(small_base)
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (REPO_ROOT / small.build_script).is_file()
+
+
+def test_locating_an_unbuilt_model_builds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI locates the model before the heavy imports; the build happens when the node loads it."""
+    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path))
+    where = locate_model("small-base")
+    assert where.path == str(tmp_path / FULL.key()) and where.build is not None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_built_folder_is_a_small_bf16_llama(small_base: Path, model: Any, info: dict[str, Any]) -> None:
+    assert sum(f.stat().st_size for f in small_base.iterdir()) < 12_500_000
+    assert json.loads((small_base / "config.json").read_text())["dtype"] == "bfloat16"
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == info["parameters"] and 5_000_000 <= n_params <= 30_000_000
+    assert model.config.model_type == "llama" and model.config.tie_word_embeddings is True
+    assert info["recipe_key"] == FULL.key() and info["recipe"]["steps"] == FULL.steps
+
+
+def test_tokenizer_is_byte_level_bpe_without_bos(tokenizer: Any, info: dict[str, Any]) -> None:
+    assert len(tokenizer) == info["vocab_size"] == FULL.vocab_size
+    assert tokenizer.bos_token_id is None
+    assert (tokenizer.pad_token, tokenizer.eos_token) == ("<|endoftext|>", "<|im_end|>")
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 2)
+    for text in ["07+35=", "<answer>(P ∧ ¬Q)</answer>", "  Friday,\n\tété 🙂", "x<unk>y"]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    digits = tokenizer("2022", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(digits) == ["2", "0", "2", "2"]
+
+
+def test_loaded_tokenizer_splits_text_as_trained(small_base: Path, tokenizer: Any, info: dict[str, Any]) -> None:
+    """AutoTokenizer keeps the trained pre-tokenizer (it would swap in Qwen2's for a ``qwen2`` model), so a
+    formatted prompt has the ids and the short length the model was pretrained on: phrases every prompt
+    repeats (the system prompt, the answer instruction) are a few tokens."""
+    trained = Tokenizer.from_file(str(small_base / "tokenizer.json"))
+    source = build_task_source("reasoning_gym", ["calendar_arithmetic"], None, 0)
+    for ref in source.eval_refs(4):
+        text = source.format_prompt(source.task(ref), tokenizer)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ids == trained.encode(text, add_special_tokens=False).ids
+        assert len(ids) < info["mean_tokens"]["reasoning_gym/calendar_arithmetic"] * 2 < len(text) / 5
+
+
+def test_tokenizer_training_is_deterministic() -> None:
+    corpus = [f"{a:02d}+{b:02d}=" for a in range(40) for b in range(40)] + ["<answer>Friday</answer>\n"] * 9
+    first, second = train_bpe_tokenizer(corpus, 300), train_bpe_tokenizer(list(corpus), 300)
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+    assert first.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert 256 + 3 < len(first) <= 300  # bytes and specials, then merges (fewer where pairs run out)
+
+
+def test_node_formats_prompts_through_the_chat_template(tokenizer: Any) -> None:
+    assert tokenizer.chat_template == CHAT_TEMPLATE == template_tokenizer().chat_template
+    source = build_task_source("reasoning_gym", ["calendar_arithmetic"], None, 0)
+    task = source.task(source.eval_refs(1)[0])
+    text = source.format_prompt(task, tokenizer)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert f"<|im_start|>user\n{task.prompt}<|im_end|>" in text
+    arith = build_task_source("arith", ["add"], None, 0)
+    assert arith.format_prompt(arith.task(arith.eval_refs(1)[0]), tokenizer).endswith("=")  # raw, no template
+
+
+def test_load_base_by_name_pads_left_and_ends_on_im_end(small_base: Path) -> None:
+    model, tokenizer = load_base(ModelConfig(name_or_path="small-base"))
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id == 0
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+    assert next(model.parameters()).dtype == torch.float32  # bf16 on disk, the config's dtype in memory
+
+
+def test_greedy_addition_is_well_formed(model: Any, tokenizer: Any, info: dict[str, Any]) -> None:
+    source = build_task_source("arith", ["add"], None, 0)
+    tasks = [source.task(r) for r in source.eval_refs(64)]
+    prompts = [tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]
+    out = generate(model, tokenizer, prompts, max_new_tokens=5, greedy=True)
+    texts = [tokenizer.decode(out.row(i)[0], skip_special_tokens=True) for i in range(len(tasks))]
+    assert sum(len(t) == 3 and t.isdigit() for t in texts) >= 60
+    assert sum(out.finish_reasons[i] == "eos" for i in range(len(tasks))) >= 60
+    reward = sum(source.score(task, text) for task, text in zip(tasks, texts)) / len(tasks)
+    assert reward == pytest.approx(info["greedy"]["arith/add"]["reward"], abs=0.2)  # 64 of the same tasks
+
+
+def _check_reward(info: dict[str, Any], low: float) -> None:
+    """Measured by the build on the node's held-out tasks, sampled at temperature 1 (as the node trains):
+    at least ``low`` on arith and two reasoning-gym datasets, and short of mastery greedy."""
+    rg = [k for k in info["sampled_t1"] if k.startswith("reasoning_gym/")]
+    assert "arith/add" in info["sampled_t1"] and len(rg) >= 2
+    for key in ["arith/add", *rg]:
+        assert low <= info["sampled_t1"][key]["reward"] <= 0.9, key
+        assert info["greedy"][key]["reward"] < 0.95, key
+
+
+def test_reward_is_clearly_above_zero_and_short_of_mastery(info: dict[str, Any]) -> None:
+    _check_reward(info, low=MIN_SAMPLED_REWARD)
+
+
+@pytest.mark.parametrize("config", ["configs/small-silo.yaml", "configs/small-swarm.yaml"])
+def test_configs_use_small_base_on_tasks_it_was_built_for(config: str) -> None:
+    cfg = load_config(REPO_ROOT / config)
+    assert cfg.model.name_or_path == "small-base"
+    assert {f"{cfg.tasks.source}/{d}" for d in cfg.tasks.datasets} <= set(FULL.datasets)
+
+
+BUILT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json",
+               "generation_config.json")
+# The same build, shrunk (a narrow model, a few steps, small reasoning-gym pools and no arith pool), so
+# building it twice takes seconds.
+MICRO = replace(FULL, name="small-base-micro", steps=6, pool_size=60, eval_tasks=4, vocab_size=600,
+                hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+                mix=(("reasoning_gym/calendar_arithmetic", 0.5), ("reasoning_gym/propositional_logic", 0.5)))
+
+
+def test_build_is_deterministic_and_cached_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh build equals the cached one byte for byte; asking for the cached one again builds nothing."""
+    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path / "cache"))
+    lines: list[str] = []
+    cached = ensure_built(MICRO, echo=lines.append)
+    assert cached == tmp_path / "cache" / MICRO.key() and any("step 6/6" in line for line in lines)
+    assert ensure_built(MICRO, echo=lines.append) == cached and not any("building" in x for x in lines[1:])
+    fresh = build(MICRO, tmp_path / "fresh", echo=lambda _line: None)
+    for name in BUILT_FILES:
+        assert (tmp_path / "fresh" / name).read_bytes() == (cached / name).read_bytes(), name
+    first = json.loads((cached / "build_info.json").read_text())
+    assert (first["greedy"], first["sampled_t1"], first["final_loss"]) == (
+        fresh["greedy"], fresh["sampled_t1"], fresh["final_loss"])
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [MICRO.key(), f"{MICRO.key()}.lock"]

@@ -1,0 +1,107 @@
+"""Hand-off: ``HandoffStore``'s quotas and expiry (pure), then the put stream between real peers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from hivemind.p2p import PeerID
+
+from protocol.codec import batch_id, encode_batch
+from protocol.records import RolloutBatch
+from swarm.core import PublishItem
+from swarm.handoff import HandoffStatus, HandoffStore
+from swarm.transport import SwarmTransport
+from tests.swarm.batches import make_batch
+from tests.swarm.conftest import wait_for
+
+S = HandoffStatus
+MAX_BATCH = 1000
+
+
+def store(**overrides: int) -> HandoffStore:
+    limits = {"max_per_author_epoch": 2, "max_bytes_per_author_epoch": 250, "max_total_bytes": 400, "read_epochs": 2}
+    limits.update(overrides)
+    return HandoffStore(**limits)
+
+
+def test_precheck_refuses_before_any_byte_is_sent() -> None:
+    s = store()
+    assert s.precheck("a" * 64, 100, MAX_BATCH) == S.GO
+    assert s.precheck("a" * 64, MAX_BATCH + 1, MAX_BATCH) == S.TOO_LARGE
+    assert s.precheck("a" * 64, 401, MAX_BATCH) == S.FULL  # more than the global cap
+    assert s.add("a" * 64, b"x" * 100, "alice", epoch=10, current_epoch=10) == S.OK
+    assert s.precheck("a" * 64, 100, MAX_BATCH) == S.HAVE  # already held: nothing is sent again
+    assert s.precheck("b" * 64, 301, MAX_BATCH) == S.FULL  # 100 held + 301 > 400
+    assert dict(s.refused) == {"too_large": 1, "full": 2}
+
+
+def test_quota_per_author_and_epoch_in_batches_and_bytes() -> None:
+    s = store(max_total_bytes=500)
+    assert s.add("1" * 64, b"x" * 100, "alice", 10, 10) == S.OK
+    assert s.add("2" * 64, b"x" * 100, "alice", 10, 10) == S.OK
+    assert s.add("3" * 64, b"x" * 10, "alice", 10, 10) == S.QUOTA  # third batch of alice in epoch 10
+    assert s.add("3" * 64, b"x" * 10, "alice", 9, 10) == S.OK  # another epoch has its own quota
+    assert s.add("4" * 64, b"x" * 200, "bob", 10, 10) == S.OK
+    assert s.add("5" * 64, b"x" * 60, "bob", 10, 10) == S.QUOTA  # 200 + 60 > 250 bytes for bob
+    assert s.add("5" * 64, b"x" * 100, "carol", 10, 10) == S.FULL  # 410 + 100 > 500 over everyone
+    assert (len(s), s.total_bytes, s.accepted) == (4, 100 + 100 + 10 + 200, 4)
+    assert s.get("4" * 64) == b"x" * 200 and s.get("5" * 64) is None
+
+
+def test_stale_and_future_epochs_are_refused_and_old_ones_expire() -> None:
+    s = store()
+    assert s.add("1" * 64, b"x", "alice", 8, 10) == S.STALE  # read_epochs 2: epochs 9 and 10 only
+    assert s.add("2" * 64, b"x", "alice", 12, 10) == S.STALE  # more than one epoch ahead
+    assert s.add("3" * 64, b"x" * 50, "alice", 9, 10) == S.OK
+    assert s.add("4" * 64, b"x" * 70, "alice", 10, 10) == S.OK
+    s.prune(current_epoch=11)  # epoch 9 leaves the window
+    assert s.get("3" * 64) is None and s.get("4" * 64) is not None and s.total_bytes == 70
+    s.prune(current_epoch=12)
+    assert len(s) == 0 and s.total_bytes == 0
+    assert s.add("5" * 64, b"x", "alice", 12, 12) == S.OK  # quotas of pruned epochs are gone too
+
+
+# -- over real hivemind peers on 127.0.0.1 -----------------------------------------------------------
+
+def _holder_peer(holder: SwarmTransport) -> PeerID:
+    return PeerID.from_base58(holder.visible_multiaddrs()[0].rsplit("/", 1)[1])
+
+
+def _put(sender: SwarmTransport, holder: SwarmTransport, bid: str, data: bytes) -> int | None:
+    item = PublishItem(batch_id=bid, data=data, manifest_data=b"", key="", subkey="", expires_at=0.0)
+    return sender._await_on_loop(lambda core: core._put_to(_holder_peer(holder), item))
+
+
+def test_client_mode_batches_are_held_within_the_authors_quota(make_transport: Callable[..., SwarmTransport]) -> None:
+    holder = make_transport(max_handoffs_per_author_epoch=1, epoch_seconds=600)
+    client = make_transport(client_mode=True, initial_peers=holder.visible_multiaddrs(), handoff_copies=1,
+                            epoch_seconds=600)
+    reader = make_transport(initial_peers=holder.visible_multiaddrs(), epoch_seconds=600)
+    assert wait_for(lambda: client.stats()["network_up"] and reader.stats()["network_up"])
+    first = client.publish(make_batch(client.identity, text="one"))
+    assert first is not None
+    assert wait_for(lambda: holder.stats()["handoffs_held"] == 1, 30)
+    # The batch names the holder first in its signed address list; the reader gets it.
+    got: list[RolloutBatch] = []
+    assert wait_for(lambda: bool(got.extend(reader.collect()) or got), 30)
+    assert got[0].address[0] == holder.visible_multiaddrs()[0]
+    client.publish(make_batch(client.identity, text="two", index=1))
+    assert wait_for(lambda: holder.stats()["handoffs_refused"] == 1, 30)  # a second one this epoch: over quota
+    # The client counts the refusal once the holder's answer is back: after the holder counted it.
+    assert wait_for(lambda: client.stats()["handoff_failed"] == 1, 30), client.stats()
+    assert holder.stats()["handoffs_held"] == 1
+
+
+def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[..., SwarmTransport]) -> None:
+    holder = make_transport(max_handoff_bytes=10_000)
+    sender = make_transport(initial_peers=holder.visible_multiaddrs())
+    assert wait_for(lambda: sender.stats()["network_up"])
+    assert _put(sender, holder, "0" * 64, b"not a batch") == HandoffStatus.INVALID  # hash does not match
+    junk = b"\x00" * 100
+    assert _put(sender, holder, batch_id(junk), junk) == HandoffStatus.INVALID  # not a signed batch
+    big = b"\x00" * 20_000
+    assert _put(sender, holder, batch_id(big), big) == HandoffStatus.FULL  # refused before it is sent
+    data = encode_batch(replace(make_batch(sender.identity), swarm_id="another-swarm"), sender.identity)
+    assert _put(sender, holder, batch_id(data), data) == HandoffStatus.INVALID
+    assert holder.stats()["handoffs_held"] == 0 and holder.stats()["handoffs_refused"] == 4
