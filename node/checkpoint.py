@@ -51,18 +51,27 @@ class CheckpointState:
     extra: dict[str, Any]
 
 
-def capture_rng(task_rng: random.Random, sample_gen: torch.Generator) -> dict[str, Any]:
-    return {
+def capture_rng(task_rng: random.Random, sample_gen: torch.Generator,
+                select_rng: random.Random | None = None) -> dict[str, Any]:
+    """The node's random streams (tasks, generation, peer selection) and the global ones."""
+    state = {
         "task_rng": task_rng.getstate(),
         "sample_gen": sample_gen.get_state(),
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
     }
+    if select_rng is not None:
+        state["select_rng"] = select_rng.getstate()
+    return state
 
 
-def restore_rng(rng: dict[str, Any], task_rng: random.Random, sample_gen: torch.Generator) -> None:
+def restore_rng(rng: dict[str, Any], task_rng: random.Random, sample_gen: torch.Generator,
+                select_rng: random.Random | None = None) -> None:
+    """Restore what ``capture_rng`` captured (a checkpoint without a selection stream keeps it as seeded)."""
     task_rng.setstate(_as_state(rng["task_rng"]))
     sample_gen.set_state(rng["sample_gen"])
+    if select_rng is not None and "select_rng" in rng:
+        select_rng.setstate(_as_state(rng["select_rng"]))
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_state(rng["python"]))
 

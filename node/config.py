@@ -19,6 +19,7 @@ from node.errors import ConfigError, TaskError
 from node.modes import (
     AdvantageKind,
     ChatTemplateMode,
+    DatasetPreference,
     EngineSync,
     GenerationBackendName,
     LossKind,
@@ -132,6 +133,9 @@ class SamplingConfig(_Section):
     mode: SamplingMode = "standard"
     round_size: int = Field(8, ge=1, description="Reinforce-Ada: completions per round (M)")
     max_rounds: int = Field(4, ge=1, description="Reinforce-Ada: rounds at most (R)")
+    positive_threshold: float = Field(
+        1.0, gt=0, le=1, description="Reinforce-Ada: a completion is positive when its reward is at least this"
+    )
 
 
 class TrainConfig(_Section):
@@ -164,6 +168,12 @@ class SapoConfig(_Section):
     selection: SelectionPolicy = "uniform"
     max_per_peer: int | None = Field(None, ge=1)
     staleness_epochs: int = Field(2, ge=0)
+    dataset_preference: DatasetPreference = Field(
+        "none", description="weight peer groups by dataset: own_mixture (the node's task weights), low_signal "
+        "(1 - the node's own recent signal rate on the dataset), both (the product), none")
+    signal_window: int = Field(8, ge=1, description="steps of the node's own groups behind its signal rates")
+    preference_floor: float = Field(
+        0.1, ge=0, le=1, description="low_signal: lowest weight of a dataset the node has signal on")
 
 
 class IngestConfig(_Section):

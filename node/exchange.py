@@ -1,7 +1,8 @@
 """The node's side of the swarm: publish our groups as signed batches, ingest what peers published.
 
 ``SwarmExchange`` works over any ``BatchTransport``: the hivemind ``swarm.transport.SwarmTransport`` in a
-daemon, or ``InMemoryHub`` transports for experiments that isolate learning from the network. It never
+daemon, or ``InMemoryHub`` transports (the same signed bytes and checks, carried in memory) for
+experiments that isolate learning from the network. It never
 blocks the training loop: publishing queues, collecting returns what has arrived, and a dead transport is
 restarted with backoff while the node keeps training on its own groups. Ingestion is bounded per step
 (``node.ingest``); offences found in a peer's rollouts are reported to the transport, whose peer book
@@ -189,5 +190,7 @@ class SwarmExchange:
 
 
 _TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "pulls_failed", "poll_key_timeouts",
-                      "pulls_unreachable", "dht_store_bytes", "duplicate_groups")
-"""Transport counters copied into the node's metrics next to the batch counts."""
+                      "pulls_unreachable", "dht_store_bytes", "duplicate_groups", "wire_encode_seconds",
+                      "wire_verify_seconds")
+"""Transport counters copied into the node's metrics next to the batch counts (``wire_*``: the in-process
+hub's time spent encoding and signing, and verifying and screening)."""

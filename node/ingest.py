@@ -1,7 +1,9 @@
 """Inbound records: peers' verified batches into ``TrainGroup``s, as a bounded stage of each step.
 
 Nothing the peer claims is believed: the task is regenerated from its ``TaskRef`` and every completion is
-re-scored with our own verifier; the prompt is our own formatting of the regenerated task; token ids and
+re-scored with our own verifier; a task of the held-out evaluation split (a property of the task's
+content, the same on every node: ``held_out``) is rejected, so a node never trains on what it is
+evaluated on; the prompt is our own formatting of the regenerated task; token ids and
 behaviour log-probs are used only when the peer's tokenizer fingerprint equals ours, otherwise the text
 is re-tokenized and our own log-probs at ingestion become the anchor. The outbound direction (our groups
 as records) is ``node.outbound``.
@@ -225,9 +227,12 @@ class Ingestor:
         except TaskError as exc:
             self._reject("unknown_task", str(exc))
             return None, None
+        if self.source.is_held_out(task):
+            self._reject("held_out", task.ref.key())
+            return None, None
         prompt_ids = encode_prompt(self.policy, self.source.format_prompt(task, self.policy.tokenizer))
-        group = TrainGroup(key=task.ref.key(), peer_id=peer_id, epoch=epoch, prompt_ids=prompt_ids,
-                           completions=[], anchor_logprobs=[], rewards=[])
+        group = TrainGroup(key=task.ref.key(), dataset=task.ref.dataset, peer_id=peer_id, epoch=epoch,
+                           prompt_ids=prompt_ids, completions=[], anchor_logprobs=[], rewards=[])
         texts: list[str] = []
         for rollout in rgroup.rollouts:
             ids, lps, why = self._tokens(rollout)

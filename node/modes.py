@@ -12,6 +12,7 @@ from typing import Literal, get_args
 AdvantageKind = Literal["rloo", "grpo", "global"]
 LossKind = Literal["topr", "rec", "grpo", "reinforce"]
 SelectionPolicy = Literal["uniform", "highest_reward", "round_robin"]
+DatasetPreference = Literal["none", "own_mixture", "low_signal", "both"]
 SamplingMode = Literal["standard", "ada_balanced", "ada_positive"]
 ChatTemplateMode = Literal["auto", "always", "never"]
 TaskSourceName = Literal["arith", "reasoning_gym"]
@@ -21,6 +22,7 @@ EngineSync = Literal["auto", "merge", "lora"]
 ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 SELECTION_POLICIES: tuple[str, ...] = get_args(SelectionPolicy)
+DATASET_PREFERENCES: tuple[str, ...] = get_args(DatasetPreference)
 SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)
 CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
 TASK_SOURCES: tuple[str, ...] = get_args(TaskSourceName)

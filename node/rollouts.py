@@ -64,18 +64,20 @@ def sample_groups(backend: GenerationBackend, policy: Policy, source: TaskSource
         chunk = rows[t_idx * group_size : (t_idx + 1) * group_size]
         texts = [decode_completion(policy, ids) for ids, _, _, _ in chunk]
         rewards = [float(source.score(task, text)) for text in texts]
-        group = TrainGroup(key=task.ref.key(), peer_id="", epoch=epoch, prompt_ids=prompts[t_idx],
+        group = TrainGroup(key=task.ref.key(), dataset=task.ref.dataset, peer_id="", epoch=epoch, prompt_ids=prompts[t_idx],
                            completions=[c[0] for c in chunk], anchor_logprobs=[c[1] for c in chunk],
                            rewards=rewards, routings=[c[3] for c in chunk])
         groups.append(SampledGroup(task=task, group=group, texts=texts, finish_reasons=[c[2] for c in chunk]))
     return groups
 
 
-def _downsample(chunk: list[int], rewards: list[float], n: int, rng: torch.Generator) -> list[int]:
-    """Up to ``n`` of the indices ``chunk``: half positive and half negative where possible."""
+def _downsample(chunk: list[int], rewards: list[float], n: int, rng: torch.Generator,
+                positive_threshold: float = 1.0) -> list[int]:
+    """Up to ``n`` of the indices ``chunk``: half positive (reward >= ``positive_threshold``) and half
+    negative where possible."""
     order = [chunk[i] for i in torch.randperm(len(chunk), generator=rng).tolist()]
-    pos = [i for i in order if rewards[i] > 0.5]
-    neg = [i for i in order if rewards[i] <= 0.5]
+    pos = [i for i in order if rewards[i] >= positive_threshold]
+    neg = [i for i in order if rewards[i] < positive_threshold]
     take_pos = min(len(pos), max(n // 2, n - len(neg)))
     take_neg = min(len(neg), n - take_pos)
     return sorted(pos[:take_pos] + neg[:take_neg])
@@ -83,11 +85,14 @@ def _downsample(chunk: list[int], rewards: list[float], n: int, rng: torch.Gener
 
 def sample_groups_adaptive(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,
                            group_size: int, round_size: int, max_rounds: int, mode: str, settings: SamplingSettings,
-                           generator: torch.Generator, epoch: int = 0) -> list[SampledGroup]:
+                           generator: torch.Generator, epoch: int = 0,
+                           positive_threshold: float = 1.0) -> list[SampledGroup]:
     """Reinforce-Ada: draw ``round_size`` completions per active task per round, up to ``max_rounds``; a task
     leaves the active set once it has ``group_size/2`` positives and negatives (``ada_balanced``) or one
-    positive (``ada_positive``). Each task is downsampled to ``group_size`` completions, balanced where
-    possible; ``all_rewards`` keeps every reward drawn, for the global baseline."""
+    positive (``ada_positive``). A positive is a completion with reward >= ``positive_threshold`` (1.0:
+    fully correct, so partial credit counts as negative). Each task is downsampled to ``group_size``
+    completions, balanced where possible; ``all_rewards`` keeps every reward drawn, for the global
+    baseline (``node.train.groups.assign_advantages`` uses it whatever the configured advantage)."""
     pools: list[list[SampledGroup]] = [[] for _ in tasks]
     active = list(range(len(tasks)))
     for _ in range(max_rounds):
@@ -99,20 +104,20 @@ def sample_groups_adaptive(backend: GenerationBackend, policy: Policy, source: T
         for i, sg in zip(active, drawn):
             pools[i].append(sg)
             rewards = [r for part in pools[i] for r in part.group.rewards]
-            n_pos = sum(r > 0.5 for r in rewards)
+            n_pos = sum(r >= positive_threshold for r in rewards)
             done = n_pos >= 1 if mode == "ada_positive" else (
                 n_pos >= group_size / 2 and len(rewards) - n_pos >= group_size / 2)
             if not done:
                 still.append(i)
         active = still
-    return [_merge_pool(parts, group_size, generator) for parts in pools]
+    return [_merge_pool(parts, group_size, generator, positive_threshold) for parts in pools]
 
 
-def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator) -> SampledGroup:
+def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator, positive_threshold: float) -> SampledGroup:
     """One task's rounds as one group of up to ``n`` completions; ``all_rewards`` keeps every draw."""
     first = parts[0].group
     rewards = [r for p in parts for r in p.group.rewards]
-    keep = _downsample(list(range(len(rewards))), rewards, n, rng)
+    keep = _downsample(list(range(len(rewards))), rewards, n, rng, positive_threshold)
 
     def kept(values: list[Any]) -> list[Any]:
         return [values[i] for i in keep] if values else []
@@ -120,7 +125,7 @@ def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator) -> Samp
     completions = [c for p in parts for c in p.group.completions]
     anchors = [a for p in parts for a in p.group.anchor_logprobs]
     routings = [r for p in parts for r in p.group.routings]
-    group = TrainGroup(key=first.key, peer_id="", epoch=first.epoch, prompt_ids=first.prompt_ids,
+    group = TrainGroup(key=first.key, dataset=first.dataset, peer_id="", epoch=first.epoch, prompt_ids=first.prompt_ids,
                        completions=kept(completions), anchor_logprobs=kept(anchors), rewards=kept(rewards),
                        routings=kept(routings), all_rewards=rewards)
     texts = [t for p in parts for t in p.texts]

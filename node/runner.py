@@ -4,6 +4,10 @@ One step: sample local tasks, generate G completions each, score them with the t
 (in swarm mode: publish them and collect peers'), mix I local and J external groups, one trainer step,
 metrics; a checkpoint every ``train.checkpoint_every`` steps. Silo mode is the same loop with no exchange.
 
+Randomness comes from separate seeded streams, all checkpointed: ``task_rng`` draws the node's tasks,
+``select_rng`` picks peer groups and ``sample_gen`` drives generation. Task draws never depend on what
+peers sent, so a silo node and a swarm node with the same seed train on the same task stream.
+
 ``Node`` is the one place a node is built, with or without an exchange: ``transport=None`` gives a silo
 node; a ``TransportFactory`` (the hivemind ``SwarmTransport`` in a daemon, an in-memory hub's transport in
 benchmarks and tests) gives a swarm node whose exchange is built last in ``setup()``.
@@ -11,11 +15,13 @@ benchmarks and tests) gives a swarm node whose exchange is built last in ``setup
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +45,7 @@ from node.rundir import prepare_run_dir
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.groups import TrainGroup, assign_advantages
-from node.train.sampler import CandidateGroup, mix
+from node.train.sampler import CandidateGroup, mix, preference_weights
 from node.train.trainer import Trainer
 from protocol.errors import IdentityError
 from protocol.identity import Identity
@@ -56,6 +62,11 @@ TransportFactory = Callable[[SwarmSettings, Identity], BatchTransport]
 """Builds (and starts) the transport of a swarm node from its settings and identity."""
 
 
+def stream_seed(seed: int, stream: str) -> int:
+    """The seed of the node's named random stream (64 bits of a sha256 of the node seed and the name)."""
+    return int.from_bytes(hashlib.sha256(f"{stream}/{seed}".encode()).digest()[:8], "big")
+
+
 class Node:
     """A training node; ``exchange`` is None in silo mode (no ``transport`` given)."""
 
@@ -69,6 +80,8 @@ class Node:
         self.exchange: SwarmExchange | None = None
         self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
+        # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
+        self._signal_history: deque[dict[str, list[int]]] = deque(maxlen=cfg.sapo.signal_window)
         self.board = StatusBoard()
         self._started_at = time.time()
         self.api: ApiServer | None = None
@@ -91,6 +104,7 @@ class Node:
         self.trainer = self._build_trainer()
         self.generator = self._build_generator()
         self.task_rng = random.Random(self.cfg.seed)
+        self.select_rng = random.Random(stream_seed(self.cfg.seed, "select"))
         self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
         self._restore()
@@ -213,9 +227,10 @@ class Node:
         path, state = found
         self.policy.load_trainable_state(state.trainable)
         self.trainer.optimizer.load_state_dict(state.optimizer)
-        restore_rng(state.rng, self.task_rng, self.sample_gen)
+        restore_rng(state.rng, self.task_rng, self.sample_gen, self.select_rng)
         if "routing_gen" in state.rng:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])
+        self._signal_history.extend(state.extra.get("signal_history", []))
         self.step = state.step
         self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)
@@ -269,17 +284,20 @@ class Node:
         else:
             sampled = sample_groups_adaptive(self.generator, self.policy, self.source, tasks, group_size=g.group_size,
                                              round_size=cfg.sampling.round_size, max_rounds=cfg.sampling.max_rounds,
-                                             mode=cfg.sampling.mode, **common)
+                                             mode=cfg.sampling.mode, positive_threshold=cfg.sampling.positive_threshold,
+                                             **common)
         t_gen = time.perf_counter()
         crash_point("generation")
         local = [s.group for s in sampled]
+        with_signal = assign_advantages(local, cfg.train.advantage)
+        self._record_signal(local, with_signal)
         external: list[TrainGroup] = []
         if self.exchange is not None:
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch)
+        t_exchange = time.perf_counter() - t_gen
         # I local groups with signal (all of them when no more were generated), then the J external ones.
-        local_signal = assign_advantages(local, cfg.train.advantage)[: cfg.sapo.local_groups]
-        signal_groups = local_signal + external
+        signal_groups = with_signal[: cfg.sapo.local_groups] + external
         stats = self.trainer.step(signal_groups)
         sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
@@ -294,6 +312,7 @@ class Node:
             "tokens_per_s": (n_gen_tokens + stats.get("n_tokens", 0.0)) / max(dt, 1e-9),
             "gen_tokens_per_s": n_gen_tokens / max(t_gen - t0, 1e-9),
             "step_seconds": dt,
+            "local_signal_fraction": len(with_signal) / max(len(local), 1),
             "n_local_groups": sum(1 for grp in signal_groups if grp.is_local),
             "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),
             "grad_norm": stats.get("grad_norm", 0.0),
@@ -303,6 +322,7 @@ class Node:
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
         if self.exchange is not None:
+            record["exchange_seconds"] = t_exchange
             record["peer_reward_mean"] = _mean([r for grp in external for r in grp.rewards])  # re-scored here
             record.update(self.exchange.metrics())
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
@@ -310,6 +330,32 @@ class Node:
             self._last_eval = (self.step, record["eval_accuracy"])
         self._publish_status(self.metrics.write(record))
         return record
+
+    def _record_signal(self, local: list[TrainGroup], with_signal: list[TrainGroup]) -> None:
+        """Remember, by dataset, how many of this step's own groups were generated and carried signal."""
+        counts: dict[str, list[int]] = {}
+        kept = {id(grp) for grp in with_signal}
+        for grp in local:
+            entry = counts.setdefault(grp.dataset, [0, 0])
+            entry[0] += 1
+            entry[1] += int(id(grp) in kept)
+        self._signal_history.append(counts)
+
+    def signal_rates(self) -> dict[str, float]:
+        """The fraction of the node's own groups of each dataset that carried signal, over the window."""
+        totals: dict[str, list[int]] = {}
+        for counts in self._signal_history:
+            for dataset, (n, n_signal) in counts.items():
+                entry = totals.setdefault(dataset, [0, 0])
+                entry[0] += n
+                entry[1] += n_signal
+        return {d: n_signal / n for d, (n, n_signal) in totals.items() if n > 0}
+
+    def _dataset_weights(self, datasets: list[str]) -> dict[str, float] | None:
+        sapo, tasks = self.cfg.sapo, self.cfg.tasks
+        mixture = dict(zip(tasks.datasets, tasks.weights or [1.0] * len(tasks.datasets)))
+        return preference_weights(datasets, sapo.dataset_preference, mixture=mixture,
+                                  signal_rates=self.signal_rates(), floor=sapo.preference_floor)
 
     def _publish_resumed(self) -> None:
         """After a resume, the API starts from the last step already done, not from nothing."""
@@ -347,10 +393,13 @@ class Node:
         if sapo.external_groups == 0 or not self._external_pool:
             return []
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,
-                                     rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp)
+                                     rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp,
+                                     dataset=grp.dataset)
                       for grp in self._external_pool if grp.advantages is not None]
+        weights = self._dataset_weights([c.dataset for c in candidates])
         _, chosen = mix([], candidates, 0, sapo.external_groups, sapo.selection, max_per_peer=sapo.max_per_peer,
-                        current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.task_rng)
+                        current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.select_rng,
+                        dataset_weights=weights)
         picked = {id(c.payload) for c in chosen}
         self._external_pool = [grp for grp in self._external_pool if id(grp) not in picked]  # each used once
         return [c.payload for c in chosen]
@@ -361,11 +410,11 @@ class Node:
                                max_new_tokens=g.max_new_tokens)
 
     def save_checkpoint(self) -> None:
-        rng = capture_rng(self.task_rng, self.sample_gen)
+        rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)
         rng["routing_gen"] = self.trainer.routing_generator.get_state()
+        extra = {"model": self.cfg.model.name_or_path, "signal_history": list(self._signal_history)}
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
-                                              optimizer=self.trainer.optimizer.state_dict(), rng=rng,
-                                              extra={"model": self.cfg.model.name_or_path}))
+                                              optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
 
     def close(self) -> None:
         if self.api is not None:  # first: it reads what the rest of close() shuts

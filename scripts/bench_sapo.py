@@ -1,199 +1,383 @@
-"""Does sharing pay? SAPO on K tiny nodes in one process (issue 5, "The experiment").
+"""Does sharing pay? SAPO on K tiny nodes in one process, exchanging signed batches over the real wire path.
 
 Usage:
-    python scripts/bench_sapo.py --quick                      # < 10 min on 2 cores
-    python scripts/bench_sapo.py [--full] [--nodes 4] [--steps 200] [--seeds 3] [--jobs 2] [--out DIR]
-                                 [--splits 8/0 6/2 4/4 2/6] [--settings ...] [--families ...] [--set key=value ...]
-                                 [--relevance-filter]
+    python scripts/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
+    python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.3 CPU-hours
+    python scripts/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
+                                 [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
+                                 [--first-seed 0] [--group-size 8] [--set key=value ...] [--jobs 2] [--out DIR]
+                                 [--report]                   # tables and plot from the finished runs only
 
-Each run: K nodes of the embedded tiny model, an in-memory hub carrying the same signed ``RolloutBatch``
-records as the swarm, stepped round-robin with one epoch per step; equal generation compute per node
-(I + J groups generated a step, I own + up to J peers' trained on). Grid: local/external splits x peer-data
-treatment (on-policy GRPO, ratio fixed at 1, vs TOPR with off-policy corrections) x setting (homogeneous
-addition; heterogeneous add-heavy / sub-heavy nodes, evaluated on add + sub). Every sharing run has a
-silo (8/0) baseline with the same loss family and the same node seeds (seed = seed_index * 100 + node).
+Each run: K nodes of a tiny model joined to an in-memory swarm (``swarm.memory``) that carries the same
+bytes as the hivemind transport: every batch encoded and signed, its manifest signed, both verified and
+screened by the receiver's peer book (quotas, staleness, dedup) through ``swarm.intake``, then ingested
+(tasks regenerated, completions re-scored, held-out tasks rejected). Nodes step round-robin, one epoch a
+step. Splits: ``I/J`` equal generation compute (I + J groups generated, I own + up to J peer groups
+trained on), ``I+J`` on top (I generated and trained on, plus up to J peer groups); each is paired with
+the silo ``T/0`` generating as many groups. Arms (peer-data treatment): ``grpo_onpolicy`` (Gensyn's:
+GRPO, ratio fixed at 1; baseline ``silo_grpo``), ``topr_uncorrected`` (TOPR with the ratio fixed at 1),
+``topr_corrected`` (TOPR taper with behaviour log-probs) and ``rec`` (REC clipping), all three against the
+TOPR ``silo``. Settings (``sapo_lib.SETTINGS``): homogeneous nodes; a capability-heterogeneous swarm
+(bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit addition).
 
-Output: one line per finished run, then a table of cumulative mean reward (mean of each node's
-``reward_mean`` over the whole run, averaged over nodes and seeds) and final greedy accuracy, with the
-change against the matching silo in %; ``results.json`` (every number) and ``reward_curves.png`` in ``--out``.
-Goals (issue 5): corrected sharing never worse than silo by more than 2% (homogeneous) and at least +30%
-cumulative reward (heterogeneous).
+Pairing: node i of a seed index has the same seed, base and task stream in every arm, so each sharing run
+is compared with its silo seed by seed; deltas are means over seeds with a 95% t-interval.
+
+Output: one line per finished run; per setting a table of cumulative reward (each node's sampled reward
+on its own tasks averaged over the run, then over the nodes of a type) and final greedy accuracy on
+held-out tasks, with the change against the paired silo; the per-step cost of the exchange; the goals.
+``--out`` gets ``runs/*.json`` (one per run: a rerun skips finished runs, so a long grid can be resumed),
+``results.json``, ``table.md`` and ``reward_curves.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sapo_lib import DEFAULT_FAMILIES, LOSS_FAMILIES, SETTINGS, RunSpec, run_one  # noqa: E402
+from sapo_lib import (  # noqa: E402
+    ARMS,
+    BASES,
+    NODE_TYPES,
+    SETTINGS,
+    SHARING_ARMS,
+    SILO_OF,
+    RunSpec,
+    base_path,
+    parse_split,
+    run_one,
+    silo_split,
+)
 
-QUICK = {"nodes": 4, "steps": 40, "seeds": 1, "splits": ["8/0", "4/4"]}
-FULL = {"nodes": 4, "steps": 200, "seeds": 3, "splits": ["8/0", "6/2", "4/4", "2/6"]}
+MAIN_ARM = "topr_corrected"
+QUICK: dict[str, Any] = {"settings": ["homogeneous", "capability"], "arms": [MAIN_ARM], "nodes": 4,
+                         "steps": 30, "seeds": 1, "splits": ["8/0", "4/4", "8+8"], "ablation_splits": None}
+# The README's grid. Splits by setting: the homogeneous goal is "at every split"; the heterogeneous
+# settings are run at one equal-compute and one on-top split. The ablation arms (on-policy GRPO, TOPR
+# uncorrected, REC) run at one split per setting beside TOPR corrected.
+FULL: dict[str, Any] = {
+    "settings": ["homogeneous", "capability", "sparse"], "arms": SHARING_ARMS, "nodes": 8, "steps": 60, "seeds": 3,
+    "splits": {"homogeneous": ["8/0", "6/2", "4/4", "2/6", "8+4", "8+8"], "capability": ["8/0", "4/4", "8+8"],
+               "sparse": ["8/0", "4/4", "8+8"]},
+    "ablation_splits": {"homogeneous": ["4/4"], "capability": ["8+8"], "sparse": ["8+8"]},
+}
+HOMOGENEOUS_TOLERANCE = -2.0  # goal: corrected sharing within 2% of silo
+WEAK_GAIN, TYPE_TOLERANCE = 30.0, -2.0  # goal: weaker nodes +30%, no node type below -2%
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table).
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help=f"small grid: {QUICK}")
-    mode.add_argument("--full", action="store_true", help=f"the whole grid (default): {FULL}")
+    mode.add_argument("--full", action="store_true", help=f"the whole grid (the default): {FULL}")
+    p.add_argument("--settings", nargs="+", choices=list(SETTINGS))
+    p.add_argument("--arms", nargs="+", choices=SHARING_ARMS, help="sharing arms (their silos are added)")
+    p.add_argument("--splits", nargs="+", help="I/J (equal compute) or I+J (on top); silos T/0 are added")
+    p.add_argument("--ablation-splits", nargs="+",
+                   help=f"the arms other than {MAIN_ARM} run only at these splits (default: at every split)")
     p.add_argument("--nodes", type=int, help="K nodes a run")
     p.add_argument("--steps", type=int, help="training steps a node")
-    p.add_argument("--seeds", type=int, help="seed indices 0..n-1 a configuration")
+    p.add_argument("--seeds", type=int, help="seed indices a configuration")
     p.add_argument("--first-seed", type=int, default=0, help="first seed index (to add seeds to an earlier run)")
-    p.add_argument("--splits", nargs="+", help="I/J local/external groups, e.g. 8/0 4/4 (8/0 is added if missing)")
-    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    p.add_argument("--families", nargs="+", default=DEFAULT_FAMILIES, choices=list(LOSS_FAMILIES))
     p.add_argument("--group-size", type=int, default=8, help="G completions a group")
     p.add_argument("--set", dest="extra", nargs="*", default=[], metavar="key=value",
-                   help="extra node config overrides for every run (e.g. sapo.max_per_peer=2)")
-    p.add_argument("--relevance-filter", action="store_true",
-                   help="experiment: keep a peer group of dataset d with probability w_d / max(w) of the receiver")
+                   help="node config overrides for every run (e.g. sapo.dataset_preference=low_signal)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one process, one torch thread each)")
-    p.add_argument("--out", default="runs/bench_sapo", help="results folder")
+    p.add_argument("--out", default="runs/bench_sapo", help="results folder (finished runs in it are reused)")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: tables, goals and plot from the grid's runs already finished in --out")
     args = p.parse_args(argv)
-    preset = QUICK if args.quick else FULL
+    preset = dict(QUICK if args.quick else FULL)
+    if args.splits is not None:
+        preset["ablation_splits"] = None  # custom splits: every arm at every split unless told otherwise
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    try:
+        for setting in args.settings:
+            for split in [*_for(args.splits, setting), *_for(args.ablation_splits, setting)]:
+                parse_split(split)
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
+def _for(value: list[str] | dict[str, list[str]] | None, setting: str) -> list[str]:
+    """A split list given for every setting, or by setting."""
+    if value is None:
+        return []
+    return value.get(setting, []) if isinstance(value, dict) else value
+
+
 def build_grid(args: argparse.Namespace) -> list[RunSpec]:
-    splits = [tuple(int(x) for x in s.split("/")) for s in args.splits]
-    total = splits[0][0] + splits[0][1]
-    if any(i + j != total for i, j in splits) or any(i < 1 for i, _ in splits):
-        raise SystemExit(f"bench_sapo: every split must have I >= 1 and the same I + J, got {args.splits}")
-    if (total, 0) not in splits:
-        splits.insert(0, (total, 0))
-    return [RunSpec(setting=s, family=f, local_groups=i, external_groups=j, seed_index=seed, nodes=args.nodes,
-                    steps=args.steps, group_size=args.group_size, extra=tuple(args.extra),
-                    relevance_filter=args.relevance_filter)
-            for seed in range(args.first_seed, args.first_seed + args.seeds) for s in args.settings for f in args.families for i, j in splits]
+    """Every sharing arm at every sharing split (other arms than the main one only at the ablation splits),
+    plus the silos they are paired with, for every seed."""
+    silo_arms = list(dict.fromkeys(SILO_OF[a] for a in args.arms))
+    common = dict(nodes=args.nodes, steps=args.steps, group_size=args.group_size, extra=tuple(args.extra))
+    grid = []
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for setting in args.settings:
+            splits = _for(args.splits, setting)
+            sharing = [s for s in splits if parse_split(s)[1] > 0]
+            ablation = _for(args.ablation_splits, setting)
+            silos = list(dict.fromkeys([*(s for s in splits if parse_split(s)[1] == 0), *map(silo_split, sharing)]))
+            grid += [RunSpec(setting, arm, split, seed, **common) for arm in silo_arms for split in silos]  # type: ignore[arg-type]
+            for arm in args.arms:
+                arm_splits = sharing if arm == MAIN_ARM or args.ablation_splits is None else [
+                    s for s in sharing if s in ablation]
+                grid += [RunSpec(setting, arm, split, seed, **common) for split in arm_splits]  # type: ignore[arg-type]
+    return grid
 
 
-def execute(grid: list[RunSpec], jobs: int) -> list[dict[str, Any]]:
-    """Run every spec (``jobs`` processes), printing one line per finished run."""
+def _cum(rewards: list[float]) -> float:
+    return statistics.fmean(rewards)
+
+
+def _end(rewards: list[float]) -> float:
+    """Sampled reward over the last quarter of the run: where the policy got to, not the area under it."""
+    return statistics.fmean(rewards[-max(1, len(rewards) // 4) :])
+
+
+def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list[dict[str, Any]]:
+    """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run; with
+    ``run`` False, only the finished ones (the missing ones are named)."""
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
+    todo: list[RunSpec] = []
+    for spec in grid:
+        path = runs_dir / f"{spec.name}.json"
+        if path.is_file():
+            res = json.loads(path.read_text())
+            if res["spec"] == json.loads(json.dumps(asdict(spec))):
+                results.append(res)
+                continue
+        todo.append(spec)
+    if results:
+        print(f"bench_sapo: {len(results)} finished runs reused from {runs_dir}", flush=True)
+    if not run:
+        for spec in todo:
+            print(f"bench_sapo: not run (left out of the tables): {spec.name}", flush=True)
+        return results
     t0 = time.perf_counter()
 
     def report(res: dict[str, Any]) -> None:
+        (runs_dir / f"{res['name']}.json").write_text(json.dumps(res))
         results.append(res)
-        cum = statistics.fmean(statistics.fmean(r) for r in res["rewards"])
+        cum = statistics.fmean(_cum(r) for r in res["rewards"])
         acc = statistics.fmean(res["accuracy"])
         print(f"[{len(results):3d}/{len(grid)}] {res['name']:<44s} cum_reward {cum:.3f}  acc {acc:.3f}  "
-              f"{res['seconds']:.0f}s (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
+              f"{res['seconds']:.0f}s, {res.get('cpu_seconds', 0):.0f} CPU-s (elapsed {time.perf_counter() - t0:.0f}s)",
+              flush=True)
 
-    if jobs <= 1:
-        for spec in grid:
+    if jobs <= 1 or len(todo) <= 1:
+        for spec in todo:
             report(run_one(spec))
         return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, spec) for spec in grid]
+        futures = [pool.submit(run_one, spec) for spec in todo]
         for fut in as_completed(futures):
             report(fut.result())
     return results
 
 
+# ----------------------------------------------------------------------------------------- statistics
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its two-sided 95% t-interval (0 for a single value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    df = len(values) - 1
+    t = next((_T95[k] for k in sorted(_T95) if k >= df), 1.96)
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _by_type(res: dict[str, Any], metric: str) -> dict[str, float]:
+    """``metric`` ("cum", "end": the last quarter's sampled reward, "acc", "signal") averaged over the nodes
+    of each type, and over all ("all")."""
+    per_node = {"cum": [_cum(r) for r in res["rewards"]], "end": [_end(r) for r in res["rewards"]],
+                "acc": res["accuracy"], "signal": [statistics.fmean(s) for s in res["signal"]]}[metric]
+    out: dict[str, list[float]] = {"all": list(per_node)}
+    for kind, value in zip(res["node_types"], per_node):
+        out.setdefault(kind, []).append(value)
+    return {k: statistics.fmean(v) for k, v in out.items()}
+
+
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (setting, family, split): means over seeds of node-averaged numbers, change vs silo."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for res in results:
-        s = res["spec"]
-        groups.setdefault((s["setting"], s["family"], f"{s['local_groups']}/{s['external_groups']}"), []).append(res)
+    """One row per (setting, arm, split): means over seeds and paired changes against the silo."""
+    index = {(r["spec"]["setting"], r["spec"]["arm"], r["spec"]["split"], r["spec"]["seed_index"]): r
+             for r in results}
+    keys = sorted({k[:3] for k in index}, key=_row_order)
     rows = []
-    for (setting, family, split), runs in groups.items():
-        per_seed = [statistics.fmean(statistics.fmean(r) for r in res["rewards"]) for res in runs]
-        per_node = [statistics.fmean(r) for res in runs for r in res["rewards"]]
-        rows.append({"setting": setting, "family": family, "split": split, "seeds": len(runs),
-                     "cum_reward": statistics.fmean(per_seed),
-                     "cum_reward_sd": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0,
-                     "min_node_cum_reward": min(per_node),
-                     "final_reward": statistics.fmean(statistics.fmean(r[-10:]) for res in runs for r in res["rewards"]),
-                     "accuracy": statistics.fmean(a for res in runs for a in res["accuracy"]),
-                     "peer_groups": statistics.fmean(statistics.fmean(p) for res in runs for p in res["peer_groups"])})
-    for row in rows:
-        silo = next((r for r in rows if r["setting"] == row["setting"] and r["family"] == row["family"]
-                     and r["split"].endswith("/0")), None)
-        row["delta_reward_pct"] = 100 * (row["cum_reward"] / silo["cum_reward"] - 1) if silo else None
-        row["delta_acc_pct"] = 100 * (row["accuracy"] / silo["accuracy"] - 1) if silo and silo["accuracy"] else None
-    order = {name: i for i, name in enumerate([*SETTINGS, *LOSS_FAMILIES])}
-    rows.sort(key=lambda r: (order[r["setting"]], order[r["family"]], -int(r["split"].split("/")[0])))
+    for setting, arm, split in keys:
+        runs = [index[k] for k in sorted(index) if k[:3] == (setting, arm, split)]
+        types = list(dict.fromkeys(runs[0]["node_types"]))
+        row: dict[str, Any] = {"setting": setting, "arm": arm, "split": split, "seeds": len(runs),
+                               "nodes": runs[0]["spec"]["nodes"], "steps": runs[0]["spec"]["steps"], "types": types}
+        for metric in ("cum", "end", "acc", "signal"):
+            values = [_by_type(r, metric) for r in runs]
+            row[metric] = {t: mean_ci([v[t] for v in values]) for t in ["all", *types]}
+        row["peer_groups"] = statistics.fmean(statistics.fmean(p) for r in runs for p in r["peer_groups"])
+        row["cost"] = {k: statistics.fmean(r["cost_per_node_step"][k] for r in runs)
+                       for k in runs[0]["cost_per_node_step"]}
+        row["rejected"] = {k: sum(r["rejected"].get(k, 0) for r in runs) for r in runs for k in r["rejected"]}
+        if arm in SILO_OF:
+            pairs = [(r, index.get((setting, SILO_OF[arm], silo_split(split), r["spec"]["seed_index"]))) for r in runs]
+            pairs = [(r, s) for r, s in pairs if s is not None]
+            row["paired_seeds"] = len(pairs)
+            for metric in ("cum", "end", "acc"):
+                row[f"d_{metric}"] = {
+                    t: mean_ci([100 * (_by_type(r, metric)[t] / _by_type(s, metric)[t] - 1) for r, s in pairs])
+                    if pairs and all(_by_type(s, metric)[t] > 0 for _, s in pairs) else None
+                    for t in ["all", *types]}
+        rows.append(row)
     return rows
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    head = (f"{'setting':<14s} {'peer data':<15s} {'I/J':>4s} {'seeds':>5s} {'cum reward':>15s} {'vs silo':>8s} "
-            f"{'min node':>8s} {'last10':>6s} {'accuracy':>8s} {'vs silo':>8s} {'peer grp':>8s}")
-    print(head)
-    print("-" * len(head))
+def _row_order(key: tuple[str, str, str]) -> tuple[int, int, int, int]:
+    setting, arm, split = key
+    local, external, on_top = parse_split(split)
+    return (list(SETTINGS).index(setting), list(ARMS).index(arm), int(on_top), -local if not on_top else external)
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def _pct(value: tuple[float, float] | None) -> str:
+    if value is None:
+        return "n/a"
+    mean, half = value
+    return f"{mean:+.1f}% ±{half:.1f}" if half else f"{mean:+.1f}%"
+
+
+def table_lines(rows: list[dict[str, Any]], markdown: bool = False) -> list[str]:
+    """Per setting: cumulative reward (all nodes and by node type) and final accuracy, vs the paired silo."""
+    lines: list[str] = []
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        part = [r for r in rows if r["setting"] == setting]
+        types = part[0]["types"]
+        head = ["arm", "split", "seeds", "cum reward", "vs silo", *(f"{t} vs silo" for t in types if len(types) > 1),
+                "accuracy", "vs silo", "own signal", "peer groups"]
+        body = []
+        for r in part:
+            silo = r["arm"] not in SILO_OF
+            cum = f"{r['cum']['all'][0]:.3f}"
+            n_seeds = str(r["seeds"]) if silo else f"{r['paired_seeds']} paired"
+            body.append([r["arm"], r["split"], n_seeds, cum, "baseline" if silo else _pct(r["d_cum"]["all"]),
+                         *((f"{r['cum'][t][0]:.3f}" if silo else _pct(r["d_cum"][t])) for t in types if len(types) > 1),
+                         f"{r['acc']['all'][0]:.3f}", "baseline" if silo else _pct(r["d_acc"]["all"]),
+                         f"{r['signal']['all'][0]:.2f}", f"{r['peer_groups']:.2f}"])
+        seeds = max(r["seeds"] for r in part)
+        nodes = part[0]["nodes"]
+        title = f"{setting} ({SETTINGS[setting].description}; {nodes} nodes, {seeds} seed(s))"
+        if markdown:
+            lines += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+            lines += ["| " + " | ".join(cells) + " |" for cells in body]
+        else:
+            widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
+            lines += [title, "  ".join(h.ljust(w) for h, w in zip(head, widths))]
+            lines += ["  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) for cells in body]
+        lines.append("")
+    return lines
+
+
+def cost_line(rows: list[dict[str, Any]]) -> str | None:
+    """The exchange's per-step cost, averaged over every sharing row."""
+    sharing = [r for r in rows if r["arm"] in SILO_OF]
+    if not sharing:
+        return None
+    c = {k: statistics.fmean(r["cost"][k] for r in sharing) for k in sharing[0]["cost"]}
+    ms = {k: 1000 * v for k, v in c.items()}
+    return (f"exchange per node step: {ms['exchange_seconds']:.1f} ms of a {ms['step_seconds']:.0f} ms step "
+            f"({100 * c['exchange_seconds'] / c['step_seconds']:.1f}%): encode+sign {ms['wire_encode_seconds']:.2f} ms, "
+            f"manifest+screen+decode+verify {ms['wire_verify_seconds']:.2f} ms, ingest (regenerate, re-score, "
+            f"anchors) {ms['ingest_seconds']:.2f} ms, the rest building records and selecting")
+
+
+def end_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per sharing row: the last quarter's sampled reward against the silo's, by node type (how far the
+    policies got, where the cumulative figure averages over the whole run)."""
+    lines = []
     for r in rows:
-        dr = "    silo" if r["split"].endswith("/0") else f"{r['delta_reward_pct']:+7.1f}%"
-        da = "    silo" if r["split"].endswith("/0") else f"{r['delta_acc_pct']:+7.1f}%"
-        print(f"{r['setting']:<14s} {r['family']:<15s} {r['split']:>4s} {r['seeds']:>5d} "
-              f"{r['cum_reward']:7.3f} +-{r['cum_reward_sd']:.3f} {dr:>8s} {r['min_node_cum_reward']:8.3f} "
-              f"{r['final_reward']:6.3f} {r['accuracy']:8.3f} {da:>8s} {r['peer_groups']:8.2f}")
-    print("cum reward: each node's sampled reward on its own tasks averaged over the run, then over nodes "
-          "(+- sd over seeds); min node: the lowest single node; last10: the last 10 steps; accuracy: final "
-          "greedy accuracy on held-out add + sub; peer grp: peer groups trained on a step.")
+        if r["arm"] in SILO_OF and r.get("d_end"):
+            types = ["all", *r["types"]] if len(r["types"]) > 1 else ["all"]
+            lines.append(f"last quarter vs silo, {r['setting']} {r['arm']} {r['split']}: "
+                         + ", ".join(f"{t} {_pct(r['d_end'][t])}" for t in types))
+    return lines
 
 
 def goals(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's two goals, checked on the TOPR-corrected rows present."""
+    """The issue's goals, checked on the rows present (TOPR corrected; on-policy GRPO shown alongside)."""
     lines = []
-    for setting, test, label in (("homogeneous", lambda d: d >= -2.0, "never worse than silo by > 2%"),
-                                 ("heterogeneous", lambda d: d >= 30.0, ">= +30% vs silo")):
-        share = [r for r in rows if r["setting"] == setting and r["family"] == "topr_corrected"
-                 and not r["split"].endswith("/0")]
-        if not share:
-            continue
-        deltas = ", ".join(f"{r['split']} {r['delta_reward_pct']:+.1f}%" for r in share)
-        if setting == "homogeneous":
-            ok = all(test(r["delta_reward_pct"]) for r in share)
-        else:
-            ok = any(test(r["delta_reward_pct"]) for r in share)
-        lines.append(f"goal {setting} (TOPR corrected, {label}): {'MET' if ok else 'NOT MET'} -- {deltas}")
+    for arm in ("topr_corrected", "grpo_onpolicy"):
+        homo = [r for r in rows if r["setting"] == "homogeneous" and r["arm"] == arm and r["d_cum"]["all"]]
+        if homo:
+            ok = all(r["d_cum"]["all"][0] >= HOMOGENEOUS_TOLERANCE for r in homo)
+            deltas = ", ".join(f"{r['split']} {_pct(r['d_cum']['all'])}" for r in homo)
+            lines.append(f"goal homogeneous, {arm} within 2% of silo at every split: {'MET' if ok else 'NOT MET'}"
+                         f" -- {deltas}")
+        cap = [r for r in rows if r["setting"] == "capability" and r["arm"] == arm and r["d_cum"]["all"]]
+        silo = next((r for r in rows if r["setting"] == "capability" and r["arm"] == SILO_OF[arm]), None)
+        if cap and silo is not None:
+            weak = min(silo["types"], key=lambda t: silo["cum"][t][0])
+            met = [r["split"] for r in cap if r["d_cum"][weak] and r["d_cum"][weak][0] >= WEAK_GAIN
+                   and all(r["d_cum"][t] and r["d_cum"][t][0] >= TYPE_TOLERANCE for t in r["types"])]
+            deltas = "; ".join(f"{r['split']} " + ", ".join(f"{t} {_pct(r['d_cum'][t])}" for t in r["types"])
+                               for r in cap)
+            lines.append(f"goal capability, {arm}: weaker nodes ({weak}) >= +30% and no type below -2%: "
+                         f"{'MET at ' + ', '.join(met) if met else 'NOT MET'} -- {deltas}")
     return lines
 
 
 def plot(results: list[dict[str, Any]], path: Path, window: int = 10) -> None:
+    """Rows: (setting, node type); columns: sharing arms; each panel the silo (dashed) and every split."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = list(dict.fromkeys(r["spec"]["setting"] for r in results))
-    families = list(dict.fromkeys(r["spec"]["family"] for r in results))
-    fig, axes = plt.subplots(len(settings), len(families), figsize=(6 * len(families), 4 * len(settings)),
-                             squeeze=False, sharey="row")
-    for a, setting in enumerate(settings):
-        for b, family in enumerate(families):
+    panels = list(dict.fromkeys((r["spec"]["setting"], t) for r in results for t in r["node_types"]))
+    arms = [a for a in SHARING_ARMS if any(r["spec"]["arm"] == a for r in results)] or ["silo"]
+    fig, axes = plt.subplots(len(panels), len(arms), figsize=(5 * len(arms), 3.4 * len(panels)), squeeze=False,
+                             sharey="row")
+    for a, (setting, kind) in enumerate(panels):
+        for b, arm in enumerate(arms):
             ax = axes[a][b]
             curves: dict[str, list[list[float]]] = {}
             for res in results:
                 s = res["spec"]
-                if s["setting"] == setting and s["family"] == family:
-                    curves.setdefault(f"{s['local_groups']}/{s['external_groups']}", []).extend(res["rewards"])
-            for split in sorted(curves, key=lambda x: -int(x.split("/")[0])):
-                runs = curves[split]
-                mean = [statistics.fmean(col) for col in zip(*runs)]
-                smooth = [statistics.fmean(mean[max(0, t - window + 1) : t + 1]) for t in range(len(mean))]
-                ax.plot(range(1, len(mean) + 1), smooth, label=f"{split} ({len(runs)} node-runs)")
-            ax.set_title(f"{setting}, {family}")
+                if s["setting"] != setting or s["arm"] not in (arm, SILO_OF.get(arm, arm)):
+                    continue
+                label = f"{s['split']} silo" if s["arm"] not in SILO_OF else s["split"]
+                curves.setdefault(label, []).extend(r for r, t in zip(res["rewards"], res["node_types"]) if t == kind)
+            for label in sorted(curves, key=lambda x: (not x.endswith("silo"), x)):
+                mean = [statistics.fmean(col) for col in zip(*curves[label])]
+                smooth = [statistics.fmean(mean[max(0, i - window + 1) : i + 1]) for i in range(len(mean))]
+                ax.plot(range(1, len(mean) + 1), smooth, "--" if label.endswith("silo") else "-", label=label)
+            ax.set_title(f"{setting} / {kind} nodes, {arm}", fontsize=9)
             ax.set_xlabel("step")
-            ax.set_ylabel(f"sampled reward (mean over nodes, {window}-step avg)")
-            ax.legend()
+            ax.set_ylabel(f"sampled reward ({window}-step mean)", fontsize=8)
+            ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
@@ -202,18 +386,32 @@ def main(argv: list[str] | None = None) -> int:
     grid = build_grid(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"bench_sapo: {len(grid)} runs, K={args.nodes} nodes x {args.steps} steps, {args.seeds} seed(s), "
-          f"splits {args.splits}, G={args.group_size}, jobs {args.jobs}, extra {args.extra}", flush=True)
+    print(f"bench_sapo: {len(grid)} runs: settings {args.settings}, arms {args.arms}, splits {args.splits}, "
+          f"K={args.nodes} nodes x {args.steps} steps, {args.seeds} seed(s), G={args.group_size}, jobs {args.jobs}, "
+          f"extra {args.extra}", flush=True)
     t0 = time.perf_counter()
-    results = execute(grid, args.jobs)
+    for kind in dict.fromkeys(NODE_TYPES[k].base for s in args.settings for k in SETTINGS[s].node_types):
+        print(f"bench_sapo: base {kind}: {base_path(kind)} {' '.join(BASES[kind])}", flush=True)
+    results = execute(grid, args.jobs, out, run=not args.report)
+    if not results:
+        print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)
+        return 1
     rows = summarize(results)
     print()
-    print_table(rows)
-    for line in goals(rows):
+    for line in table_lines(rows):
+        print(line)
+    extra_lines = [line for line in (*end_lines(rows), cost_line(rows), *goals(rows)) if line]
+    for line in extra_lines:
         print(line)
     plot(results, out / "reward_curves.png")
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows, "runs": results}, indent=1))
-    print(f"bench_sapo: {time.perf_counter() - t0:.0f}s; table data in {out / 'results.json'}, "
+    (out / "table.md").write_text("\n".join([*table_lines(rows, markdown=True), *extra_lines]) + "\n")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    timed = [r["cpu_seconds"] for r in results if "cpu_seconds" in r]
+    if timed:
+        cpu = sum(timed)
+        print(f"bench_sapo: {len(timed)} runs took {cpu:.0f} CPU-s in all ({cpu / 60 / max(1, args.jobs):.1f} min of "
+              f"{args.jobs} cores at full use; CPU time does not grow with the machine's load)", flush=True)
+    print(f"bench_sapo: {time.perf_counter() - t0:.0f}s; tables in {out / 'table.md'}, every run in {out / 'runs'}, "
           f"plot in {out / 'reward_curves.png'}", flush=True)
     return 0
 

@@ -1,160 +1,260 @@
-"""The core of ``bench_sapo.py``: one run = K tiny nodes in one process, sharing over an in-memory hub.
+"""The core of ``bench_sapo.py``: one run = K tiny nodes in one process, sharing over an in-memory swarm.
 
-A run is described by a ``RunSpec`` (setting, loss family, I/J, seed index, steps, ...). ``run_one`` builds
-K ``Node``s from ``configs/tiny-silo.yaml`` plus overrides, joins them to one ``InMemoryHub`` through the
-same ``SwarmExchange`` a daemon uses (signed ``RolloutBatch`` records, re-scored by the receiver), steps
-them round-robin (every node one ``train_step()``, then ``hub.epoch += 1``) and returns every node's reward
-curve and final greedy accuracy. Silo runs (J = 0) get no exchange at all.
+A run is described by a ``RunSpec`` (setting, arm, split, seed index, steps, ...). ``run_one`` builds K
+``Node``s from ``configs/tiny-silo.yaml`` plus overrides, joins them to one ``InMemoryHub`` through the
+same ``SwarmExchange`` a daemon uses -- batches encoded and signed, manifests signed, both verified and
+screened by the receiver's peer book (``swarm.intake``) before ingestion re-scores every completion --
+steps them round-robin (every node one ``train_step()``, then ``hub.epoch += 1``) and returns every
+node's reward curve, final greedy accuracy and the time its exchange took. Silo runs get no exchange.
 
-Equal generation compute: every node generates ``I + J`` groups a step whatever the split, and trains on
-I of its own (those with signal) plus up to J of its peers'.
+Pairing: node i of every arm of a seed index has the same seed (``seed_index * 100 + i``), base model and
+task mixture, and its task stream comes from its own RNG (peer picks and generation have theirs), so the
+silo and sharing arms of a seed draw exactly the same tasks.
+
+Splits: ``I/J`` keeps generation compute equal (I + J groups generated a step, I own plus up to J peer
+groups trained on); ``I+J`` shares on top (I generated and all I trained on, plus up to J peer groups).
+Either is compared with the silo ``T/0`` that generates as many groups (T = I + J, or I).
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.config import NodeConfig, load_config
-from node.exchange import SwarmExchange
-from node.runner import Node
-from node.train.groups import TrainGroup
-from swarm.memory import InMemoryHub
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "tiny-silo.yaml"
+sys.path.insert(0, str(ROOT / "scripts"))
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-silo.yaml"
-
-# Peer-data treatment: what Gensyn's code does (ratio fixed at 1) against TOPR with the corrections.
-LOSS_FAMILIES: dict[str, list[str]] = {
+# Peer-data treatment, one arm each. The TOPR silo is the baseline of the TOPR and REC arms (on a node's
+# own fresh samples the ratio is 1, so TOPR, its uncorrected form and REC train identically there); the
+# GRPO silo is the baseline of Gensyn's on-policy treatment.
+ARMS: dict[str, list[str]] = {
+    "silo": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true"],
+    "silo_grpo": ["train.loss=grpo", "train.advantage=grpo", "train.off_policy_correction=false"],
     "grpo_onpolicy": ["train.loss=grpo", "train.advantage=grpo", "train.off_policy_correction=false"],
-    "topr_corrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true"],
-    # Not in the default grid: separates the loss from the correction (TOPR with the ratio fixed at 1).
     "topr_uncorrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=false"],
+    "topr_corrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true"],
+    "rec": ["train.loss=rec", "train.advantage=rloo", "train.off_policy_correction=true"],
 }
-DEFAULT_FAMILIES = ["grpo_onpolicy", "topr_corrected"]
+SILO_OF: dict[str, str] = {"grpo_onpolicy": "silo_grpo", "topr_uncorrected": "silo", "topr_corrected": "silo",
+                           "rec": "silo"}
+SHARING_ARMS = list(SILO_OF)
 
-# Task mixtures per node (node i takes entry i % len). The tiny base model is strong-ish on addition
-# (greedy ~0.5) and weak on subtraction (~0.1); multiplication (~0.02) gives almost no signal, so it is
-# left out. Every node lists both datasets so it can regenerate and score any peer's task.
-SETTINGS: dict[str, list[list[float]]] = {
-    "homogeneous": [[1.0, 0.0]],  # addition only, like the issue's probe
-    "heterogeneous": [[0.8, 0.2], [0.2, 0.8]],  # add-heavy and sub-heavy nodes, alternating
+# Base models by node type: ``scripts/build_tiny_base.py`` options ([] is the shipped tiny-base), built
+# once and cached under runs/tiny-bases/ (see ``build_tiny_base.cached_base``).
+BASES: dict[str, list[str]] = {
+    "tiny-base": [],
+    # Pretrained on an even add/sub mix until greedy accuracy 0.5 on both: strong on the common mixture.
+    "expert": ["--op-mix", "add=0.5,sub=0.5", "--eval-ops", "add,sub", "--target-acc", "0.5"],
+    # The same mix, pretrained for 250 steps: about a quarter of the experts' sampled reward.
+    "journeyman": ["--op-mix", "add=0.5,sub=0.5", "--eval-ops", "add,sub", "--steps", "250"],
+    # The same mix, pretrained for only 150 steps: answers well formed, mostly wrong.
+    "novice": ["--op-mix", "add=0.5,sub=0.5", "--eval-ops", "add,sub", "--steps", "150"],
+    # 2- and 3-digit addition, pretrained briefly: rare successes on 3-digit addition.
+    "add3-novice": ["--op-mix", "add=0.5,add3=0.5", "--eval-ops", "add3", "--steps", "400"],
 }
-DATASETS = ["add", "sub"]
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A kind of node: its base model (a key of ``BASES``) and, if not the setting's, its own task weights."""
+
+    base: str
+    weights: tuple[float, ...] | None = None
+
+
+NODE_TYPES: dict[str, NodeType] = {
+    "tiny-base": NodeType("tiny-base"),
+    "expert": NodeType("expert"),
+    "journeyman": NodeType("journeyman"),
+    "novice": NodeType("novice"),
+    "add3-novice": NodeType("add3-novice"),
+    "add-heavy": NodeType("tiny-base", (0.8, 0.2)),
+    "sub-heavy": NodeType("tiny-base", (0.2, 0.8)),
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A swarm: the task mixture and the node type of each node (node i: ``node_types[i % len]``)."""
+
+    datasets: tuple[str, ...]
+    weights: tuple[float, ...]
+    node_types: tuple[str, ...]
+    description: str
+
+
+SETTINGS: dict[str, Setting] = {
+    "homogeneous": Setting(("add",), (1.0,), ("tiny-base",), "every node the shipped tiny-base, on addition"),
+    "capability": Setting(("add", "sub"), (0.5, 0.5), ("expert", "journeyman"),
+                          "experts and journeymen alternating, all on an even add/sub mix"),
+    "sparse": Setting(("add3",), (1.0,), ("add3-novice",),
+                      "3-digit addition on a base that rarely solves it: most own groups carry no signal"),
+    # Not in the default grid: nodes that differ only in their task mixture (for dataset preferences).
+    "mixture": Setting(("add", "sub"), (0.5, 0.5), ("add-heavy", "sub-heavy"),
+                       "the shipped tiny-base on add-heavy and sub-heavy mixtures alternating"),
+}
+
+
+def parse_split(text: str) -> tuple[int, int, bool]:
+    """``"6/2"`` -> (6, 2, False) (equal compute); ``"8+4"`` -> (8, 4, True) (on top)."""
+    on_top = "+" in text
+    left, _, right = text.partition("+" if on_top else "/")
+    try:
+        local, external = int(left), int(right)
+    except ValueError:
+        raise ValueError(f"split {text!r}: expected I/J (equal compute) or I+J (on top), e.g. 4/4 or 8+4") from None
+    if local < 1 or external < 0:
+        raise ValueError(f"split {text!r}: I must be >= 1 and J >= 0")
+    return local, external, on_top
+
+
+def generated_groups(split: str) -> int:
+    local, external, on_top = parse_split(split)
+    return local if on_top else local + external
+
+
+def silo_split(split: str) -> str:
+    """The silo with the same generation compute: ``T/0``."""
+    return f"{generated_groups(split)}/0"
 
 
 @dataclass(frozen=True)
 class RunSpec:
     setting: str
-    family: str
-    local_groups: int  # I
-    external_groups: int  # J
+    arm: str
+    split: str  # "I/J" or "I+J"
     seed_index: int
-    nodes: int = 4
+    nodes: int = 8
     steps: int = 50
     group_size: int = 8
     eval_size: int = 128
-    extra: tuple[str, ...] = field(default=())  # further config overrides (tuning)
-    relevance_filter: bool = False  # keep a peer group of dataset d with probability w_d / max(w) (see below)
-
-    @property
-    def split(self) -> str:
-        return f"{self.local_groups}/{self.external_groups}"
+    extra: tuple[str, ...] = field(default=())  # further config overrides for every node
 
     @property
     def name(self) -> str:
-        tag = "-relevance" if self.relevance_filter else ""
-        return f"{self.setting}-{self.family}-{self.local_groups}x{self.external_groups}{tag}-s{self.seed_index}"
+        tag = "" if not self.extra else "-x" + hashlib.sha256("\n".join(self.extra).encode()).hexdigest()[:8]
+        return f"{self.setting}-{self.arm}-{self.split.replace('/', 'of').replace('+', 'plus')}{tag}-s{self.seed_index}"
+
+    @property
+    def sharing(self) -> bool:
+        return parse_split(self.split)[1] > 0
 
 
-def node_config(spec: RunSpec, index: int, run_dir: str) -> NodeConfig:
-    """Node ``index``'s config: seed = seed_index * 100 + index, its setting's mixture, the family's loss."""
-    weights = SETTINGS[spec.setting][index % len(SETTINGS[spec.setting])]
-    total = spec.local_groups + spec.external_groups
+def node_type(spec: RunSpec, index: int) -> str:
+    types = SETTINGS[spec.setting].node_types
+    return types[index % len(types)]
+
+
+def base_path(kind: str) -> str:
+    """The model folder of a base (a key of ``BASES``), building and caching it on first use."""
+    if not BASES[kind]:
+        return "tiny-base"
+    from build_tiny_base import cached_base
+
+    return str(cached_base(BASES[kind], name=kind))
+
+
+def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
+    """Node ``index``'s config: seed = seed_index * 100 + index, its type's base, the setting's tasks."""
+    from node.config import load_config
+
+    setting = SETTINGS[spec.setting]
+    kind = NODE_TYPES[node_type(spec, index)]
+    local, external, _ = parse_split(spec.split)
+    datasets = ",".join(setting.datasets)
     overrides = [
         f"seed={spec.seed_index * 100 + index}",
         f"run_dir={run_dir}",
-        f"tasks.datasets=[{','.join(DATASETS)}]",
-        f"tasks.weights=[{','.join(str(w) for w in weights)}]",
-        f"tasks.eval_datasets=[{','.join(DATASETS)}]",
+        f"model.name_or_path={base_path(kind.base)}",
+        f"tasks.datasets=[{datasets}]",
+        f"tasks.weights=[{','.join(str(w) for w in kind.weights or setting.weights)}]",
+        f"tasks.eval_datasets=[{datasets}]",
         f"tasks.eval_size={spec.eval_size}",
         f"generation.group_size={spec.group_size}",
-        f"sapo.local_groups={spec.local_groups}",
-        f"sapo.external_groups={spec.external_groups}",
-        f"sapo.generated_groups={total}",
+        f"sapo.local_groups={local}",
+        f"sapo.external_groups={external}",
+        f"sapo.generated_groups={generated_groups(spec.split)}",
         f"train.steps={spec.steps}",
         f"train.eval_every={spec.steps}",
         f"train.checkpoint_every={10 * spec.steps + 1}",
-        *LOSS_FAMILIES[spec.family],
+        *ARMS[spec.arm],
         *spec.extra,
     ]
     return load_config(CONFIG, overrides)
 
 
-class RelevanceFilter:
-    """Wraps an exchange: keeps a received group of dataset ``d`` with probability ``w_d / max(w)``.
+def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:
+    from transformers.utils import logging as hf_logging
 
-    An experiment-only stand-in for a selection policy that prefers peer groups of the node's own task
-    mixture (the node's selection policies know nothing of datasets). Everything else is delegated.
-    """
+    from node.runner import Node
+    from swarm.memory import InMemoryHub
 
-    def __init__(self, inner: SwarmExchange, datasets: list[str], weights: list[float], seed: int) -> None:
-        self.inner = inner
-        top = max(weights)
-        self.keep = {d: w / top for d, w in zip(datasets, weights)}
-        self.rng = random.Random(seed)
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per node otherwise
 
-    def receive(self, step: int) -> list[TrainGroup]:
-        groups = self.inner.receive(step)
-        return [g for g in groups if self.rng.random() < self.keep.get(g.key.split("/")[1], 0.0)]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Node], InMemoryHub]:
     hub = InMemoryHub()
     nodes = []
     for i in range(spec.nodes):
         cfg = node_config(spec, i, str(root / f"node{i}"))
-        sharing = spec.external_groups > 0
-        node = Node(cfg, show_progress=False, transport=(lambda _settings, _identity: hub.join()) if sharing else None)
+        node = Node(cfg, show_progress=False, transport=hub.join if spec.sharing else None)
         node.setup()
-        if sharing and spec.relevance_filter and node.exchange is not None:
-            datasets = list(cfg.tasks.datasets)
-            weights = list(cfg.tasks.weights or [1.0] * len(datasets))
-            node.exchange = RelevanceFilter(node.exchange, datasets, weights, seed=cfg.seed)  # type: ignore[assignment]
         nodes.append(node)
     return nodes, hub
 
 
+_COSTS = ("exchange_seconds", "wire_encode_seconds", "wire_verify_seconds", "ingest_seconds")
+
+
 def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
-    """Run ``spec``; return its curves: ``rewards[node][step]``, ``peer_groups[node][step]``, ``accuracy[node]``."""
+    """Run ``spec``; return ``rewards[node][step]``, ``signal[node][step]`` (fraction of own groups with
+    signal), ``peer_groups[node][step]``, ``accuracy[node]``, node types, the exchange's costs, and the
+    run's wall-clock and CPU seconds (CPU time does not grow with the load of a shared machine)."""
+    import warnings
+
     import torch
 
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, once a node
     torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    rewards: list[list[float]] = [[] for _ in range(spec.nodes)]
-    peer_groups: list[list[int]] = [[] for _ in range(spec.nodes)]
-    accuracy: list[float] = [0.0] * spec.nodes
-    initial: list[float] = [0.0] * spec.nodes
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    n = spec.nodes
+    rewards: list[list[float]] = [[] for _ in range(n)]
+    signal: list[list[float]] = [[] for _ in range(n)]
+    peer_groups: list[list[int]] = [[] for _ in range(n)]
+    accuracy = [0.0] * n
+    costs = {key: 0.0 for key in ("step_seconds", *_COSTS)}
+    rejected: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="bench_sapo_") as tmp:
         nodes, hub = _build_nodes(spec, Path(tmp))
         try:
-            initial = [n.evaluate() for n in nodes] if spec.seed_index == 0 and spec.external_groups == 0 else []
             for _ in range(spec.steps):
                 for i, node in enumerate(nodes):
                     record = node.train_step()
                     rewards[i].append(float(record["reward_mean"]))
+                    signal[i].append(float(record["local_signal_fraction"]))
                     peer_groups[i].append(int(record["n_peer_groups"]))
+                    costs["step_seconds"] += float(record["step_seconds"])
+                    costs["exchange_seconds"] += float(record.get("exchange_seconds", 0.0))
+                    costs["ingest_seconds"] += float(record.get("ingest_seconds", 0.0))  # this step's
                     if "eval_accuracy" in record:
                         accuracy[i] = float(record["eval_accuracy"])
                 hub.epoch += 1
+            for node in nodes:  # cumulative counters, read once at the end
+                if node.exchange is not None:
+                    m = node.exchange.metrics()
+                    for key in ("wire_encode_seconds", "wire_verify_seconds"):  # cumulative
+                        costs[key] += float(m.get(key, 0.0))
+                    for reason, count in {**m["batches_rejected"], **m["ingest_rejected"]}.items():
+                        rejected[reason] = rejected.get(reason, 0) + int(count)
         finally:
             for node in nodes:
                 node.close()
-    return {"spec": asdict(spec), "name": spec.name, "rewards": rewards, "peer_groups": peer_groups,
-            "accuracy": accuracy, "initial_accuracy": initial, "seconds": time.perf_counter() - t0}
+    node_steps = n * spec.steps
+    return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(n)],
+            "rewards": rewards, "signal": signal, "peer_groups": peer_groups, "accuracy": accuracy,
+            "cost_per_node_step": {k: v / node_steps for k, v in costs.items()}, "rejected": rejected,
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0}

@@ -10,6 +10,9 @@ Modules, top to bottom:
 - ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
   health loops, the ``rpc_get_batch`` handler that serves signed batches by id and the ``rpc_put_batch``
   handler that takes batches handed over by nodes behind NAT.
+- ``intake``     the checks every announced or handed-over batch passes (manifest, peer-book screening,
+  verification, outcome), shared by ``core`` and ``memory`` (pure).
+- ``memory``     ``InMemoryHub``: an in-process swarm carrying the same signed bytes through ``intake``.
 - ``validator``  ``ManifestValidator``: hivemind record validator: owner-bound manifests in a window of
   epochs, finite and bounded records, bounded storage, checks on read.
 - ``peer_book``  ``PeerBook``: quotas (per author and global), staleness window, dedup, offences and bans

@@ -10,7 +10,8 @@ serves signed batches by id, and four background loops:
   by the validator), screen new manifests with the peer book, pull the batches from their authors (a
   few at a time per author, newcomers at most ``newcomer_share`` of the slots, each pull bounded in total
   time), verify them (size, hash, expanded size charged before decoding, signature, manifest match,
-  content not seen before) and queue them;
+  content not seen before) and queue them; the screening and verification steps are ``swarm.intake``'s,
+  shared with the in-process hub;
 * health: watch p2pd, refresh the peer list and this node's visible addresses, prune old state.
 
 Behind NAT (``client_mode``) a node cannot be dialed; ``settings.nat_sharing`` picks how its batches still
@@ -32,7 +33,7 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hivemind.dht.node import DHTNode
@@ -42,11 +43,11 @@ from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure, P2PDaemonErro
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
-from protocol.codec import batch_id, batch_payload_size, decode_batch, group_digest
+from protocol.codec import batch_id, batch_payload_size, decode_batch
 from protocol.errors import ProtocolError
 from protocol.identity import Identity, peer_id_from_public_key
 from protocol.limits import Limits
-from protocol.records import Manifest, RolloutBatch
+from protocol.records import Manifest
 from swarm.handoff import HandoffStatus, HandoffStore
 from swarm.hivemind_compat import (
     dht_neighbours,
@@ -56,6 +57,17 @@ from swarm.hivemind_compat import (
     p2pd_exited,
     p2pd_pid,
     p2pd_process,
+)
+from swarm.intake import (
+    DEFER,
+    KNOWN,
+    check_bytes,
+    check_decoded,
+    decode_with_digests,
+    decoded_cost,
+    fresh_groups,
+    screen,
+    settle,
 )
 from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
 from swarm.peer_book import RejectReason
@@ -76,24 +88,6 @@ _MAX_PULL_SOURCES = 4  # listed peers tried for one pull
 _MAX_HANDOFFS_IN_FLIGHT = 2  # hand-offs being received and verified at once; more are refused (busy)
 _CIRCUIT = "/p2p-circuit"
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
-_MIB = 1024 * 1024
-
-
-def decoded_cost(payload_bytes: int) -> int:
-    """Estimated peak memory of decoding a batch whose payload expands to ``payload_bytes``.
-
-    Token ids and log-probs travel as 4 bytes and become Python ints and floats in tuples (up to 32 bytes
-    each); small rollouts cost a fixed few hundred bytes of objects each. Measured peaks (tracemalloc,
-    ``tests/swarm/test_hostile_pulls.py``) are 7x the payload for long completions and up to 23x for
-    tiny ones, so: 32x the first MiB, 10x the rest.
-    """
-    return 32 * min(payload_bytes, _MIB) + 10 * max(0, payload_bytes - _MIB) + 64 * 1024
-
-
-def _decode_with_digests(data: bytes, limits: Limits) -> tuple[RolloutBatch, list[bytes]]:
-    """Decode a batch and hash each group's content (run in an executor: both are CPU work)."""
-    batch = decode_batch(data, limits)
-    return batch, [group_digest(group) for group in batch.groups]
 
 
 def handler_name(swarm_id: str) -> str:
@@ -593,22 +587,18 @@ class SwarmCore:
         """
         author = peer_id_from_public_key(manifest.author)
         book = self.shared.peer_book
-        now = time.monotonic()
         with self.shared.lock:
-            if book.is_known(manifest.batch_id):
-                return True
-            if book.in_flight(manifest.batch_id):
-                return False
-            book.note_addresses(author, _libp2p_ids(manifest.address), now)
-            if manifest.byte_size > self.limits.max_compressed_bytes:  # a signed claim no peer may make
-                book.refuse(author, manifest.epoch, RejectReason.TOO_LARGE, offence=True, now=now)
-                return True
+            now = time.monotonic()
+            if not book.is_known(manifest.batch_id) and not book.in_flight(manifest.batch_id):
+                book.note_addresses(author, _libp2p_ids(manifest.address), now)
             newcomer = not book.is_established(author)
-            if not self._slot_free(author, newcomer):
-                return False
-            reason = book.screen(author, manifest.batch_id, manifest.epoch, manifest.byte_size, current, now)
+            reason = screen(book, manifest, self.limits, current_epoch=current, now=now,
+                            may_start=self._slot_free)
+        if reason == DEFER:
+            return False
         if reason is not None:
-            logger.debug("skipped batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
+            if reason != KNOWN:
+                logger.debug("skipped batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
             return True
         self._running_pulls[author] += 1
         if newcomer:
@@ -664,11 +654,7 @@ class SwarmCore:
         with self.shared.lock:
             self.shared.counters["bytes_in"] += len(data)  # pulled, whatever the checks say of it
             book.received(author, len(data), time.monotonic())
-            if reason is None:
-                book.accept(author, manifest.batch_id, manifest.epoch, len(data), groups=groups)
-            else:
-                book.reject(author, manifest.batch_id, manifest.epoch, manifest.byte_size, reason,
-                            offence=offence, now=time.monotonic())
+            settle(book, manifest, len(data), reason, offence=offence, now=time.monotonic(), groups=groups)
         if reason is not None:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
 
@@ -684,46 +670,32 @@ class SwarmCore:
         """``(None, False, groups queued)`` if ``data`` is the batch ``manifest`` announced (then it is held
         and queued), else ``(reason, whether it is an offence of the manifest's author, 0)``.
 
-        Once the bytes hash to the announced id they are what the author signed for, whoever served
-        them, so what is wrong with them is the author's offence (limits of this node's own are not).
-        The expanded size is read from the frame header and charged to the author before decoding.
+        The steps are ``swarm.intake``'s (``verify_now`` composes the same ones without an event loop);
+        here decoding runs in the executor, one batch at a time.
         """
-        if len(data) != manifest.byte_size:
-            return RejectReason.SIZE_MISMATCH, from_author, 0
-        if batch_id(data) != manifest.batch_id:
-            return RejectReason.HASH_MISMATCH, from_author, 0
-        try:
-            payload = batch_payload_size(data)
-        except ProtocolError as exc:
-            return exc.reason, True, 0
-        cap = min(self.settings.max_batch_payload_bytes, self.limits.max_decompressed_bytes)
-        if payload > cap or decoded_cost(payload) > self.settings.max_inbox_bytes:
-            return RejectReason.PAYLOAD_TOO_LARGE, False, 0
-        with self.shared.lock:
-            quota_reason = self.shared.peer_book.charge_payload(author, manifest.epoch, payload)
-        if quota_reason is not None:
-            return quota_reason, False, 0
+        reason, offence, payload = check_bytes(manifest, data, self.settings, self.limits, from_author=from_author)
+        if reason is None:
+            with self.shared.lock:
+                reason = self.shared.peer_book.charge_payload(author, manifest.epoch, payload)
+        if reason is not None:
+            return reason, offence, 0
         loop = asyncio.get_running_loop()
         async with self._decode_slot:  # one decode at a time: bounded memory, and the GIL allows no more
             try:
-                batch, digests = await loop.run_in_executor(None, _decode_with_digests, data, self.limits)
+                batch, digests = await loop.run_in_executor(None, decode_with_digests, data, self.limits)
             except ProtocolError as exc:
                 return exc.reason, True, 0
-        if batch.swarm_id != self.settings.swarm_id:
-            return RejectReason.WRONG_SWARM, True, 0
-        if (batch.author, batch.epoch, batch.seq) != (manifest.author, manifest.epoch, manifest.seq):
-            return RejectReason.MANIFEST_MISMATCH, True, 0
-        fresh = [group for group, digest in zip(batch.groups, digests) if digest not in self._digests]
-        if not fresh:
+        reason = check_decoded(manifest, batch, swarm_id=self.settings.swarm_id)
+        if reason is not None:
+            return reason, True, 0
+        fresh, dropped = fresh_groups(batch, digests, self._digests, manifest.epoch)
+        if fresh is None:
             return RejectReason.DUPLICATE_CONTENT, False, 0
-        for digest in digests:
-            self._digests.setdefault(digest, manifest.epoch)
-        if len(fresh) < len(batch.groups):
-            self.shared.add("duplicate_groups", len(batch.groups) - len(fresh))
-            batch = replace(batch, groups=tuple(fresh))
+        if dropped:
+            self.shared.add("duplicate_groups", dropped)
         self.hold(manifest.batch_id, data)
-        self.shared.push_batch(batch, decoded_cost(payload))
-        return None, False, len(batch.groups)
+        self.shared.push_batch(fresh, decoded_cost(payload))
+        return None, False, len(fresh.groups)
 
     def _local(self, bid: str) -> bytes | None:
         """A batch this node already holds (collected before, or handed over to it), else None."""

@@ -14,7 +14,25 @@ from protocol.records import RolloutBatch
 from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
 
-__all__ = ["NetworkStatus", "SharedState", "network_reason"]
+__all__ = ["NetworkStatus", "SharedState", "network_reason", "peer_book_for"]
+
+
+def peer_book_for(settings: SwarmSettings) -> PeerBook:
+    """A fresh peer book with the quotas, staleness window and bans of ``settings``."""
+    return PeerBook(
+        max_batches_per_peer_epoch=settings.max_batches_per_peer_epoch,
+        max_bytes_per_peer_epoch=settings.max_bytes_per_peer_epoch,
+        read_epochs=settings.read_epochs,
+        ban_seconds=settings.ban_seconds,
+        ban_backoff=settings.ban_backoff,
+        max_ban_seconds=settings.max_ban_seconds,
+        max_pull_attempts=settings.max_pull_attempts,
+        max_batches_per_epoch=settings.max_batches_per_epoch,
+        max_bytes_per_epoch=settings.max_bytes_per_epoch,
+        max_payload_bytes_per_peer_epoch=settings.max_payload_bytes_per_peer_epoch,
+        newcomer_share=settings.newcomer_share,
+        max_peers=settings.max_peers_tracked,
+    )
 
 
 @dataclass(frozen=True)
@@ -80,21 +98,8 @@ class SharedState:
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SharedState:
-        book = PeerBook(
-            max_batches_per_peer_epoch=settings.max_batches_per_peer_epoch,
-            max_bytes_per_peer_epoch=settings.max_bytes_per_peer_epoch,
-            read_epochs=settings.read_epochs,
-            ban_seconds=settings.ban_seconds,
-            ban_backoff=settings.ban_backoff,
-            max_ban_seconds=settings.max_ban_seconds,
-            max_pull_attempts=settings.max_pull_attempts,
-            max_batches_per_epoch=settings.max_batches_per_epoch,
-            max_bytes_per_epoch=settings.max_bytes_per_epoch,
-            max_payload_bytes_per_peer_epoch=settings.max_payload_bytes_per_peer_epoch,
-            newcomer_share=settings.newcomer_share,
-            max_peers=settings.max_peers_tracked,
-        )
-        return cls(peer_book=book, max_inbox=settings.max_inbox_batches, max_inbox_bytes=settings.max_inbox_bytes)
+        return cls(peer_book=peer_book_for(settings), max_inbox=settings.max_inbox_batches,
+                   max_inbox_bytes=settings.max_inbox_bytes)
 
     def push_batch(self, batch: RolloutBatch, nbytes: int) -> None:
         """Queue a verified batch (``nbytes``: its estimated memory) for ``collect()``.

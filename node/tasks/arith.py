@@ -1,13 +1,17 @@
-"""The built-in ``arith`` source: two-digit addition, subtraction and multiplication (``07+35=`` -> ``042``).
+"""The built-in ``arith`` source: addition, subtraction and multiplication (``07+35=`` -> ``042``).
 
-Each dataset's distinct problems (10,000 for ``add`` and ``mul``, 5,050 for ``sub``, which keeps
-a >= b) are put in an order that is a pure function of (seed, dataset): problems sorted by a sha256 of
-(seed, dataset, a, b). Ref index i is the i-th problem of that order, so training (even i) and
-evaluation (odd i) problems never coincide.
+Datasets (``arith_format.DATASETS``): ``add``, ``sub``, ``mul`` on two-digit operands and ``add3``,
+``sub3`` on three-digit operands (the harder, sparse-signal tasks). Subtraction keeps a >= b.
 
-Building one order costs tens of milliseconds (10,000 hashes and a sort), so orders are cached compactly
-(two bytes a problem, about 20 KB an order) for the 256 most recent (seed, dataset) pairs; how many
-distinct seeds a peer may bring is capped at ingestion (``node.ingest``).
+Two-digit datasets are small (10,000 distinct problems for ``add`` and ``mul``, 5,050 for ``sub``): ref
+index i is the i-th problem of an order that is a pure function of (seed, dataset), the problems sorted
+by a sha256 of (seed, dataset, a, b). Three-digit datasets have a million problems: index i is the
+problem drawn from a sha256 of (seed, dataset, i). Which problems are held out for evaluation depends on
+the problem alone (``content_key``: operation and operands), not on the seed, the index or the width.
+
+Building one two-digit order costs tens of milliseconds (10,000 hashes and a sort), so orders are cached
+compactly (two bytes a problem, about 20 KB an order) for the 256 most recent (seed, dataset) pairs; how
+many distinct seeds a peer may bring is capped at ingestion (``node.ingest``).
 """
 
 from __future__ import annotations
@@ -18,22 +22,24 @@ from array import array
 from typing import Any
 
 from node.modes import ChatTemplateMode
-from node.tasks.arith_format import OPERATIONS, make_problem
+from node.tasks.arith_format import DATASETS, make_problem
 from node.tasks.base import Task, TaskSource
 from node.tasks.cache import LRUCache
 from protocol.taskref import TaskRef
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-OPERAND_MAX = 99
+FORMAT_VERSION = 2
 ORDER_CACHE_SIZE = 256
+_ORDERED_DIGITS = 2  # datasets of at most this many digits use a full permutation of their problems
 
 
 def _problems(dataset: str) -> list[tuple[int, int]]:
     """Every distinct (a, b) of ``dataset`` (``sub`` only with a >= b, as ``make_problem`` swaps)."""
-    pairs = [(a, b) for a in range(OPERAND_MAX + 1) for b in range(OPERAND_MAX + 1)]
-    return [(a, b) for a, b in pairs if a >= b] if dataset == "sub" else pairs
+    op, digits = DATASETS[dataset]
+    n = 10**digits
+    pairs = [(a, b) for a in range(n) for b in range(n)]
+    return [(a, b) for a, b in pairs if a >= b] if op == "sub" else pairs
 
 
 def problem_order(seed: int, dataset: str) -> list[tuple[int, int]]:
@@ -45,6 +51,14 @@ def problem_order(seed: int, dataset: str) -> list[tuple[int, int]]:
     return sorted(_problems(dataset), key=rank)
 
 
+def hashed_problem(seed: int, dataset: str, index: int) -> tuple[int, int]:
+    """Problem ``index`` of a large dataset: operands from a sha256 of (seed, dataset, index)."""
+    _, digits = DATASETS[dataset]
+    digest = hashlib.sha256(f"arith/{seed}/{dataset}/{index}".encode()).digest()
+    n = 10**digits
+    return int.from_bytes(digest[:8], "big") % n, int.from_bytes(digest[8:16], "big") % n
+
+
 def score_digits(answer: str, completion: str) -> float:
     """1.0 iff the whole completion is ``answer`` (surrounding whitespace aside): nothing may follow it."""
     return 1.0 if completion.strip() == answer else 0.0
@@ -54,7 +68,7 @@ class ArithTaskSource(TaskSource):
     """Source ``arith``: datasets ``add``, ``sub``, ``mul``; the prompt is shown to the model as is."""
 
     name = "arith"
-    known_datasets = tuple(OPERATIONS)
+    known_datasets = tuple(DATASETS)
 
     def __init__(
         self,
@@ -68,20 +82,28 @@ class ArithTaskSource(TaskSource):
         self._orders: LRUCache[tuple[int, str], array[int]] = LRUCache(ORDER_CACHE_SIZE)
 
     def _settings(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "operand_max": OPERAND_MAX, "order": "sha256-sort"}
+        return {"format_version": FORMAT_VERSION, "datasets": DATASETS, "order": "sha256-sort-or-hash"}
 
     def _index_limit(self, dataset: str) -> int:
-        n = OPERAND_MAX + 1
-        return n * (n + 1) // 2 if dataset == "sub" else n * n
+        op, digits = DATASETS[dataset]
+        n = int(10**digits)
+        return n * (n + 1) // 2 if op == "sub" and digits <= _ORDERED_DIGITS else n * n
 
     def _generate(self, ref: TaskRef) -> Task:
-        order = self._orders.get_or_create(
-            (ref.seed, ref.dataset),
-            lambda: array("H", (a * (OPERAND_MAX + 1) + b for a, b in problem_order(ref.seed, ref.dataset))),
-        )
-        a, b = divmod(order[ref.index], OPERAND_MAX + 1)
+        op, digits = DATASETS[ref.dataset]
+        if digits <= _ORDERED_DIGITS:
+            n = 10**digits
+            order = self._orders.get_or_create(
+                (ref.seed, ref.dataset),
+                lambda: array("H", (a * n + b for a, b in problem_order(ref.seed, ref.dataset))),
+            )
+            a, b = divmod(order[ref.index], n)
+        else:
+            a, b = hashed_problem(ref.seed, ref.dataset, ref.index)
+        if op == "sub" and a < b:
+            a, b = b, a
         prompt, answer = make_problem(ref.dataset, a, b)
-        return Task(ref=ref, prompt=prompt, answer=answer, metadata={"op": ref.dataset, "a": a, "b": b})
+        return Task(ref=ref, prompt=prompt, answer=answer, metadata={"op": op, "a": a, "b": b})
 
     def score(self, task: Task, completion: str) -> float:
         # Regenerated from the ref: the answer carried by ``task`` is never trusted.
@@ -90,3 +112,8 @@ class ArithTaskSource(TaskSource):
 
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
         return task.prompt
+
+    def content_key(self, task: Task) -> str:
+        """The problem itself: ``add/7/35`` is held out (or not) in ``add`` and ``add3`` alike."""
+        meta = task.metadata
+        return f"{meta['op']}/{meta['a']}/{meta['b']}"

@@ -1,9 +1,14 @@
 """The task-source interface: a ``TaskRef`` regenerates exactly one task, which the node scores itself.
 
-Every source splits each dataset's index space in two: even indices are the training split
-(``sample``), odd indices the held-out evaluation split (``eval_refs``). A ref names its own seed, so a
-peer with another seed still names tasks this node can regenerate, as long as the source, the dataset
-and the ``config_hash`` (a hash of everything that decides the generated text) agree.
+Train/evaluation split: one task in ``HELD_OUT_BUCKETS`` is held out for evaluation, chosen by a hash of
+the task's *content* (``content_key``: for arithmetic the problem, for reasoning-gym the question text),
+never by its index or seed. The split is therefore the same on every node whatever its seed: a peer's
+task that happens to be one of this node's held-out problems is recognised as such (and rejected at
+ingestion), and ``sample`` never draws one. ``eval_refs`` gives a fixed held-out set.
+
+A ref names its own seed, so a peer with another seed still names tasks this node can regenerate, as
+long as the source, the dataset and the ``config_hash`` (a hash of everything that decides the generated
+text and the split) agree.
 """
 
 from __future__ import annotations
@@ -22,12 +27,23 @@ from node.errors import TaskError
 from node.modes import CHAT_TEMPLATE_MODES, ChatTemplateMode
 from protocol.taskref import TaskRef
 
-__all__ = ["Task", "TaskError", "TaskSource", "settings_hash"]
+__all__ = ["HELD_OUT_BUCKETS", "Task", "TaskError", "TaskSource", "held_out", "settings_hash"]
 
 logger = logging.getLogger(__name__)
 
-# Most attempts ``sample``/``eval_refs`` make to find an index whose task the source accepts.
-_MAX_DRAWS_PER_REF = 64
+# Most attempts ``sample``/``eval_refs`` make to find an index whose task the source accepts and that is in
+# the wanted split: a held-out ref needs about HELD_OUT_BUCKETS draws, so 7/8 ** 256 is never reached.
+_MAX_DRAWS_PER_REF = 256
+
+HELD_OUT_BUCKETS = 8
+"""One task in this many (by a hash of its content) is held out for evaluation."""
+_SPLIT_RULE = f"sha256-content-1/{HELD_OUT_BUCKETS}"
+
+
+def held_out(source: str, content: str) -> bool:
+    """Whether the task of ``source`` whose content is ``content`` belongs to the evaluation split."""
+    digest = hashlib.sha256(f"held-out/{source}/{content}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELD_OUT_BUCKETS == 0
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,7 @@ class TaskSource(ABC):
     def config_hash(self) -> str:
         """Short stable hash of every setting that decides what a ref regenerates."""
         if self._config_hash is None:
-            self._config_hash = settings_hash({"source": self.name, **self._settings()})
+            self._config_hash = settings_hash({"source": self.name, "split": _SPLIT_RULE, **self._settings()})
         return self._config_hash
 
     # ----------------------------------------------------------------------------------- subclass API
@@ -118,7 +134,7 @@ class TaskSource(ABC):
 
     @abstractmethod
     def _index_limit(self, dataset: str) -> int:
-        """Indices of ``dataset`` are in ``[0, limit)``: even ones train, odd ones evaluate."""
+        """Indices of ``dataset`` are in ``[0, limit)``."""
 
     @abstractmethod
     def _generate(self, ref: TaskRef) -> Task:
@@ -131,6 +147,11 @@ class TaskSource(ABC):
     @abstractmethod
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
         """The text the model is conditioned on for ``task``."""
+
+    def content_key(self, task: Task) -> str:
+        """What decides the train/evaluation split of a task this source generated: its content,
+        independent of seed and index."""
+        return task.prompt
 
     # ----------------------------------------------------------------------------------- public API
 
@@ -163,50 +184,57 @@ class TaskSource(ABC):
                 f"task ref {ref.key()} has index {ref.index} outside [0, {self._index_limit(ref.dataset)})"
             )
 
+    def is_held_out(self, task: Task) -> bool:
+        """Whether ``task`` is in the evaluation split (the same answer on every node)."""
+        return held_out(self.name, self.content_key(task))
+
     def make_ref(self, dataset: str, index: int, seed: int | None = None) -> TaskRef:
         """The ref of item ``index`` of ``dataset`` under this source's settings (and seed by default)."""
         return TaskRef(self.name, dataset, self.config_hash, self.seed if seed is None else seed, index)
 
     def sample(self, n: int, rng: random.Random) -> list[TaskRef]:
-        """``n`` training refs, datasets drawn by weight and indices uniformly from the even indices."""
+        """``n`` training refs: datasets drawn by weight, indices uniformly, held-out tasks drawn again."""
         refs: list[TaskRef] = []
         for _ in range(n):
             dataset = rng.choices(self.datasets, weights=self.weights)[0]
-            slots = (self._index_limit(dataset) + 1) // 2
+            limit = self._index_limit(dataset)
 
-            def draw(slots: int = slots) -> int:
-                return 2 * rng.randrange(slots)
+            def draw(limit: int = limit) -> int:
+                return rng.randrange(limit)
 
-            refs.append(self._first_accepted(dataset, draw))
+            refs.append(self._first_accepted(dataset, draw, want_held_out=False))
         return refs
 
     def eval_refs(self, n: int) -> list[TaskRef]:
-        """A fixed held-out set of ``n`` refs: odd indices, datasets with weight > 0 in turn."""
+        """A fixed held-out set of ``n`` refs: the first held-out indices, datasets with weight > 0 in turn."""
         active = [d for d, w in zip(self.datasets, self.weights) if w > 0]
-        next_slot = dict.fromkeys(active, 0)
+        next_index = dict.fromkeys(active, 0)
         refs: list[TaskRef] = []
         for i in range(n):
             dataset = active[i % len(active)]
 
             def draw(dataset: str = dataset) -> int:
-                index = 2 * next_slot[dataset] + 1
-                next_slot[dataset] += 1
+                index = next_index[dataset]
+                next_index[dataset] += 1
                 if index >= self._index_limit(dataset):
                     raise TaskError(f"dataset {dataset!r} has too few held-out tasks for {n} eval refs")
                 return index
 
-            refs.append(self._first_accepted(dataset, draw))
+            refs.append(self._first_accepted(dataset, draw, want_held_out=True))
         return refs
 
-    def _first_accepted(self, dataset: str, draw_index: Callable[[], int]) -> TaskRef:
-        """First ref from ``draw_index()`` whose task this source accepts (e.g. prompt not too long)."""
+    def _first_accepted(self, dataset: str, draw_index: Callable[[], int], *, want_held_out: bool) -> TaskRef:
+        """First ref from ``draw_index()`` whose task this source accepts (e.g. prompt not too long) and
+        whose split is the one wanted."""
         last_error: TaskError | None = None
         for _ in range(_MAX_DRAWS_PER_REF):
             ref = self.make_ref(dataset, draw_index())
             try:
-                self._generate(ref)
+                task = self._generate(ref)
             except TaskError as error:
                 last_error = error
                 continue
-            return ref
-        raise TaskError(f"no acceptable task of {dataset!r} in {_MAX_DRAWS_PER_REF} draws: {last_error}")
+            if self.is_held_out(task) == want_held_out:
+                return ref
+        split = "held-out" if want_held_out else "training"
+        raise TaskError(f"no acceptable {split} task of {dataset!r} in {_MAX_DRAWS_PER_REF} draws: {last_error}")

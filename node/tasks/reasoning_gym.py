@@ -196,3 +196,7 @@ class ReasoningGymTaskSource(TaskSource):
 
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
         return format_for_model(task.prompt, tokenizer, self.chat_template, self.system_prompt)
+
+    def content_key(self, task: Task) -> str:
+        """The question text: the same question is held out whichever seed or index produced it."""
+        return f"{task.ref.dataset}/{str(self._entry(task.ref)['question']).rstrip()}"

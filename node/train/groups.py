@@ -35,6 +35,7 @@ class TrainGroup:
     advantages: torch.Tensor | None = None
     routings: list[list[int]] = field(default_factory=list)
     all_rewards: list[float] | None = None  # Reinforce-Ada: every reward drawn for the task (global baseline)
+    dataset: str = ""  # the task's dataset (selection prefers some datasets over others)
 
     @property
     def is_local(self) -> bool:
@@ -44,16 +45,21 @@ class TrainGroup:
 def assign_advantages(groups: list[TrainGroup], kind: AdvantageKind, external_shift: float = 0.0) -> list[TrainGroup]:
     """Fill ``advantages`` for every group; return only the groups that carry signal.
 
+    A group that remembers every reward drawn for its task (``all_rewards``: Reinforce-Ada sampling) gets
+    the global baseline, the mean of all those draws, whatever ``kind`` says: the balanced downsample's
+    own mean (about 0.5 by construction) is not an estimate of the task's value. Other groups get ``kind``.
+
     Signal is judged before the AsymRE shift of external groups: a group whose unshifted advantages are
     all zero (e.g. every completion wrong) is dropped, so the shift never reinforces uniform failures.
     """
     unshifted = []
     for g in groups:
-        everything = torch.tensor(g.all_rewards) if (kind == "global" and g.all_rewards) else None
+        everything = torch.tensor(g.all_rewards, dtype=torch.float32) if g.all_rewards else None
+        group_kind: AdvantageKind = "global" if everything is not None else kind
         rewards = torch.tensor(g.rewards, dtype=torch.float32)
-        base = group_advantages(rewards, kind, all_rewards=everything)
+        base = group_advantages(rewards, group_kind, all_rewards=everything)
         shift = 0.0 if g.is_local else external_shift
-        g.advantages = base if shift == 0.0 else group_advantages(rewards, kind, shift=shift,
+        g.advantages = base if shift == 0.0 else group_advantages(rewards, group_kind, shift=shift,
                                                                   all_rewards=everything)
         unshifted.append(base)
     keep = set(nonzero_groups(unshifted))

@@ -10,6 +10,17 @@ then selected by a policy, with at most ``max_per_peer`` groups from any one pee
 - ``round_robin``: one group per peer in turn, peers in sorted id order starting at a random peer,
   each peer's groups newest epoch first (ties in random order).
 
+Dataset preference (``dataset_weights``, from :func:`preference_weights`): the random order every policy
+starts from is drawn with probability proportional to the weight of each group's dataset (weighted
+sampling without replacement, Efraimidis-Spirakis keys ``u ** (1 / w)``), and a dataset of weight 0 is
+never selected. ``uniform`` takes that order as it is, ``highest_reward`` breaks reward ties by it and
+``round_robin`` uses it inside each peer's queue. A node prefers:
+
+- ``own_mixture``: datasets of its own task mixture, ``w_d = weight_d / max weight`` (0 outside it);
+- ``low_signal``: datasets where its own recent groups rarely carry signal,
+  ``w_d = max(floor, 1 - signal_rate_d)`` (1 for a dataset it has not sampled lately);
+- ``both``: the product.
+
 Selection never blocks and never raises for too few candidates: it returns what there is. Everything is
 deterministic given the state of ``rng``. No I/O, no network, no config objects.
 """
@@ -17,14 +28,14 @@ deterministic given the state of ``rng``. No I/O, no network, no config objects.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from node.modes import SELECTION_POLICIES, SelectionPolicy
+from node.modes import DATASET_PREFERENCES, SELECTION_POLICIES, DatasetPreference, SelectionPolicy
 from node.train.advantages import has_signal
 
 LOCAL_PEER_ID = ""
@@ -42,6 +53,7 @@ class CandidateGroup:
         rewards: ``[N]`` rewards as scored locally.
         advantages: ``[N]`` advantages.
         payload: the caller's object (completions, log-probs, ...); opaque here.
+        dataset: the task's dataset (for dataset preferences).
     """
 
     key: str
@@ -50,6 +62,7 @@ class CandidateGroup:
     rewards: Tensor | Sequence[float]
     advantages: Tensor | Sequence[float]
     payload: Any = None
+    dataset: str = ""
 
     @property
     def mean_reward(self) -> float:
@@ -60,6 +73,60 @@ class CandidateGroup:
     def has_signal(self, atol: float = 1e-8) -> bool:
         """Whether any advantage is non-zero (within ``atol``)."""
         return has_signal(torch.as_tensor(self.advantages), atol)
+
+
+def preference_weights(
+    datasets: Iterable[str],
+    preference: DatasetPreference,
+    *,
+    mixture: Mapping[str, float],
+    signal_rates: Mapping[str, float],
+    floor: float,
+) -> dict[str, float] | None:
+    """The selection weight of each dataset in ``datasets`` under ``preference`` (module docstring).
+
+    Args:
+        datasets: the datasets of the candidate groups (repeats allowed).
+        preference: "none" (returns None: no weighting), "own_mixture", "low_signal" or "both".
+        mixture: the node's own task weights by dataset.
+        signal_rates: the fraction of the node's own recent groups of each dataset that carried signal;
+            a dataset missing here has not been sampled lately.
+        floor: the lowest ``low_signal`` weight, in [0, 1].
+
+    Returns:
+        ``{dataset: weight >= 0}``, or None for "none".
+    """
+    if preference not in DATASET_PREFERENCES:
+        raise ValueError(f"unknown dataset preference {preference!r}; expected one of {DATASET_PREFERENCES}")
+    if preference == "none":
+        return None
+    top = max(mixture.values(), default=0.0)
+    weights: dict[str, float] = {}
+    for dataset in set(datasets):
+        weight = 1.0
+        if preference in ("own_mixture", "both"):
+            weight *= mixture.get(dataset, 0.0) / top if top > 0 else 0.0
+        if preference in ("low_signal", "both") and dataset in signal_rates:
+            weight *= max(floor, 1.0 - signal_rates[dataset])
+        weights[dataset] = weight
+    return weights
+
+
+def _weighted_order(
+    groups: Sequence[CandidateGroup], weights: Mapping[str, float] | None, rng: random.Random
+) -> list[CandidateGroup]:
+    """A random order of ``groups``; with ``weights``, drawn proportionally to their datasets' weights
+    (Efraimidis-Spirakis), groups of weight-0 datasets left out."""
+    if weights is None:
+        return rng.sample(list(groups), len(groups))
+    keyed: list[tuple[float, CandidateGroup]] = []
+    for group in groups:
+        u = rng.random()  # one draw per group, kept or not: the stream does not depend on the weights
+        weight = weights.get(group.dataset, 0.0)
+        if weight > 0:
+            keyed.append((u ** (1.0 / weight), group))
+    keyed.sort(key=lambda item: -item[0])
+    return [group for _, group in keyed]
 
 
 def _take_capped(ordered: Sequence[CandidateGroup], j: int, max_per_peer: int | None) -> list[CandidateGroup]:
@@ -78,10 +145,14 @@ def _take_capped(ordered: Sequence[CandidateGroup], j: int, max_per_peer: int | 
 
 
 def _round_robin(
-    fresh: Sequence[CandidateGroup], j: int, max_per_peer: int | None, rng: random.Random
+    fresh: Sequence[CandidateGroup],
+    j: int,
+    max_per_peer: int | None,
+    rng: random.Random,
+    weights: Mapping[str, float] | None,
 ) -> list[CandidateGroup]:
     by_peer: dict[str, list[CandidateGroup]] = {}
-    for group in rng.sample(list(fresh), len(fresh)):
+    for group in _weighted_order(fresh, weights, rng):
         by_peer.setdefault(group.peer_id, []).append(group)
     peers = sorted(by_peer)
     if not peers:
@@ -109,6 +180,7 @@ def select_external(
     current_epoch: int,
     staleness_epochs: int,
     rng: random.Random,
+    dataset_weights: Mapping[str, float] | None = None,
 ) -> list[CandidateGroup]:
     """Choose up to ``j`` external groups (module docstring for the rules).
 
@@ -120,6 +192,8 @@ def select_external(
         current_epoch: the node's current epoch.
         staleness_epochs: groups with ``epoch < current_epoch - staleness_epochs`` are dropped.
         rng: the only source of randomness.
+        dataset_weights: weight of each dataset (None: all equal); groups of a dataset missing or of
+            weight 0 are never selected.
 
     Returns:
         At most ``j`` groups in selection order; fewer when fewer qualify.
@@ -137,8 +211,8 @@ def select_external(
     oldest = current_epoch - staleness_epochs
     fresh = [g for g in candidates if g.epoch >= oldest and g.has_signal()]
     if policy == "round_robin":
-        return _round_robin(fresh, j, max_per_peer, rng)
-    ordered = rng.sample(fresh, len(fresh))
+        return _round_robin(fresh, j, max_per_peer, rng, dataset_weights)
+    ordered = _weighted_order(fresh, dataset_weights, rng)
     if policy == "highest_reward":
         ordered.sort(key=lambda g: -g.mean_reward)  # stable: ties keep the random order
     return _take_capped(ordered, j, max_per_peer)
@@ -155,14 +229,15 @@ def mix(
     current_epoch: int,
     staleness_epochs: int,
     rng: random.Random,
+    dataset_weights: Mapping[str, float] | None = None,
 ) -> tuple[list[CandidateGroup], list[CandidateGroup]]:
     """One step's SAPO batch: up to ``i`` local and up to ``j`` external groups.
 
     Args:
         local: this step's own groups, in generation order; the first ``i`` with a non-zero advantage
             are taken (local groups are fresh by construction and not filtered by epoch).
-        external_candidates, j, policy, max_per_peer, current_epoch, staleness_epochs, rng: as in
-            :func:`select_external`.
+        external_candidates, j, policy, max_per_peer, current_epoch, staleness_epochs, rng,
+            dataset_weights: as in :func:`select_external`.
 
     Returns:
         ``(local_groups, external_groups)``.
@@ -178,5 +253,6 @@ def mix(
         current_epoch=current_epoch,
         staleness_epochs=staleness_epochs,
         rng=rng,
+        dataset_weights=dataset_weights,
     )
     return chosen_local, chosen_external

@@ -36,12 +36,12 @@ def test_adaptive_groups_have_group_size_completions_and_remember_every_reward(f
         assert len(g.completions) == len(g.rewards) == len(sg.texts) == 4
         drawn = g.all_rewards
         assert drawn is not None and len(drawn) in (4, 8, 12)  # whole rounds of 4
-        n_pos = sum(r > 0.5 for r in drawn)
+        n_pos = sum(r >= 1.0 for r in drawn)  # positive: reward at least the threshold (1.0)
         balanced = n_pos >= 2 and len(drawn) - n_pos >= 2
         # A task stops drawing as soon as it is balanced, so only the last round may have balanced it.
         assert balanced or len(drawn) == 12
         if balanced:
-            assert sum(r > 0.5 for r in g.rewards) == 2
+            assert sum(r >= 1.0 for r in g.rewards) == 2
 
 
 def test_a_node_step_runs_with_positive_focused_sampling(fast_config, monkeypatch):
@@ -67,3 +67,13 @@ def test_a_node_step_runs_with_positive_focused_sampling(fast_config, monkeypatc
     # The logged reward is the mean of every completion drawn, not only of those trained on.
     assert record["reward_mean"] == pytest.approx(sum(drawn) / len(drawn))
     assert record["n_local_groups"] == sum(1 for sg in sampled if len(set(sg.group.all_rewards)) > 1)
+
+
+def test_partial_credit_is_negative_below_the_positive_threshold():
+    """reasoning-gym gives partial credit (e.g. 0.5 for a near miss): with the default threshold 1.0 only a
+    fully correct completion is positive; a threshold of 0.5 counts the near misses as positives."""
+    rewards = [1.0, 0.5, 0.5, 0.5, 0.0, 0.0]
+    strict = _downsample(list(range(6)), rewards, 4, torch.Generator().manual_seed(0))
+    assert [rewards[i] for i in strict].count(1.0) == 1  # the one full positive, then 3 "negatives"
+    lenient = _downsample(list(range(6)), rewards, 4, torch.Generator().manual_seed(0), positive_threshold=0.5)
+    assert sum(rewards[i] >= 0.5 for i in lenient) == 2 and sum(rewards[i] == 0.0 for i in lenient) == 2

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from node.policy.tiny import tiny_base_path
 from node.runner import Node
+from protocol.codec import decode_batch
 from protocol.records import RolloutBatch
 from swarm.memory import InMemoryHub
 from tests.node.conftest import make_config
@@ -55,9 +56,15 @@ def _permuted_tiny_model(folder) -> None:
 
 def _node(run_dir, hub, *overrides):
     cfg = make_config(str(run_dir), "sapo.external_groups=4", "train.steps=3", *overrides)
-    node = Node(cfg, show_progress=False, transport=lambda _settings, _identity: hub.join())
+    node = Node(cfg, show_progress=False, transport=hub.join)
     node.setup()
     return node
+
+
+def _announced_batch(node):
+    """The one batch announced to ``node`` and not collected yet, decoded (signature checked)."""
+    ((_manifest, data),) = node.exchange.transport.pending
+    return decode_batch(data)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +106,7 @@ def test_peer_rewards_are_ignored_and_recomputed(tmp_path):
     a = _node(tmp_path / "a", hub)
     b = _node(tmp_path / "b", hub)
     a.train_step()  # publishes a batch
-    (batch,) = b.exchange.transport.inbox
+    batch = _announced_batch(b)
     lying = dataclasses.replace(batch, groups=tuple(
         dataclasses.replace(g, rollouts=tuple(dataclasses.replace(r, reward=1.0) for r in g.rollouts))
         for g in batch.groups))
@@ -119,7 +126,7 @@ def test_unknown_tasks_are_rejected_and_counted(tmp_path):
     a = _node(tmp_path / "a", hub)
     b = _node(tmp_path / "b", hub)
     a.train_step()
-    (batch,) = b.exchange.transport.inbox
+    batch = _announced_batch(b)
     bad_ref = dataclasses.replace(batch.groups[0].task, config_hash="0" * 12)
     g0 = batch.groups[0]
     bad_group = dataclasses.replace(g0, task=bad_ref, rollouts=tuple(dataclasses.replace(r, task=bad_ref)
@@ -163,7 +170,7 @@ def test_ids_that_do_not_spell_the_scored_text_are_rejected(tmp_path):
     a = _node(tmp_path / "a", hub)
     b = _node(tmp_path / "b", hub)
     a.train_step()
-    (batch,) = b.exchange.transport.inbox
+    batch = _announced_batch(b)
     g0 = batch.groups[0]
     task = b.source.task(g0.task)
     wrong_ids = tuple(b.policy.tokenizer("999", add_special_tokens=False)["input_ids"])

@@ -10,6 +10,7 @@ text is not the right answer was trained with a positive advantage.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,7 +81,11 @@ class Net:
     # -- rollouts as a peer with the victim's tokenizer would write them ------------------------------
 
     def ref(self, index: int, *, seed: int = HONEST_SEED, dataset: str = "add") -> TaskRef:
-        return self.victim.node.source.make_ref(dataset, 2 * index, seed=seed)
+        """The ``index``-th training task of ``seed``'s numbering (held-out tasks are rejected on arrival)."""
+        source = self.victim.node.source
+        refs = (source.make_ref(dataset, i, seed=seed) for i in itertools.count())
+        training = (ref for ref in refs if not source.is_held_out(source.task(ref)))
+        return next(itertools.islice(training, index, None))
 
     def answer(self, ref: TaskRef) -> str:
         return str(self.victim.node.source.task(ref).answer)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from node.train.advantages import rloo_advantages
-from node.train.sampler import LOCAL_PEER_ID, CandidateGroup, mix, select_external
+from node.train.sampler import LOCAL_PEER_ID, CandidateGroup, mix, preference_weights, select_external
 
 SIGNAL = [1.0, 0.0]  # RLOO advantages [1, -1]
 NO_SIGNAL = [1.0, 1.0]  # RLOO advantages [0, 0]
@@ -189,3 +189,40 @@ def test_bad_arguments_raise() -> None:
             staleness_epochs=2,
             rng=random.Random(0),
         )
+
+
+def _ds_group(key: str, dataset: str, peer: str = "peer-a") -> CandidateGroup:
+    g = group(key, peer)
+    g.dataset = dataset
+    return g
+
+
+def test_preference_weights_hand_computed() -> None:
+    mixture = {"add": 0.8, "sub": 0.2}
+    rates = {"add": 0.9, "sub": 0.25}  # the node's own recent signal rates
+    args: dict[str, Any] = {"mixture": mixture, "signal_rates": rates, "floor": 0.2}
+    assert preference_weights(["add", "sub"], "none", **args) is None
+    assert preference_weights(["add", "sub", "mul"], "own_mixture", **args) == pytest.approx(
+        {"add": 1.0, "sub": 0.25, "mul": 0.0})
+    # low_signal: max(floor, 1 - rate); a dataset with no own groups lately weighs 1.
+    assert preference_weights(["add", "sub", "mul"], "low_signal", **args) == pytest.approx(
+        {"add": 0.2, "sub": 0.75, "mul": 1.0})
+    assert preference_weights(["add", "sub", "mul"], "both", **args) == pytest.approx(
+        {"add": 0.2, "sub": 0.1875, "mul": 0.0})
+    with pytest.raises(ValueError, match="dataset preference"):
+        preference_weights(["add"], "most", **args)  # type: ignore[arg-type]
+
+
+def test_dataset_weights_bias_the_order_and_zero_weight_is_never_taken() -> None:
+    cands = [_ds_group(f"a{i}", "add") for i in range(20)] + [_ds_group(f"s{i}", "sub") for i in range(20)]
+    firsts: Counter[str] = Counter()
+    for seed in range(400):
+        (first,) = select(cands, 1, rng=random.Random(seed), dataset_weights={"add": 1.0, "sub": 3.0})
+        firsts[first.key[0]] += 1
+    # P(first group is a sub group) = 20 * 3 / (20 * 1 + 20 * 3) = 0.75 under weighted sampling.
+    assert abs(firsts["s"] / 400 - 0.75) < 0.07
+    for policy in ("uniform", "highest_reward", "round_robin"):
+        taken = select(cands, 40, policy, dataset_weights={"add": 0.0, "sub": 1.0})
+        assert len(taken) == 20 and all(g.dataset == "sub" for g in taken)
+    # Without weights the order is exactly the unweighted one (the random stream is unchanged).
+    assert keys(select(cands, 40)) == keys(select(cands, 40, dataset_weights=None))

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from node.tasks import Task, TaskError, build_task_source
 from node.tasks.arith import ArithTaskSource, problem_order, score_digits
-from node.tasks.base import settings_hash
+from node.tasks.base import HELD_OUT_BUCKETS, settings_hash
 from node.tasks.cache import LRUCache
 from node.tasks.prompting import extract_answer, format_for_model
 
@@ -79,12 +79,49 @@ def test_arith_train_and_eval_are_disjoint_problems() -> None:
     source = _arith()
     eval_refs = source.eval_refs(600)
     train_refs = source.sample(3000, random.Random(3))
-    assert all(ref.index % 2 == 1 for ref in eval_refs)
-    assert all(ref.index % 2 == 0 for ref in train_refs)
+    assert all(source.is_held_out(source.task(ref)) for ref in eval_refs)
+    assert not any(source.is_held_out(source.task(ref)) for ref in train_refs)
     eval_prompts = {source.task(ref).prompt for ref in eval_refs}
     train_prompts = {source.task(ref).prompt for ref in train_refs}
     assert len(eval_prompts) == 600
     assert not eval_prompts & train_prompts
+
+
+def test_the_split_is_a_property_of_the_problem_the_same_for_every_seed() -> None:
+    """Nodes with different seeds number the problems differently but hold out the same ones, so no peer's
+    training task is a held-out task of ours; 3-digit datasets share the split of the 2-digit problems."""
+    mine, peer = _arith(seed=1), _arith(seed=2)
+    refs = [mine.make_ref("add", i) for i in range(10_000)]
+    held = {(t.metadata["a"], t.metadata["b"]) for t in map(mine.task, refs) if mine.is_held_out(t)}
+    peer_held = {(t.metadata["a"], t.metadata["b"]) for t in map(peer.task, (peer.make_ref("add", i)
+                                                                            for i in range(10_000)))
+                 if peer.is_held_out(t)}
+    assert held == peer_held
+    assert abs(len(held) / 10_000 - 1 / HELD_OUT_BUCKETS) < 0.01
+    for ref in peer.sample(2000, random.Random(5)):  # everything a peer trains on is ours to train on too
+        assert not mine.is_held_out(mine.task(ref))
+    # The split depends on (op, a, b) only: hand-computed key "add/7/35".
+    seven_35 = Task(ref=mine.make_ref("add", 0), prompt="07+35=", answer="042", metadata={"op": "add", "a": 7, "b": 35})
+    digest = hashlib.sha256(b"held-out/arith/add/7/35").digest()
+    assert mine.is_held_out(seven_35) == (int.from_bytes(digest[:8], "big") % HELD_OUT_BUCKETS == 0)
+    three = build_task_source("arith", ["add3"], None, 9)
+    wide = Task(ref=three.make_ref("add3", 0), prompt="007+035=", answer="0042", metadata={"op": "add", "a": 7, "b": 35})
+    assert three.is_held_out(wide) == mine.is_held_out(seven_35)
+
+
+def test_three_digit_datasets() -> None:
+    source = build_task_source("arith", ["add3", "sub3"], None, 4)
+    refs = source.sample(300, random.Random(0))
+    assert {ref.dataset for ref in refs} == {"add3", "sub3"}
+    for ref in refs:
+        task = source.task(ref)
+        a, b = task.metadata["a"], task.metadata["b"]
+        assert 0 <= a <= 999 and 0 <= b <= 999
+        if ref.dataset == "add3":
+            assert task.prompt == f"{a:03d}+{b:03d}=" and task.answer == f"{a + b:04d}"
+        else:
+            assert a >= b and task.prompt == f"{a:03d}-{b:03d}=" and task.answer == f"{a - b:03d}"
+    assert len({source.task(ref).prompt for ref in refs}) > 290  # a million problems: few repeats
 
 
 def test_eval_refs_are_fixed_and_round_robin() -> None:
@@ -93,7 +130,10 @@ def test_eval_refs_are_fixed_and_round_robin() -> None:
     assert refs == _arith().eval_refs(9)
     assert refs[:4] == source.eval_refs(4)
     assert [ref.dataset for ref in refs] == ARITH_DATASETS * 3
-    assert [ref.index for ref in refs] == [1, 1, 1, 3, 3, 3, 5, 5, 5]
+    for dataset in ARITH_DATASETS:  # the first held-out indices, in order
+        indices = [ref.index for ref in refs if ref.dataset == dataset]
+        held = [i for i in range(indices[-1] + 1) if source.is_held_out(source.task(source.make_ref(dataset, i)))]
+        assert indices == held[:3]
 
 
 def test_sample_is_deterministic_and_respects_weights() -> None:

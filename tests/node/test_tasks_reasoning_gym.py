@@ -110,10 +110,20 @@ def test_prompt_asks_for_answer_tags(rg_source: ReasoningGymTaskSource) -> None:
 def test_train_and_eval_splits_are_disjoint(rg_source: ReasoningGymTaskSource) -> None:
     eval_refs = rg_source.eval_refs(90)
     train_refs = rg_source.sample(400, random.Random(4))
-    assert all(ref.index % 2 == 1 for ref in eval_refs)
-    assert all(ref.index % 2 == 0 for ref in train_refs)
-    assert not set(eval_refs) & set(train_refs)
+    assert all(rg_source.is_held_out(rg_source.task(ref)) for ref in eval_refs)
+    assert not any(rg_source.is_held_out(rg_source.task(ref)) for ref in train_refs)
+    eval_questions = {rg_source.content_key(rg_source.task(ref)) for ref in eval_refs}
+    assert not eval_questions & {rg_source.content_key(rg_source.task(ref)) for ref in train_refs}
     assert eval_refs == _rg().eval_refs(90)
+
+
+def test_the_split_follows_the_question_text_not_the_seed(rg_source: ReasoningGymTaskSource) -> None:
+    other_seed = _rg(seed=rg_source.seed + 1)
+    for ref in other_seed.eval_refs(18) + other_seed.sample(40, random.Random(1)):
+        task = rg_source.task(ref)  # a peer's ref, regenerated here
+        assert rg_source.is_held_out(task) == other_seed.is_held_out(other_seed.task(ref))
+        question = task.prompt.removesuffix(ANSWER_INSTRUCTION).rstrip()
+        assert rg_source.content_key(task) == f"{ref.dataset}/{question}"
 
 
 def test_sample_deterministic_and_weighted() -> None:

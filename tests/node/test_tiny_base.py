@@ -178,3 +178,49 @@ def test_build_script_rebuilds_byte_identical_files(tmp_path: Path) -> None:
     for name in SHIPPED_FILES:
         assert (tmp_path / "a" / name).read_bytes() == (reference / name).read_bytes(), name
     assert (info["steps"], info["greedy_add_accuracy"]) == (expected["steps"], expected["greedy_add_accuracy"])
+
+
+def _build_script() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_tiny_base", REPO_ROOT / "scripts" / "build_tiny_base.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_build_options_leave_the_default_draws_unchanged_and_key_the_cache() -> None:
+    build = _build_script()
+    # The default mix draws exactly what the shipped base was trained on: the original two-digit sampler.
+    gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    ops = list(build.OP_MIX)
+    op_ids = torch.multinomial(torch.tensor([build.OP_MIX[o] for o in ops]), 64, replacement=True, generator=gen_b)
+    operands = torch.randint(0, 100, (64, 2), generator=gen_b).tolist()
+    original = [make_problem(ops[i], a, b) for i, (a, b) in zip(op_ids.tolist(), operands)]
+    assert build.sample_problems(64, gen_a, build.OP_MIX) == original
+    assert build.seq_len(build.OP_MIX) == build.SEQ_LEN == 12
+    # Three-digit problems fit: bos + "123+456=" + "0579" + eos.
+    assert build.seq_len({"add": 0.5, "add3": 0.5}) == 14
+    mixed = build.sample_problems(200, torch.Generator().manual_seed(0), {"add": 0.5, "add3": 0.5})
+    assert {len(p) for p, _ in mixed} == {6, 8}
+    assert build.parse_mix("add=0.2,sub3=0.8") == {"add": 0.2, "sub3": 0.8}
+    for bad in ("add", "div=1", "add=-1"):
+        with pytest.raises(Exception, match="expected|weights"):
+            build.parse_mix(bad)
+    key = build.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "150"])
+    assert key == build.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "150"])
+    assert key != build.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "151"])
+
+
+@pytest.mark.slow
+def test_cached_base_is_built_once_outside_the_package(tmp_path: Path) -> None:
+    build = _build_script()
+    options = ["--op-mix", "add=0.5,add3=0.5", "--eval-ops", "add3", "--steps", "2"]
+    first = build.cached_base(options, name="probe", cache_root=tmp_path)
+    assert first.parent == tmp_path and first.name.startswith("probe-")
+    info = json.loads((first / "build_info.json").read_text())
+    assert info["fixed_steps"] == 2 and info["eval_ops"] == ["add3"] and "greedy_add3_accuracy" in info
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert build.cached_base(options, name="probe", cache_root=tmp_path) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt
+    AutoModelForCausalLM.from_pretrained(first)

@@ -25,6 +25,19 @@ def test_global_baseline_uses_every_reward_drawn():
     assert torch.allclose(kept.advantages, torch.tensor([0.5, 0.5]))
 
 
+def test_reinforce_ada_groups_use_the_mean_of_every_draw_whatever_the_advantage_kind():
+    """The balanced downsample's own mean is about 0.5 whatever the pass rate; the baseline must be the
+    mean of all draws (ALGORITHMS.md): here 2 right of 8 drawn, so 0.25, and GRPO's std is not applied."""
+    for kind in ("rloo", "grpo", "global"):
+        g = _group([1.0, 1.0, 0.0, 0.0])
+        g.all_rewards = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        (kept,) = assign_advantages([g], kind)
+        assert torch.allclose(kept.advantages, torch.tensor([0.75, 0.75, -0.25, -0.25])), kind
+    plain = _group([1.0, 0.0])  # no record of other draws: the configured kind
+    (kept,) = assign_advantages([plain], "rloo")
+    assert torch.allclose(kept.advantages, torch.tensor([1.0, -1.0]))
+
+
 def _tiny_trainer(loss: str = "grpo"):
     from node.config import AdapterConfig, ModelConfig
     from node.policy.model import build_policy
