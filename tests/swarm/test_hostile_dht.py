@@ -20,9 +20,10 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 from protocol.identity import Identity
 from swarm.keys import SLOTS_PER_AUTHOR, manifest_key, shard_of
 from swarm.transport import SwarmTransport
-from tests.swarm.attacker import Attacker, peer_id_of, wait_until
+from tests.swarm.attacker import peer_id_of, wait_until
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import SWARM_ID, fast_settings, p2pd_pid
+from tests.swarm.conftest import SWARM_ID
+from tests.swarm.hostile_net import HostileNet, hostile_net
 
 _MIB = 1024 * 1024
 EPOCH_SECONDS = 2.0
@@ -30,50 +31,13 @@ SETTINGS = {"epoch_seconds": EPOCH_SECONDS, "manifest_ttl": 20.0, "max_manifest_
             "max_dht_store_bytes": 4 * _MIB, "max_foreign_dht_bytes": 1 * _MIB}
 
 
-@dataclasses.dataclass
-class Net:
-    victim: SwarmTransport
-    honest: SwarmTransport
-    attacker: Attacker
-
-    def received_from_honest(self, text: str, timeout: float = 15.0) -> bool:
-        """Publish a batch from the honest node and wait until the victim collected it."""
-        self.honest.publish(make_batch(self.honest.identity, text=text))
-        got: list[str] = []
-
-        def poll() -> bool:
-            for batch in self.victim.collect():
-                assert batch.author == self.honest.identity.public_key, "a batch of the attacker got through"
-                got.extend(r.completion for g in batch.groups for r in g.rollouts)
-            return text in got
-
-        return wait_until(poll, timeout)
-
-    def rejected(self) -> dict[str, int]:
-        value = self.victim.stats()["batches_rejected"]
-        assert isinstance(value, dict)
-        return value
+Net = HostileNet
 
 
 @pytest.fixture(scope="module")
 def net() -> Iterator[Net]:
-    victim = SwarmTransport(fast_settings(**SETTINGS), Identity.generate())
-    honest: SwarmTransport | None = None
-    attacker: Attacker | None = None
-    try:
-        victim.start(wait=True)
-        p2pd_pid(victim)
-        honest = SwarmTransport(fast_settings(initial_peers=victim.visible_multiaddrs(), **SETTINGS),
-                                Identity.generate())
-        honest.start(wait=True)
-        p2pd_pid(honest)
-        attacker = Attacker(SWARM_ID, victim.visible_multiaddrs())
-        assert wait_until(lambda: victim.stats()["peers_connected"] >= 2)
-        yield Net(victim, honest, attacker)
-    finally:
-        for closer in (attacker, honest, victim):
-            if closer is not None:
-                closer.close()
+    with hostile_net(SETTINGS) as built:
+        yield built
 
 
 def _storage_entries(transport: SwarmTransport) -> list[tuple[object, float, int]]:

@@ -31,10 +31,10 @@ from protocol.identity import Identity
 from protocol.samples import expanding_batch, realistic_batch
 from swarm.core import PublishItem, decoded_cost
 from swarm.keys import manifest_key, manifest_subkey, shard_of
-from swarm.transport import SwarmTransport
-from tests.swarm.attacker import Attacker, peer_id_of, wait_until
+from tests.swarm.attacker import wait_until
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import SWARM_ID, fast_settings, p2pd_pid
+from tests.swarm.conftest import SWARM_ID
+from tests.swarm.hostile_net import HostileNet, hostile_net
 
 _MIB = 1024 * 1024
 SETTINGS = {
@@ -51,64 +51,13 @@ SETTINGS = {
 }
 
 
-@dataclasses.dataclass
-class Net:
-    victim: SwarmTransport
-    honest: SwarmTransport
-    attacker: Attacker
-
-    def received_from_honest(self, text: str, timeout: float = 15.0) -> bool:
-        """Publish a batch from the honest node and wait until the victim collected it."""
-        self.honest.publish(make_batch(self.honest.identity, text=text))
-        return self.wait_for_text(text, timeout)
-
-    def wait_for_text(self, text: str, timeout: float = 15.0) -> bool:
-        got: list[str] = []
-
-        def poll() -> bool:
-            for batch in self.victim.collect():
-                assert batch.author == self.honest.identity.public_key, "a batch of the attacker got through"
-                got.extend(r.completion for g in batch.groups for r in g.rollouts)
-            return text in got
-
-        return wait_until(poll, timeout)
-
-    def rejected(self) -> dict[str, int]:
-        value = self.victim.stats()["batches_rejected"]
-        assert isinstance(value, dict)
-        return value
-
-    def offences(self) -> dict[str, int]:
-        value = self.victim.stats()["offences"]
-        assert isinstance(value, dict)
-        return value
-
-    def file(self, records: list[tuple[str, bytes, float, str]]) -> None:
-        """Store manifests at the victim (valid records: every author files under its own subkey)."""
-        assert self.attacker.store_many(peer_id_of(self.victim), records) == [True] * len(records)
+Net = HostileNet
 
 
 @pytest.fixture(scope="module")
 def net() -> Iterator[Net]:
-    victim = SwarmTransport(fast_settings(**SETTINGS), Identity.generate())
-    honest: SwarmTransport | None = None
-    attacker: Attacker | None = None
-    try:
-        victim.start(wait=True)
-        p2pd_pid(victim)
-        honest = SwarmTransport(fast_settings(initial_peers=victim.visible_multiaddrs(), **SETTINGS),
-                                Identity.generate())
-        honest.start(wait=True)
-        p2pd_pid(honest)
-        attacker = Attacker(SWARM_ID, victim.visible_multiaddrs())
-        assert wait_until(lambda: victim.stats()["peers_connected"] >= 2)
-        built = Net(victim, honest, attacker)
-        assert built.received_from_honest("hello")  # the honest node is an established author from now on
+    with hostile_net(SETTINGS, established=True) as built:
         yield built
-    finally:
-        for closer in (attacker, honest, victim):
-            if closer is not None:
-                closer.close()
 
 
 def test_decoded_size_is_estimated_before_decoding() -> None:
