@@ -36,7 +36,7 @@ def _config(name: str, run_dir: Path, *overrides: str) -> NodeConfig:
 
 
 def _in_memory_node(cfg: NodeConfig, hub: InMemoryHub) -> Node:
-    node = Node(cfg, show_progress=False, transport=lambda _settings, _identity: hub.join())
+    node = Node(cfg, show_progress=False, transport=hub.join)
     node.setup()
     return node
 
