@@ -106,6 +106,8 @@ class _Peer:
     banned_until: float = float("-inf")
     last_offence: float = float("-inf")
     accepted: int = 0
+    stalls_forgiven: int = 0  # stalls forgiven since ``first_forgiven`` (see ``pull_failed``)
+    first_forgiven: float = float("-inf")
 
 
 class PeerBook:
@@ -121,6 +123,7 @@ class PeerBook:
         ban_backoff: float = 2.0,
         max_ban_seconds: float = 3600.0,
         max_pull_attempts: int = 3,
+        stall_grace: int = 2,
         max_batches_per_epoch: int | None = None,
         max_bytes_per_epoch: int | None = None,
         max_payload_bytes_per_peer_epoch: int | None = None,
@@ -140,6 +143,8 @@ class PeerBook:
         self.ban_backoff = ban_backoff
         self.max_ban_seconds = max_ban_seconds
         self.max_pull_attempts = max_pull_attempts
+        self.stall_grace = stall_grace
+        self.stalls_forgiven = 0
         self.max_peers = max_peers
         self.accepted = 0
         self.accepted_bytes = 0
@@ -290,11 +295,15 @@ class PeerBook:
         """A pull did not complete. Returns True if the batch may be pulled again.
 
         A stalled pull (the author's address accepted the stream, then did not deliver in time) is an
-        offence at once. An unreachable author is retried until ``max_pull_attempts`` failures, then
-        rejected as unreachable, an offence too. Either way the quota is given back.
+        offence, except that an established author (one with an accepted batch) is forgiven
+        ``stall_grace`` stalls per ``max_ban_seconds``: an honest peer on an overloaded machine can miss
+        ``pull_timeout`` once, and banning it would cut the swarm off from its batches. A forgiven stall
+        counts as a failed attempt. Newcomers get no grace, so identities made to stall cost a ban each.
+        An unreachable author is retried until ``max_pull_attempts`` failures, then rejected as
+        unreachable, an offence too. Either way the quota is given back.
         """
         self._release(batch_id, author, epoch, byte_size)
-        if stalled:
+        if stalled and not self._forgive_stall(author, now):
             self._attempts.pop((author, batch_id), None)
             self.rejected[RejectReason.STALLED] += 1
             self._stat(author, now).rejected[RejectReason.STALLED] += 1
@@ -308,6 +317,19 @@ class PeerBook:
             self.punish(author, now, RejectReason.UNREACHABLE)
             return False
         self._attempts[(author, batch_id)] = (failures, epoch)
+        return True
+
+    def _forgive_stall(self, author: str, now: float) -> bool:
+        """Whether a stall of ``author`` is within its grace (and if so, use up one stall of it)."""
+        peer = self._peers.get(author)
+        if peer is None or peer.accepted <= 0 or self.stall_grace <= 0:
+            return False
+        if peer.first_forgiven + self.max_ban_seconds < now:
+            peer.stalls_forgiven, peer.first_forgiven = 0, now
+        if peer.stalls_forgiven >= self.stall_grace:
+            return False
+        peer.stalls_forgiven += 1
+        self.stalls_forgiven += 1
         return True
 
     def penalize(self, author: str, reason: str, now: float) -> float:

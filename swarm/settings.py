@@ -152,7 +152,11 @@ class SwarmSettings(BaseModel):
     join_retry_max_seconds: float = Field(default=30.0, gt=0)
     pull_timeout: float = Field(default=10.0, gt=0)
     """Bound on one whole pull (every address tried, every read): a peer that trickles bytes or stalls
-    a stream holds a pull slot at most this long, and is banned for it."""
+    a stream holds a pull slot at most this long, and is banned for it (past ``stall_grace``)."""
+    stall_grace: int = Field(default=2, ge=0)
+    """Stalled pulls forgiven to an established peer (one with an accepted batch) per ``max_ban_seconds``:
+    retried instead of banned, so an honest peer on an overloaded machine is not cut off. Newcomers get
+    none; 0 bans every stall at once."""
     max_concurrent_pulls: int = Field(default=8, ge=1)
     max_pulls_per_author: int = Field(default=2, ge=1)
     max_pull_attempts: int = Field(default=3, ge=1)

@@ -27,6 +27,7 @@ def peer_book_for(settings: SwarmSettings) -> PeerBook:
         ban_backoff=settings.ban_backoff,
         max_ban_seconds=settings.max_ban_seconds,
         max_pull_attempts=settings.max_pull_attempts,
+        stall_grace=settings.stall_grace,
         max_batches_per_epoch=settings.max_batches_per_epoch,
         max_bytes_per_epoch=settings.max_bytes_per_epoch,
         max_payload_bytes_per_peer_epoch=settings.max_payload_bytes_per_peer_epoch,

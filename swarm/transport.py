@@ -380,6 +380,7 @@ class SwarmTransport:
                 "offences": dict(book.offences),
                 "pulls_failed": counters["pulls_failed"],
                 "pulls_stalled": counters["pulls_stalled"],
+                "stalls_forgiven": book.stalls_forgiven,
                 "pulls_unreachable": counters["pulls_unreachable"],
                 "serve_failed": counters["serve_failed"],
                 "poll_failed": counters["poll_failed"],

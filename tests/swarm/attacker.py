@@ -3,7 +3,7 @@
 ``Attacker`` runs its own ``P2P`` (p2pd) and ``DHTNode`` (no record validator) in a thread with its own
 event loop, stores whatever it likes straight into a victim's DHT storage (``call_store`` to the
 victim's peer id, bypassing every check of its own), and answers the swarm's batch protocol with a raw
-stream handler whose behaviour the test picks: serve bytes, stall, or trickle.
+stream handler whose behaviour the test picks: serve bytes, stall (always or once), or trickle.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Attacker:
 
     def __init__(self, swarm_id: str, initial_peers: list[str]) -> None:
         self.swarm_id = swarm_id
-        self.mode = "serve"  # serve | stall | trickle
+        self.mode = "serve"  # serve | stall | stall_once (then serve) | trickle
         self.batches: dict[str, bytes] = {}
         self.requests = 0
         self.loop = asyncio.new_event_loop()
@@ -119,7 +119,9 @@ class Attacker:
         self.requests += 1
         try:
             raw = await reader.readexactly(64)
-            if self.mode == "stall":
+            if self.mode in ("stall", "stall_once"):
+                if self.mode == "stall_once":
+                    self.mode = "serve"
                 await asyncio.sleep(3600)
             data = self.batches.get(raw.decode("ascii", errors="replace"), b"")
             writer.write(len(data).to_bytes(8, "big"))

@@ -94,12 +94,51 @@ def test_failed_pulls_are_retried_then_counted_unreachable_and_punished() -> Non
     assert pb.is_banned("p", 5) and pb.offences == {"unreachable": 1}
 
 
-def test_a_stalled_pull_is_an_offence_at_once() -> None:
+def test_a_newcomers_stalled_pull_is_an_offence_at_once() -> None:
     pb = book()
     pb.screen("p", "b1", 10, 600, current_epoch=10, now=0)
     assert pb.pull_failed("p", "b1", 10, 600, stalled=True, now=0) is False
     assert pb.rejected == {"stalled": 1} and pb.ban_remaining("p", 0) == 10.0
     assert pb.screen("p", "b2", 10, 1000, current_epoch=10, now=10) is None  # quota given back
+
+
+def test_an_established_peer_is_forgiven_stall_grace_stalls_per_window() -> None:
+    pb = book(stall_grace=2, max_ban_seconds=100.0, max_pull_attempts=5)
+    pb.screen("p", "b0", 10, 100, current_epoch=10, now=0)
+    pb.accept("p", "b0", 10, 100)
+    for attempt in range(2):  # forgiven: retried, not banned, not rejected
+        assert pb.screen("p", "b1", 10, 100, current_epoch=10, now=attempt) is None
+        assert pb.pull_failed("p", "b1", 10, 100, stalled=True, now=attempt) is True
+        assert not pb.is_banned("p", attempt) and not pb.rejected
+    assert pb.stalls_forgiven == 2
+    pb.screen("p", "b2", 10, 100, current_epoch=10, now=2)
+    assert pb.pull_failed("p", "b2", 10, 100, stalled=True, now=2) is False  # the third: an offence
+    assert pb.rejected == {"stalled": 1} and pb.is_banned("p", 3)
+    assert pb.stalls_forgiven == 2
+    # A window later the grace is back.
+    pb.screen("p", "b3", 10, 100, current_epoch=10, now=200)
+    assert pb.pull_failed("p", "b3", 10, 100, stalled=True, now=200) is True
+    assert not pb.is_banned("p", 200) and pb.stalls_forgiven == 3
+
+
+def test_a_forgiven_stall_still_counts_as_a_failed_attempt() -> None:
+    pb = book(stall_grace=1, max_pull_attempts=2)
+    pb.screen("p", "b0", 10, 100, current_epoch=10, now=0)
+    pb.accept("p", "b0", 10, 100)
+    pb.screen("p", "b1", 10, 100, current_epoch=10, now=0)
+    assert pb.pull_failed("p", "b1", 10, 100, stalled=True, now=0) is True
+    pb.screen("p", "b1", 10, 100, current_epoch=10, now=1)
+    assert pb.pull_failed("p", "b1", 10, 100, stalled=False, now=1) is False  # second failure of b1
+    assert pb.rejected == {"unreachable": 1}
+
+
+def test_no_stall_grace_bans_established_peers_at_once() -> None:
+    pb = book(stall_grace=0)
+    pb.screen("p", "b0", 10, 100, current_epoch=10, now=0)
+    pb.accept("p", "b0", 10, 100)
+    pb.screen("p", "b1", 10, 100, current_epoch=10, now=0)
+    assert pb.pull_failed("p", "b1", 10, 100, stalled=True, now=0) is False
+    assert pb.rejected == {"stalled": 1} and pb.is_banned("p", 1) and pb.stalls_forgiven == 0
 
 
 def test_accept_counts_and_prune_forgets_old_epochs() -> None:

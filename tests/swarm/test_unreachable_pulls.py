@@ -4,7 +4,7 @@ Two raw hostile peers (``tests.swarm.attacker``) each announce one batch at thei
 the victim's pull. One stays up: a fresh connection to it succeeds, so the stall was aimed at the victim
 and its author is banned. The other goes away while the victim waits on it (as a crashed, frozen or
 partitioned peer does): it cannot be dialed again, so its author is not punished and the pull is only
-counted as unreachable.
+counted as unreachable. A peer that has delivered before is forgiven a stall (``stall_grace``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from protocol.identity import Identity
 from swarm.transport import SwarmTransport
-from tests.swarm.attacker import Attacker, peer_id_of, wait_until
+from tests.swarm.attacker import Attacker, _with, peer_id_of, wait_until
 from tests.swarm.batches import make_batch
 from tests.swarm.conftest import SWARM_ID, fast_settings, p2pd_pid
 
@@ -76,3 +76,39 @@ def test_only_a_peer_that_can_be_dialed_again_is_punished_for_a_stall(victim: Sw
     finally:
         for attacker in attackers:
             attacker.close()
+
+
+def test_an_established_peer_is_forgiven_one_stall_then_banned() -> None:
+    """An honest peer on an overloaded machine can miss ``pull_timeout`` once: a peer with an accepted
+    batch is forgiven ``stall_grace`` stalls (here 1), its batch pulled again; the next stall is an
+    offence."""
+    victim = SwarmTransport(fast_settings(**SETTINGS, stall_grace=1), Identity.generate())
+    attacker: Attacker | None = None
+    try:
+        victim.start(wait=True)
+        attacker = Attacker(SWARM_ID, victim.visible_multiaddrs())
+        author = Identity.generate()
+        epoch = victim.current_epoch()
+
+        def announce(seq: int) -> None:
+            batch = _with(make_batch(author, index=seq), seq=seq)
+            record = attacker.manifest_record(author, batch, epoch=epoch)
+            assert attacker.store_many(peer_id_of(victim), [record]) == [True]
+
+        announce(1)
+        assert wait_until(lambda: _int(victim, "batches_accepted") >= 1, timeout=20), victim.stats()
+        attacker.mode = "stall_once"  # the next request stalls, the retry is served
+        announce(2)
+        assert wait_until(lambda: _int(victim, "batches_accepted") >= 2, timeout=30), victim.stats()
+        assert _int(victim, "pulls_stalled") == 1 and _int(victim, "stalls_forgiven") == 1
+        assert _count(victim, "offences", "stalled") == 0 and _int(victim, "peers_banned") == 0
+
+        attacker.mode = "stall"  # grace used up: the next stall bans
+        announce(3)
+        assert wait_until(lambda: _count(victim, "offences", "stalled") == 1, timeout=30), victim.stats()
+        assert _int(victim, "peers_banned") == 1 and _int(victim, "stalls_forgiven") == 1
+        assert _int(victim, "batches_accepted") == 2
+    finally:
+        if attacker is not None:
+            attacker.close()
+        victim.close()
