@@ -3,7 +3,10 @@
 Returns, for every completion, its token ids, the per-token log-probs of the distribution the token was
 actually drawn from (after temperature and top-p), and a mask that ends at (and includes) the first EOS.
 Only the last position's logits are computed (``logits_to_keep=1``), the attention mask is allocated once,
-and sampling draws from a generator on the policy's device, so no step copies logits to the host.
+sampling draws from a generator on the policy's device, so no step copies logits to the host, and rows
+that finished are dropped from the batch and its KV cache once a quarter of it has (RL completions end at
+very different lengths; ``generate`` keeps computing them to the longest). A prompt shared by several
+sequences (a group) is computed once and its KV cache copied to each.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+_COMPACT_AT = 0.75
+"""The sampling loop drops finished rows once at most this share of the computed batch is still alive."""
+
+
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask (to -inf) the tokens outside the smallest set whose probability reaches ``top_p``. ``[B, V]``."""
     if top_p >= 1.0:
@@ -88,6 +95,34 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = before >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
+
+
+def _prefill(model: nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device, *, share: bool,
+             remix: Any = None) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    """Run the prompts through the model: the last position's logits ``[B, V]``, the KV cache and the
+    left-padded prompt mask ``[B, W]``.
+
+    With ``share``, each distinct prompt is computed once and its cache rows copied to every sequence that
+    has it (an RL step samples a group of completions per prompt, so this divides the prompt work by the
+    group size), where the cache can select rows; otherwise every row is computed.
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    share = share and len(distinct) < len(prompts)
+    ids, prompt_mask = left_pad([list(p) for p in distinct] if share else prompts, pad_id)
+    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
+    if remix is not None:
+        remix.set_prompt_mask(prompt_mask.bool())
+    out = model(input_ids=ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
+                use_cache=True, logits_to_keep=1)
+    past = out.past_key_values
+    if not share:
+        return out.logits[:, -1, :], past, prompt_mask
+    if not hasattr(past, "batch_select_indices"):  # a cache that cannot copy rows: compute them all
+        return _prefill(model, prompts, pad_id, device, share=False)
+    rows = torch.tensor(index, device=device)
+    past.batch_select_indices(rows)
+    return out.logits[rows, -1, :], past, prompt_mask[rows]
 
 
 @torch.inference_mode()
@@ -108,26 +143,27 @@ def generate(
     device = device or torch.device("cpu")
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    ids, prompt_mask = left_pad(prompts, pad_id)
-    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
-    batch, width = ids.shape
-    if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
-        remix.deterministic()
-        remix.set_prompt_mask(prompt_mask.bool())
     if generator is not None and generator.device != device:
         raise ValueError(f"sampling generator on {generator.device}, policy on {device}: create it on the policy's device")
-    attn = torch.cat([prompt_mask, prompt_mask.new_ones((batch, max_new_tokens))], dim=1)  # grown by slicing
     was_training = model.training
     model.eval()
-    out = model(input_ids=ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
-                use_cache=True, logits_to_keep=1)
-    past = out.past_key_values
+    if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
+        remix.deterministic()
+    # ReMix keeps per-sequence routing state of the whole batch: no shared prefill, no compaction.
+    last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=remix is None, remix=remix)
+    batch, width = prompt_mask.shape
+    compact = remix is None and hasattr(past, "batch_select_indices")
+    attn = torch.cat([prompt_mask, prompt_mask.new_ones((batch, max_new_tokens))], dim=1)  # grown by slicing
     next_pos = prompt_mask.sum(-1, keepdim=True)
-    tokens, logprobs, masks = [], [], []
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    all_ids = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    all_lps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    all_mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+    hit_eos = torch.zeros(batch, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)  # the batch row each computed row fills
     alive = torch.ones(batch, dtype=torch.bool, device=device)
+    length = 0
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
+        logits = last_logits.float()
         if greedy:
             tok = logits.argmax(-1)
             lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
@@ -136,24 +172,31 @@ def generate(
             tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
         tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
-        tokens.append(tok)
-        logprobs.append(torch.where(alive, lp, torch.zeros_like(lp)))
-        masks.append(alive)
+        all_ids[rows, step] = tok
+        all_lps[rows, step] = torch.where(alive, lp, torch.zeros_like(lp))
+        all_mask[rows, step] = alive
+        length = step + 1
         if eos_id is not None:
-            finished = finished | (alive & (tok == eos_id))
-        alive = ~finished
-        if step == max_new_tokens - 1 or not alive.any():
+            ended = alive & (tok == eos_id)
+            hit_eos[rows] |= ended
+            alive = alive & ~ended
+        n_alive = int(alive.sum())
+        if step == max_new_tokens - 1 or n_alive == 0:
             break
+        if compact and n_alive <= alive.numel() * _COMPACT_AT:
+            # Drop finished rows from the batch (and their KV cache): later steps cost what the live ones need.
+            keep = alive.nonzero().squeeze(-1)
+            past.batch_select_indices(keep)
+            rows, attn, next_pos, tok, alive = rows[keep], attn[keep], next_pos[keep], tok[keep], alive[keep]
         out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=next_pos,
                     past_key_values=past, use_cache=True, logits_to_keep=1)
-        past = out.past_key_values
+        past, last_logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = next_pos + 1
     model.train(was_training)
-    completion_ids = torch.stack(tokens, 1).cpu()
-    completion_mask = torch.stack(masks, 1).cpu()
-    reasons = ["eos" if f else "length" for f in finished.tolist()]
+    reasons = ["eos" if f else "length" for f in hit_eos.tolist()]
     routing = remix.last_routing().cpu() if remix is not None else None
-    return Completions(completion_ids, torch.stack(logprobs, 1).cpu(), completion_mask, reasons, routing)
+    return Completions(all_ids[:, :length].cpu(), all_lps[:, :length].cpu(), all_mask[:, :length].cpu(), reasons,
+                       routing)
 
 
 def sequence_logprobs(

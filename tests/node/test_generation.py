@@ -102,3 +102,81 @@ def test_mask_ends_at_first_eos(model_and_tokenizer):
     assert out.completion_ids[:, 0].tolist() == [eos] * 4
     assert out.completion_mask.sum(-1).tolist() == [1, 1, 1, 1]
     assert out.finish_reasons == ["eos"] * 4
+
+
+def _eos_from_position(model, eos: int, position: int, batch_sizes: list[int]):
+    """A hook that makes EOS certain for rows whose last position is at least ``position`` (prompts of
+    different lengths then end at different steps) and records each forward's batch size."""
+
+    def hook(_module, _args, kwargs, output):
+        batch_sizes.append(int(kwargs["input_ids"].shape[0]))
+        done = kwargs["position_ids"][:, -1] >= position
+        output.logits[done, -1, :] = -1e4
+        output.logits[done, -1, eos] = 0.0
+        return output
+
+    return model.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_dropping_finished_rows_changes_nothing_but_the_work(model_and_tokenizer, monkeypatch, greedy):
+    import node.generation as generation
+
+    model, tok = model_and_tokenizer
+    prompts = _prompts(tok)  # 7, 5, 7 and 3 tokens: forced EOS at position 9 ends them after 3, 5, 3 and 7
+    outs, sizes = {}, {}
+    for name, at in (("kept", -1.0), ("dropped", 1.0)):
+        monkeypatch.setattr(generation, "_COMPACT_AT", at)
+        sizes[name] = []
+        handle = _eos_from_position(model, tok.eos_token_id, 8, sizes[name])
+        try:
+            gen = torch.Generator().manual_seed(3)
+            outs[name] = generate(model, tok, prompts, max_new_tokens=10, greedy=greedy, generator=gen)
+        finally:
+            handle.remove()
+    kept, dropped = outs["kept"], outs["dropped"]
+    assert dropped.finish_reasons == ["eos"] * 4
+    if greedy:  # the same tokens; sampling draws from a smaller batch once rows are dropped
+        assert sizes["kept"] == [4] * 7 and sizes["dropped"] == [4, 4, 4, 2, 2, 1, 1]  # prefill, then a token each
+        assert dropped.completion_mask.sum(-1).tolist() == [3, 5, 3, 7] == kept.completion_mask.sum(-1).tolist()
+        assert torch.equal(dropped.completion_ids, kept.completion_ids)
+        assert torch.allclose(dropped.behavior_logprobs, kept.behavior_logprobs, atol=1e-5)
+    else:  # a sampled EOS can end a row sooner; each forward computes only the rows still going
+        lengths = dropped.completion_mask.sum(-1).tolist()
+        assert sizes["dropped"] == [sum(n > k for n in lengths) for k in range(max(lengths))]
+        assert sizes["kept"] == [4] * max(kept.completion_mask.sum(-1).tolist())
+    m = dropped.completion_mask
+    assert (dropped.completion_ids[~m] == tok.pad_token_id).all() and (dropped.behavior_logprobs[~m] == 0).all()
+    p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
+    with torch.no_grad():
+        lps = sequence_logprobs(model, p_ids, p_mask, dropped.completion_ids, m)
+    # The full forward does not see the hook's forced EOS at the last token, so compare what came before.
+    before_eos = m & (dropped.completion_ids != tok.eos_token_id)
+    assert torch.allclose(lps[before_eos], dropped.behavior_logprobs[before_eos], atol=1e-4)
+
+
+def test_a_prompt_shared_by_a_group_is_computed_once(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    distinct = _prompts(tok)
+    prompts = [distinct[i // 3] for i in range(12)]  # groups of 3 completions a prompt
+    sizes: list[tuple[int, int]] = []
+    handle = model.register_forward_hook(
+        lambda _m, _a, kwargs, _o: sizes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        out = generate(model, tok, prompts, max_new_tokens=5, greedy=True)
+        gen = torch.Generator().manual_seed(4)
+        sampled = generate(model, tok, prompts, max_new_tokens=5, generator=gen)
+    finally:
+        handle.remove()
+    assert sizes[0] == (4, 7)  # the prefill: 4 distinct prompts of up to 7 tokens ...
+    assert all(b == 12 and n == 1 for b, n in sizes[1:5])  # ... then a token for each of the 12 sequences
+    for i, p in enumerate(prompts):
+        alone = generate(model, tok, [p], max_new_tokens=5, greedy=True)
+        assert out.row(i)[0] == alone.row(0)[0]
+        assert out.row(i)[1] == pytest.approx(alone.row(0)[1], abs=1e-4)
+    assert len({tuple(sampled.row(i)[0]) for i in range(3)}) > 1  # a group's members are sampled apart
+    p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
+    with torch.no_grad():
+        lps = sequence_logprobs(model, p_ids, p_mask, sampled.completion_ids, sampled.completion_mask)
+    m = sampled.completion_mask
+    assert torch.allclose(lps[m], sampled.behavior_logprobs[m], atol=1e-4)
