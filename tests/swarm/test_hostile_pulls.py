@@ -206,10 +206,19 @@ def test_a_sybil_flood_is_bounded_by_the_global_quota(net: Net) -> None:
     for start in range(0, len(records), 10):
         net.file(records[start : start + 10])
     assert wait_until(lambda: net.rejected().get("quota_global", 0) - before >= 10)
+    # The established author keeps its share. Sybil pulls still in flight may land meanwhile.
+    honest, sybil_keys, got = net.honest.identity.public_key, {s.public_key for s in sybils}, []
+    net.honest.publish(make_batch(net.honest.identity, text="after the sybils"))
+
+    def honest_arrived() -> bool:
+        for batch in victim.collect():
+            assert batch.author in sybil_keys | {honest}, "a batch of another author got through"
+            if batch.author == honest:
+                got.extend(r.completion for g in batch.groups for r in g.rollouts)
+        return "after the sybils" in got
+
+    assert wait_until(honest_arrived, timeout=15.0)
     accepted = victim.stats()["batches_accepted"]
     assert isinstance(accepted, int) and isinstance(accepted_before, int)
-    assert accepted - accepted_before <= 30  # the newcomers' half of the global quota, at most
-    sybil_batches = victim.collect()
-    assert all(b.author in {s.public_key for s in sybils} for b in sybil_batches)
-    assert net.received_from_honest("after the sybils")  # the established author keeps its share
+    assert accepted - accepted_before <= 30 + 1  # the newcomers' half of the global quota at most, + the honest one
     assert isinstance(victim.stats()["peers_seen"], int)
