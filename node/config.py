@@ -113,6 +113,9 @@ class VllmConfig(_Section):
     enforce_eager: bool = Field(True, description="no CUDA graphs / compilation: starts in seconds")
 
 
+_VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher temperatures
+
+
 class GenerationConfig(_Section):
     backend: GenerationBackendName = Field("hf", description="hf: the node's own sampling loop; vllm: a vLLM engine")
     group_size: int = Field(8, ge=1, description="completions per task (G)")
@@ -248,6 +251,9 @@ class NodeConfig(_Section):
         if self.generation.backend == "vllm" and self.generation.vllm.sync == "lora" and self.adapter.train_norms:
             raise ValueError("generation.vllm.sync=lora cannot carry trained norms; set adapter.train_norms=false "
                              "or generation.vllm.sync=merge")
+        if self.generation.backend == "vllm" and self.generation.temperature > _VLLM_MAX_TEMPERATURE:
+            raise ValueError(f"generation.temperature={self.generation.temperature:g} is above vLLM's limit of "
+                             f"{_VLLM_MAX_TEMPERATURE:g}; lower it or set generation.backend=hf")
         return self
 
 

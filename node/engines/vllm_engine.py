@@ -15,8 +15,8 @@ After every optimizer step ``sync`` hands the policy to the engine, in one of tw
   way (the engine rejects such an adapter), and on CPU the engine's LoRA path is slower than merging.
 
 Behaviour log-probs are the engine's ``processed_logprobs``: the sampled token's log-prob after temperature
-and top-p, i.e. of the distribution it was drawn from. Every request carries its own seed, drawn from the
-node's sampling generator, so a run repeats as long as the engine's kernels do (batch composition can
+and top-p, i.e. of the distribution it was drawn from. Every request (one distinct prompt, sampled as many
+times as it occurs in the batch) carries its own seed, drawn from the node's sampling generator, so a run repeats as long as the engine's kernels do (batch composition can
 still change floating-point reductions, so repeats are exact on one machine and build, not across them).
 """
 
@@ -155,23 +155,33 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        # A group's G copies of one prompt go in as one request with n=G: the engine takes in, schedules and
+        # returns one request instead of G (its children draw with seeds seed, seed+1, ...). Greedy rows are
+        # all the same, so each stays a request of its own.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(tuple(prompt) if not settings.greedy else (i, *prompt), []).append(i)
+        rows = list(groups.values())
         eos = self.policy.tokenizer.eos_token_id
-        seeds = None if settings.greedy else request_seeds(generator, len(prompts))
+        seeds = None if settings.greedy else request_seeds(generator, len(rows))
         params = [
-            SamplingParams(max_tokens=settings.max_new_tokens, temperature=0.0 if settings.greedy else settings.temperature,
-                           top_p=1.0 if settings.greedy else settings.top_p, seed=None if seeds is None else seeds[i],
+            SamplingParams(n=len(row), max_tokens=settings.max_new_tokens,
+                           temperature=0.0 if settings.greedy else settings.temperature,
+                           top_p=1.0 if settings.greedy else settings.top_p, seed=None if seeds is None else seeds[g],
                            logprobs=0, flat_logprobs=True, stop_token_ids=[eos] if eos is not None else None,
                            detokenize=False)
-            for i in range(len(prompts))
+            for g, row in enumerate(rows)
         ]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
-                                 lora_request=self._lora)
-        ids, lps, reasons = [], [], []
-        for out in outs:
-            c = out.outputs[0]
-            ids.append(list(c.token_ids))
-            lps.append(_sampled_logprobs(c.logprobs, c.token_ids))
-            reasons.append("eos" if c.finish_reason == "stop" else "length")
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[row[0]]) for row in rows], params,
+                                 use_tqdm=False, lora_request=self._lora)
+        ids: list[list[int]] = [[] for _ in prompts]
+        lps: list[list[float]] = [[] for _ in prompts]
+        reasons = [""] * len(prompts)
+        for row, out in zip(rows, outs, strict=True):
+            for i, c in zip(row, sorted(out.outputs, key=lambda c: c.index), strict=True):
+                ids[i] = list(c.token_ids)
+                lps[i] = _sampled_logprobs(c.logprobs, c.token_ids)
+                reasons[i] = "eos" if c.finish_reason == "stop" else "length"
         pad = self.policy.tokenizer.pad_token_id
         completion_ids, mask = right_pad(ids, pad if pad is not None else 0, torch.long)
         logprobs, _ = right_pad(lps, 0.0, torch.float32)

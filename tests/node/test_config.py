@@ -81,6 +81,7 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     [
         (["generation.backend=vllm", "adapter.kind=remix"], ["generation.backend=vllm", "adapter.kind=remix"]),
         (["generation.backend=vllm", "generation.vllm.sync=lora"], ["generation.vllm.sync=lora", "train_norms"]),
+        (["generation.backend=vllm", "generation.temperature=2.5"], ["generation.temperature=2.5", "backend=hf"]),
     ],
 )
 def test_backend_and_adapter_that_cannot_work_together_are_one_line_errors(overrides, fields):
