@@ -39,6 +39,10 @@ NODE_DEFAULTS = [
     "sapo.external_groups=4",
     "generation.group_size=4",
     "swarm.epoch_seconds=30",
+    # 16 nodes on 2 cores queue every DHT read behind 15 training processes: with the default 5 s most reads
+    # of a 16-node soak timed out and 5 nodes accepted nothing; 15 s (as in configs/public-swarm.yaml) lets
+    # all of them exchange. An override after the two numbers still wins.
+    "swarm.request_timeout=15",
 ]
 
 
