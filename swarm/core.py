@@ -628,17 +628,22 @@ class SwarmCore:
                 self._newcomer_pulls -= 1
 
     async def _pull_and_verify(self, manifest: Manifest, author: str) -> None:
-        progress = _PullProgress()
-        try:  # one bound on the whole pull, however the peer paces its bytes
-            data, from_author = await asyncio.wait_for(self._fetch(manifest, progress), self.settings.pull_timeout)
-        except asyncio.TimeoutError:
-            data, from_author = None, False
-            progress.stalled = progress.stalled or progress.reading_author
-        if data is None and progress.stalled and not await self._reachable(manifest, progress.peer):
-            # A fresh connection cannot even be made: a partition, a crash or a frozen process, not a
-            # stall aimed at us. Banning it would keep its batches out long after the network heals.
-            progress.stalled = False
-            self.shared.add("pulls_unreachable")
+        for attempt in range(2):
+            progress = _PullProgress()
+            data, from_author = await self._bounded_fetch(manifest, progress)
+            if data is not None or not progress.stalled:
+                break
+            if not await self._reachable(manifest, progress.peer):
+                # A fresh connection cannot even be made: a partition, a crash or a frozen process, not a
+                # stall aimed at us. Banning it would keep its batches out long after the network heals.
+                progress.stalled = False
+                self.shared.add("pulls_unreachable")
+                break
+            if attempt == 0:
+                # The stream may have died with its connection: after a partition heals, a TCP connection
+                # opened before it can sit in retransmission back-off for seconds. So the pull is tried
+                # once more over the fresh connection; a peer that stalls that one too does it on purpose.
+                self.shared.add("stalls_retried")
         book = self.shared.peer_book
         if data is None:
             with self.shared.lock:
@@ -657,6 +662,14 @@ class SwarmCore:
             settle(book, manifest, len(data), reason, offence=offence, now=time.monotonic(), groups=groups)
         if reason is not None:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
+
+    async def _bounded_fetch(self, manifest: Manifest, progress: _PullProgress) -> tuple[bytes | None, bool]:
+        """``_fetch`` within one bound on the whole pull, however the peer paces its bytes."""
+        try:
+            return await asyncio.wait_for(self._fetch(manifest, progress), self.settings.pull_timeout)
+        except asyncio.TimeoutError:
+            progress.stalled = progress.stalled or progress.reading_author
+            return None, False
 
     def _forget_manifest(self, manifest: Manifest) -> None:
         """Let the next poll see this manifest again (a pull to retry)."""

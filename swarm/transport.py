@@ -381,6 +381,7 @@ class SwarmTransport:
                 "pulls_failed": counters["pulls_failed"],
                 "pulls_stalled": counters["pulls_stalled"],
                 "stalls_forgiven": book.stalls_forgiven,
+                "stalls_retried": counters["stalls_retried"],
                 "pulls_unreachable": counters["pulls_unreachable"],
                 "serve_failed": counters["serve_failed"],
                 "poll_failed": counters["poll_failed"],

@@ -43,7 +43,7 @@ class Attacker:
 
     def __init__(self, swarm_id: str, initial_peers: list[str]) -> None:
         self.swarm_id = swarm_id
-        self.mode = "serve"  # serve | stall | stall_once (then serve) | trickle
+        self.mode = "serve"  # serve | stall | stall_once (then serve) | stall_twice (then serve) | trickle
         self.batches: dict[str, bytes] = {}
         self.requests = 0
         self.loop = asyncio.new_event_loop()
@@ -119,9 +119,8 @@ class Attacker:
         self.requests += 1
         try:
             raw = await reader.readexactly(64)
-            if self.mode in ("stall", "stall_once"):
-                if self.mode == "stall_once":
-                    self.mode = "serve"
+            if self.mode in ("stall", "stall_once", "stall_twice"):
+                self.mode = {"stall_once": "serve", "stall_twice": "stall_once"}.get(self.mode, self.mode)
                 await asyncio.sleep(3600)
             data = self.batches.get(raw.decode("ascii", errors="replace"), b"")
             writer.write(len(data).to_bytes(8, "big"))

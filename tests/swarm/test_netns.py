@@ -104,7 +104,7 @@ def stop_all(nodes: list[Any]) -> list[int]:
 
 
 _WHY = ("peers_connected", "peers_banned", "batches_accepted", "batches_rejected", "offences", "pulls_failed",
-        "pulls_stalled", "pulls_unreachable", "poll_failed", "poll_key_timeouts")
+        "pulls_stalled", "stalls_retried", "pulls_unreachable", "poll_failed", "poll_key_timeouts")
 """The counters a failed exchange is explained by."""
 
 
@@ -134,7 +134,7 @@ def test_public_and_natted_nodes_accept_each_others_batches(lab: Any) -> None:
         assert not last_stats(node)["batches_rejected"], last_stats(node)
 
 
-@pytest.mark.slow  # about 40 s, and resuming within two epochs failed 2 of 8 runs at a load average near 10
+@pytest.mark.slow  # about 25 s idle, 45 to 60 s at a load average near 10
 def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> None:
     epoch = 6.0
     a0, a1, b0, b1 = (lab.add_host() for _ in range(4))
@@ -164,3 +164,6 @@ def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> 
                    | {"got_after_heal": {y.peer[:8]: len(received(node, y, after=healed_at)) for y in nodes.values()}}
                    for node in nodes.values()})
     assert stop_all(list(nodes.values())) == [0] * len(nodes)
+    # Every node is honest: a pull that stalled on a connection the split left stuck is no offence.
+    for node in nodes.values():
+        assert not last_stats(node)["offences"], last_stats(node)
