@@ -44,9 +44,9 @@ logger = logging.getLogger(__name__)
 SyncMode = Literal["merge", "lora"]
 
 # How a new policy reaches the engine when generation.vllm.sync=auto, by device type. CPU, measured by
-# scripts/bench_generation.py (README): generation with a LoRARequest ran at 0.33x (tiny-base) and 0.76x
-# (26M shape) of the merged engine's speed, more than the reload a step costs. GPU: not measured yet (scripts/gpu_check.sh measures
-# both); merge, the only mode that also carries trained norms.
+# scripts/bench_generation.py (README): generation with a LoRARequest ran at 21% (small-base) to 59%
+# (tiny-base) of the merged engine's speed, and lost with the sync included at every size. GPU: not
+# measured yet (scripts/gpu_check.sh measures both); merge, the only mode that also carries trained norms.
 AUTO_SYNC: dict[str, SyncMode] = {"cpu": "merge", "cuda": "merge"}
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels are built for
