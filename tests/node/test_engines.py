@@ -352,5 +352,9 @@ def test_a_vllm_daemon_and_an_hf_daemon_with_another_tokenizer_share_and_train(t
         assert rs[-1]["batches_accepted"] > 0 and rs[-1]["ingest_retokenized"] > 0
     vllm_rows = rows["b"]
     assert [r["step"] for r in vllm_rows] == list(range(1, 13))
-    assert all(r["gen/sync_seconds"] > 0 and r["train/logprob_gap_abs"] < 1e-4 for r in vllm_rows)
+    assert all(r["gen/sync_seconds"] > 0 for r in vllm_rows)
+    # The gap is measured on the step's own samples: a step whose own groups all lack signal (and so train
+    # on peers' groups only) has none.
+    own = [r for r in vllm_rows if r["n_local_groups"] > 0]
+    assert own and all(r["train/logprob_gap_abs"] < 1e-4 for r in own)
     assert not any("gen/sync_seconds" in r for r in rows["a"])
