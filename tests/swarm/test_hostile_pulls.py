@@ -94,12 +94,14 @@ def test_front_running_a_batch_id_does_not_block_the_genuine_batch(net: Net) -> 
     net.file([attacker.manifest_record(second, make_batch(second), epoch=epoch, batch_id=bid)])
     assert wait_until(lambda: net.rejected().get("hash_mismatch", 0) == before.get("hash_mismatch", 0) + 1)
     # Only now does the genuine manifest appear: the id must not have become known.
-    manifest = make_manifest(genuine, data, expires_at=now + 120)
+    # It may share its subkey slot (seq % 8) with the set-up batch's manifest, which expires in manifest_ttl
+    # (180 s): the DHT keeps the later-expiring record, so this one must outlive it.
+    manifest = make_manifest(genuine, data, expires_at=now + 300)
     item = PublishItem(bid, data, encode_manifest(manifest, honest.identity),
                        manifest_key(SWARM_ID, epoch, shard_of(honest.identity.peer_id)),
                        manifest_subkey(honest.identity.peer_id, genuine.seq), manifest.expires_at)
     honest._call_on_loop(lambda core: core.enqueue_publish(item))
-    assert net.wait_for_text("genuine")
+    assert net.wait_for_text("genuine"), (victim.stats(), honest.stats())
     banned = victim.stats()["peers_banned"]
     assert isinstance(banned, int) and banned >= 2
     assert net.offences().get("too_large", 0) >= 1 and net.offences().get("hash_mismatch", 0) >= 1
