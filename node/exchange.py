@@ -189,8 +189,8 @@ class SwarmExchange:
                 self.ingestor.scorer.close()
 
 
-_TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "stalls_forgiven", "pulls_failed",
-                      "poll_key_timeouts", "pulls_unreachable", "dht_store_bytes", "duplicate_groups", "wire_encode_seconds",
-                      "wire_verify_seconds")
+_TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "stalls_forgiven", "stalls_retried",
+                      "pulls_failed", "poll_key_timeouts", "pulls_unreachable", "dht_store_bytes", "duplicate_groups",
+                      "wire_encode_seconds", "wire_verify_seconds")
 """Transport counters copied into the node's metrics next to the batch counts (``wire_*``: the in-process
 hub's time spent encoding and signing, and verifying and screening)."""

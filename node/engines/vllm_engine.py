@@ -16,8 +16,9 @@ After every optimizer step ``sync`` hands the policy to the engine, in one of tw
 
 Behaviour log-probs are the engine's ``processed_logprobs``: the sampled token's log-prob after temperature
 and top-p, i.e. of the distribution it was drawn from. Every request (one distinct prompt, sampled as many
-times as it occurs in the batch) carries its own seed, drawn from the node's sampling generator, so a run repeats as long as the engine's kernels do (batch composition can
-still change floating-point reductions, so repeats are exact on one machine and build, not across them).
+times as it occurs in the batch) carries its own seed, drawn from the node's sampling generator, so a run
+repeats as long as the engine's kernels do (batch composition can still change floating-point reductions,
+so repeats are exact on one machine and build, not across them).
 """
 
 from __future__ import annotations
@@ -158,9 +159,9 @@ class VLLMBackend:
         # A group's G copies of one prompt go in as one request with n=G: the engine takes in, schedules and
         # returns one request instead of G (its children draw with seeds seed, seed+1, ...). Greedy rows are
         # all the same, so each stays a request of its own.
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[object, list[int]] = {}
         for i, prompt in enumerate(prompts):
-            groups.setdefault(tuple(prompt) if not settings.greedy else (i, *prompt), []).append(i)
+            groups.setdefault(i if settings.greedy else tuple(prompt), []).append(i)
         rows = list(groups.values())
         eos = self.policy.tokenizer.eos_token_id
         seeds = None if settings.greedy else request_seeds(generator, len(rows))
