@@ -39,8 +39,8 @@ def node_cmd(run_dir: Path, *args: str) -> list[str]:
 
 def run_node(run_dir: Path, steps: int, crash: str | None = None, timeout: float = 300) -> tuple[int, str]:
     env = {**ENV, CRASH_ENV: crash} if crash else {k: v for k, v in ENV.items() if k != CRASH_ENV}
-    # Epochs so short that a batch may go out every step (min_publish_interval: an eighth of an epoch, well under
-    # the 30 ms or more a step takes), so crash points count steps however fast the machine runs them.
+    # Epochs so short that a batch may go out every step (min_publish_interval: an eighth of an epoch, 1.25 ms,
+    # under any step), so crash points count steps however fast the machine runs them.
     proc = subprocess.run(node_cmd(run_dir, f"train.steps={steps}", "swarm.epoch_seconds=0.01"), env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr

@@ -134,7 +134,7 @@ def test_public_and_natted_nodes_accept_each_others_batches(lab: Any) -> None:
         assert not last_stats(node)["batches_rejected"], last_stats(node)
 
 
-@pytest.mark.slow  # about 25 s idle, 45 to 60 s at a load average near 10
+@pytest.mark.slow  # about 25 s idle, 43 to 61 s at a load average near 9
 def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> None:
     epoch = 6.0
     a0, a1, b0, b1 = (lab.add_host() for _ in range(4))
