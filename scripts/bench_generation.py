@@ -1,14 +1,17 @@
 """Generation throughput of the node's backends against transformers ``generate``, in one run, with ratios.
 
-Usage: python scripts/bench_generation.py [--models tiny,small,qwen0.5b] [--threads 2] [--dtype float32]
-                                          [--device cpu] [--reps 2] [--scale 1.0] [--no-vllm]
+Usage: python scripts/bench_generation.py [--models tiny,small,small-long,qwen0.5b] [--threads 2]
+                                          [--dtype float32] [--device cpu] [--reps 2] [--scale 1.0]
+                                          [--no-vllm] [--compile]
        python scripts/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
 
 Models: ``tiny`` (the embedded tiny-base), ``small`` (``small-base`` when this checkout has it, else a
 random-init Llama of its shape: hidden 512, 8 layers, head dim 64, vocabulary 8,192, about 25 M
-parameters) and ``qwen0.5b`` (a random-init Qwen2 with Qwen2.5-0.5B's shape, built from a config here: no
-download). Every model gets the node's policy: a LoRA of rank 8 on all projections (no trained norms, so
-both vLLM sync modes apply).
+parameters), ``small-long`` (small-base's shape and tokenizer with random weights, which seldom sample EOS:
+its completions run to the token limit, where the trained small-base answers in about 4 tokens) and
+``qwen0.5b`` (a random-init Qwen2 with Qwen2.5-0.5B's shape, built from a config here: no download). Every
+model gets the node's policy: a LoRA of rank 8 on all projections (no trained norms, so both vLLM sync modes
+apply).
 
 Contenders, on the same prompts (one "step" = sequences x new tokens; tokens counted up to EOS):
 
@@ -16,7 +19,10 @@ Contenders, on the same prompts (one "step" = sequences x new tokens; tokens cou
 - ``generate/batched``: ``generate`` on the whole batch (left-padded), sampling at temperature 1;
 - ``node-hf``: the node's own loop (``HFBackend``), which also returns exact behaviour log-probs;
 - ``vllm``: the in-process vLLM engine, merged weights pushed after each step (``sync=merge``);
-- ``vllm-lora``: the same engine with the adapter hot-swapped as a LoRARequest (``sync=lora``).
+- ``vllm-lora``: the same engine with the adapter hot-swapped as a LoRARequest (``sync=lora``);
+- ``vllm-compiled`` (with ``--compile``): the ``vllm`` contender with the engine's compilation on
+  (``generation.vllm.enforce_eager=false``: torch.compile, which needs a C++ compiler on CPU, and CUDA
+  graphs on a GPU), at the price of a longer engine start.
 
 For the vLLM contenders the table also gives the policy-sync time a step (the adapters are moved first,
 as an optimizer step would), tokens/s a step with the sync included, and the mean |engine - trainer|
@@ -56,7 +62,7 @@ from node.policy.model import Policy, build_policy  # noqa: E402
 from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E402
 
 # sequences (tasks x group) and new tokens of one step, per model, at --scale 1
-WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "qwen0.5b": (32, 32)}
+WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "small-long": (256, 64), "qwen0.5b": (32, 32)}
 NAIVE_PROMPTS = 8  # naive per-prompt generate is timed on this many prompts (its rate does not depend on it)
 
 
@@ -103,29 +109,48 @@ def random_model_folder(kind: str, root: Path, dtype: torch.dtype) -> str:
     return str(folder)
 
 
-def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, str, str]:
-    """The policy, the folder its base model loads from, and a label."""
+def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, str, str, bool]:
+    """The policy, the folder its base model loads from, a label, and whether its tokenizer can encode the
+    node's task prompts (else the prompts are random ids)."""
     adapter = AdapterConfig(train_norms=False)
     if kind == "tiny":
         return build_policy(ModelConfig(name_or_path="tiny-base", dtype=dtype, device=device), adapter, 0), \
-            resolve_model_path("tiny-base"), "tiny-base"
-    if kind == "small":
+            resolve_model_path("tiny-base"), "tiny-base", True
+    if kind in ("small", "small-long"):
         try:
             policy = build_policy(ModelConfig(name_or_path="small-base", dtype=dtype, device=device), adapter, 0)
+        except PolicyError:
+            if kind == "small-long":
+                raise
+        else:
             from node.engines.vllm_engine import base_model_path
 
-            return policy, base_model_path(policy), "small-base"
-        except PolicyError:
-            pass
+            if kind == "small":
+                return policy, base_model_path(policy), "small-base", True
+            folder = random_weights_copy(base_model_path(policy), root / kind, getattr(torch, dtype))
+            policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
+            return policy, folder, "small-base shape, random weights (long completions)", True
     folder = random_model_folder(kind, root, getattr(torch, dtype))
     policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
     label = "small-base stand-in (random init)" if kind == "small" else "Qwen2.5-0.5B shape (random init)"
-    return policy, folder, label
+    return policy, folder, label, False
+
+
+def random_weights_copy(source: str, folder: Path, dtype: torch.dtype) -> str:
+    """A copy of the model folder ``source`` (config, tokenizer) with freshly initialised weights (seed 0)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)).to(dtype).save_pretrained(folder)
+    return str(folder)
 
 
 def step_prompts(policy: Policy, n: int, *, tasks: bool) -> list[list[int]]:
     """``n`` prompts, 8 copies each (a group): arithmetic tasks formatted for the model when its tokenizer
-    is its own (``tasks``), else random ids of 24 to 39 tokens (random-init models)."""
+    can encode them (``tasks``), else random ids of 24 to 39 tokens (random-init models of a hub shape)."""
     distinct = max(1, n // 8)
     if tasks:
         import random
@@ -225,7 +250,7 @@ def bench_hf(policy: Policy, prompts: list[list[int]], tokens: int, reps: int) -
 
 
 def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: int, args: argparse.Namespace,
-               mode: str, hf: HFBackend) -> Row:
+               mode: str, hf: HFBackend, *, compiled: bool = False) -> Row:
     """One engine; every rep is one step: the policy moves, reaches the engine, the engine samples, and the
     node's HF loop samples the same prompts right after (the paired rate the ``x node-hf`` column uses)."""
     from node.engines.vllm_engine import VLLMBackend
@@ -233,8 +258,8 @@ def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: in
     settings = SamplingSettings(max_new_tokens=tokens)
     gen = torch.Generator(device=policy.device).manual_seed(0)
     t0 = time.perf_counter()
-    engine = VLLMBackend(policy, folder, engine_config(args, sync=mode), dtype=args.dtype, max_num_seqs=len(prompts),
-                         seed=0)
+    engine = VLLMBackend(policy, folder, engine_config(args, sync=mode, compiled=compiled), dtype=args.dtype,
+                         max_num_seqs=len(prompts), seed=0)
     started = time.perf_counter() - t0
     try:
         engine.generate(prompts[:4], SamplingSettings(max_new_tokens=2), gen)  # warm-up
@@ -248,7 +273,8 @@ def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: in
             t_hf, hf_out = time_best(lambda: hf.generate(prompts, settings, gen), 1)
             hf_rates.append(int(hf_out.completion_mask.sum()) / t_hf)
         assert out is not None
-        return Row(f"vllm-{mode}" if mode == "lora" else "vllm", int(out.completion_mask.sum()), min(gens),
+        name = "vllm-lora" if mode == "lora" else "vllm-compiled" if compiled else "vllm"
+        return Row(name, int(out.completion_mask.sum()), min(gens),
                    statistics.median(syncs), gap=gap_of(policy, prompts, out), paired_hf=max(hf_rates),
                    notes=[f"start {started:.1f} s"])
     finally:
@@ -256,8 +282,8 @@ def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: in
         gc.collect()
 
 
-def engine_config(args: argparse.Namespace, sync: str = "merge") -> VllmConfig:
-    return VllmConfig(sync=sync, kv_cache_memory_bytes=args.kv_bytes, enforce_eager=not args.cuda_graphs)  # type: ignore[arg-type]
+def engine_config(args: argparse.Namespace, sync: str = "merge", *, compiled: bool = False) -> VllmConfig:
+    return VllmConfig(sync=sync, kv_cache_memory_bytes=args.kv_bytes, enforce_eager=not compiled)  # type: ignore[arg-type]
 
 
 def print_table(label: str, sequences: int, tokens: int, rows: list[Row]) -> None:
@@ -279,14 +305,16 @@ def print_table(label: str, sequences: int, tokens: int, rows: list[Row]) -> Non
 def run_bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
         for kind in args.models.split(","):
-            policy, folder, label = load_model(kind, Path(tmp), args.dtype, args.device)
+            policy, folder, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device)
             sequences, tokens = WORKLOADS[kind]
             sequences, tokens = max(1, int(sequences * args.scale)), max(1, int(tokens * args.scale))
-            prompts = step_prompts(policy, sequences, tasks="random" not in label)
+            prompts = step_prompts(policy, sequences, tasks=tasks)
             rows, hf = bench_hf(policy, prompts, tokens, args.reps)
             if not args.no_vllm:
                 for mode in ("merge", "lora"):
                     rows.append(bench_vllm(policy, folder, prompts, tokens, args, mode, hf))
+                if args.compile:
+                    rows.append(bench_vllm(policy, folder, prompts, tokens, args, "merge", hf, compiled=True))
             for r in rows:  # progress, in case a later model does not finish
                 paired = f", node-hf in the same reps {r.paired_hf:.0f} tok/s" if r.paired_hf else ""
                 print(f"[{label}] {r.name}: {r.tokens_per_s:.0f} tok/s, sync {r.sync_seconds:.3f} s{paired}",
@@ -304,15 +332,15 @@ def run_training(args: argparse.Namespace) -> None:
 
     kind = args.models.split(",")[0]
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
-        policy, folder, label = load_model(kind, Path(tmp), args.dtype, args.device)
+        policy, folder, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device)
         sequences, tokens = WORKLOADS[kind]
         sequences, tokens = max(2, int(sequences * args.scale)), max(1, int(tokens * args.scale))
-        prompts = step_prompts(policy, sequences, tasks="random" not in label)
+        prompts = step_prompts(policy, sequences, tasks=tasks)
         group = 8 if sequences % 8 == 0 else 1
         trainer = Trainer(policy, lr=1e-5, norm_lr=1e-3, router_lr=1e-3, weight_decay=0.0, max_grad_norm=1.0,
                           loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
                           temperature=1.0, gradient_checkpointing=args.gradient_checkpointing)
-        engine: GenerationBackend = VLLMBackend(policy, folder, engine_config(args), dtype=args.dtype,
+        engine: GenerationBackend = VLLMBackend(policy, folder, engine_config(args, compiled=args.compile), dtype=args.dtype,
                                                 max_num_seqs=sequences, seed=0)
         gen = torch.Generator(device=policy.device).manual_seed(0)
         adv_gen = torch.Generator().manual_seed(1)
@@ -345,7 +373,7 @@ def run_training(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny,small,qwen0.5b")
+    parser.add_argument("--models", default="tiny,small,small-long,qwen0.5b")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu")
@@ -355,7 +383,8 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--kv-bytes", type=int, default=1 << 30, help="vLLM KV cache size in bytes")
-    parser.add_argument("--cuda-graphs", action="store_true", help="let vLLM capture CUDA graphs (GPU)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the engine compiled (torch.compile; CUDA graphs on GPU); training: compiled")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

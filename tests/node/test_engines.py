@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -50,6 +51,17 @@ def recompute(policy: Policy, prompts: list[list[int]], out, temperature: float 
     with torch.no_grad():
         return sequence_logprobs(policy.model, p_ids, p_mask, out.completion_ids, out.completion_mask,
                                  temperature=temperature)
+
+
+def assert_engine_follows(engine: VLLMBackend, policy: Policy, prompts: list[list[int]], *, steps: int,
+                          seed: int) -> None:
+    """``steps`` times: move the policy, sync, sample; the engine's log-probs must be the moved policy's."""
+    for step in range(steps):
+        perturb(policy, 0.05, seed=seed + step)
+        engine.sync()
+        out = engine.generate(prompts, SamplingSettings(max_new_tokens=6), torch.Generator().manual_seed(step))
+        gap = (recompute(policy, prompts, out) - out.behavior_logprobs)[out.completion_mask].abs()
+        assert gap.mean() < 1e-4, f"step {step}: mean gap {gap.mean():.2e}"
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +197,25 @@ def test_lora_hot_swap_follows_the_policy_too(tmp_path):
 
 
 @needs_vllm
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_a_compiled_engine_follows_the_policy_too(policy):
+    """``enforce_eager=false`` (torch.compile on CPU): weights pushed in place still reach the compiled model."""
+    engine = VLLMBackend(policy, str(tiny_base_path()), VllmConfig(kv_cache_memory_bytes=32 << 20, enforce_eager=False),
+                         dtype="float32", max_num_seqs=64, seed=0)
+    saved = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    try:
+        assert_engine_follows(engine, policy, encode(policy, PROMPTS) * 4, steps=2, seed=40)
+    finally:
+        engine.close()
+        with torch.no_grad():  # the module's policy, as the other tests expect it
+            for n, p in policy.model.named_parameters():
+                if n in saved:
+                    p.copy_(saved[n])
+
+
+@needs_vllm
 def test_a_seeded_batch_larger_than_one_engine_step_samples(policy):
     """512 seeded prompts of 20 to 36 tokens exceed one step's token budget (4,096): with chunked prefill a
     prompt is split, and vLLM 0.32 then fails on CPU (``CPU Generator does not use offset``)."""
@@ -221,13 +252,7 @@ def test_merged_weights_reach_a_qwen2_engine_with_attention_biases(tmp_path):
     engine = VLLMBackend(pol, str(tmp_path), VllmConfig(kv_cache_memory_bytes=32 << 20), dtype="float32",
                          max_num_seqs=64, seed=0)
     try:
-        prompts = encode(pol, PROMPTS) * 2
-        for step in range(3):
-            perturb(pol, 0.05, seed=20 + step)
-            engine.sync()
-            out = engine.generate(prompts, SamplingSettings(max_new_tokens=6), torch.Generator().manual_seed(step))
-            gap = (recompute(pol, prompts, out) - out.behavior_logprobs)[out.completion_mask].abs()
-            assert gap.mean() < 1e-4, f"step {step}: mean gap {gap.mean():.2e}"
+        assert_engine_follows(engine, pol, encode(pol, PROMPTS) * 2, steps=3, seed=20)
     finally:
         engine.close()
 

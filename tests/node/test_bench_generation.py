@@ -1,0 +1,75 @@
+"""``scripts/bench_generation.py``: the random-weight copy behind its long-completion workload, and the
+benchmark end to end on a shrunk tiny-base step (HF contenders by default; the vLLM contenders, compiled
+too, in the slow run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from node.policy.tiny import tiny_base_path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "bench_generation.py"
+
+
+def _bench_module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_generation
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return bench_generation
+
+
+def test_random_weights_copy_keeps_shape_and_tokenizer_and_redraws_the_weights(tmp_path):
+    source = Path(tiny_base_path())
+    folder = Path(_bench_module().random_weights_copy(str(source), tmp_path / "copy", torch.float32))
+    shape = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "eos_token_id")
+    old_cfg, new_cfg = (json.loads((f / "config.json").read_text()) for f in (source, folder))
+    assert [old_cfg[k] for k in shape] == [new_cfg[k] for k in shape]
+    assert (folder / "tokenizer_config.json").exists()
+    old, new = load_file(source / "model.safetensors"), load_file(folder / "model.safetensors")
+    assert old.keys() == new.keys() and all(old[k].shape == new[k].shape for k in old)
+    assert new["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
+    assert not torch.equal(old["model.layers.0.self_attn.q_proj.weight"].float(),
+                           new["model.layers.0.self_attn.q_proj.weight"])
+
+
+def _run(*extra: str) -> str:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny", "--scale", "0.125", "--reps", "1", *extra],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    """The table's rows by contender: name, tokens, gen s, tok/s, sync s, tok/s+sync, x node-hf, gap, ..."""
+    return {cols[0]: cols for cols in map(str.split, out.splitlines()) if len(cols) >= 8 and cols[1].isdigit()}
+
+
+def test_the_benchmark_prints_a_table_of_the_hf_contenders():
+    out = _run("--no-vllm")
+    assert "== tiny-base: 32 sequences x up to 1 new tokens a step" in out
+    rows = _rows(out)
+    assert set(rows) == {"generate/naive", "generate/batched", "node-hf"}
+    assert int(rows["node-hf"][1]) == 32 and float(rows["node-hf"][-1]) < 1e-4  # one token each; its gap
+    assert float(rows["node-hf"][6]) == 1.0  # the ratio column's reference
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_every_vllm_contender():
+    from node.engines.vllm_engine import vllm_import_error
+
+    if vllm_import_error() is not None:
+        pytest.skip("vllm cannot be imported")
+    rows = _rows(_run("--compile"))
+    assert set(rows) >= {"vllm", "vllm-lora", "vllm-compiled"}
+    for name in ("vllm", "vllm-lora", "vllm-compiled"):
+        assert int(rows[name][1]) == 32 and float(rows[name][7]) < 1e-4, rows[name]
