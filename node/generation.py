@@ -97,6 +97,19 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs`` ``[B, V]``, drawn by inverting the row's cumulative distribution at one
+    uniform number. ``torch.multinomial`` draws an exponential variate per vocabulary entry instead (``B x V``
+    random numbers a step: a fifth of this loop's time on small-base's shape with 64-token completions).
+    The cumulative sums are float64, so rounding moves a negligible mass (about ``V x 1e-16``). The draw
+    ``x`` lies in ``(0, total]`` and the token is the first whose cumulative sum reaches ``x``: a token of
+    probability 0 has its predecessor's sum, so it is never the first (nor is a leading one, whose sum is 0)."""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)  # [0, 1)
+    tok = torch.searchsorted(cdf, (1.0 - u) * cdf[:, -1:]).squeeze(-1)
+    return tok.clamp_(max=probs.shape[-1] - 1)  # only a row of NaNs could reach past the end
+
+
 def _prefill(model: nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device, *, share: bool,
              remix: Any = None) -> tuple[torch.Tensor, Any, torch.Tensor]:
     """Run the prompts through the model: the last position's logits ``[B, V]``, the KV cache and the
@@ -169,7 +182,7 @@ def generate(
             lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
         else:
             logp = torch.log_softmax(top_p_filter(logits / temperature, top_p), -1)
-            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            tok = sample_rows(logp.exp(), generator)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
         tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
         all_ids[rows, step] = tok

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.generation import generate, left_pad, right_pad, sequence_logprobs, top_p_filter
+from node.generation import generate, left_pad, right_pad, sample_rows, sequence_logprobs, top_p_filter
 from node.policy.tiny import build_char_tokenizer
 
 
@@ -41,6 +41,33 @@ def test_top_p_filter_keeps_smallest_nucleus():
     out = top_p_filter(logits, 0.6)
     assert torch.isinf(out[0, 0]) and torch.isfinite(out[0, 1]) and torch.isfinite(out[0, 2])
     assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+def test_sample_rows_draws_each_token_at_its_probability_and_never_one_of_probability_zero():
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0],
+                          [0.0, 0.0, 0.0, 0.0, 1.0],
+                          [0.0, 0.25, 0.25, 0.25, 0.25],
+                          [0.1, 0.0, 0.0, 0.9, 0.0]])
+    draws = 40_000
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros_like(probs)
+    for _ in range(draws // 1000):
+        tok = sample_rows(probs.repeat_interleave(1000, 0), gen).view(4, 1000)
+        counts += torch.nn.functional.one_hot(tok, 5).sum(1)
+    assert (counts[probs == 0] == 0).all()
+    # each frequency within 5 standard deviations (at most 0.0125) of its probability
+    assert ((counts / draws - probs).abs() < 5 * math.sqrt(0.25 / draws)).all(), counts / draws
+    again = sample_rows(probs, torch.Generator().manual_seed(7))
+    assert torch.equal(again, sample_rows(probs, torch.Generator().manual_seed(7)))
+
+
+def test_sample_rows_on_a_large_vocabulary_with_a_tiny_tail():
+    # Qwen2.5's vocabulary size; the last token filtered out (as top-p does) is never drawn.
+    logits = torch.full((64, 151_936), -30.0)
+    logits[:, 5] = 0.0
+    logits[:, 151_935] = float("-inf")  # filtered out, as top-p does
+    tok = sample_rows(torch.softmax(logits, -1), torch.Generator().manual_seed(0))
+    assert (tok < 151_935).all() and (tok == 5).sum() >= 60
 
 
 def test_greedy_batched_with_left_padding_equals_one_by_one(model_and_tokenizer):
