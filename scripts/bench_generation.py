@@ -24,7 +24,9 @@ Contenders, on the same prompts (one "step" = sequences x new tokens; tokens cou
   (``generation.vllm.enforce_eager=false``: torch.compile, which needs a C++ compiler on CPU, and CUDA
   graphs on a GPU), at the price of a longer engine start.
 
-For the vLLM contenders the table also gives the policy-sync time a step (the adapters are moved first,
+Below each table, a torch.mm reference: the tokens/s of ``torch.mm`` alone on the base model's linear
+layers (the same shapes, random weights) for a step's rows, which bounds the HF contenders (they compute
+with these kernels), and the share of it each contender reached (vLLM's CPU kernels can pass it). For the vLLM contenders the table also gives the policy-sync time a step (the adapters are moved first,
 as an optimizer step would), tokens/s a step with the sync included, and the mean |engine - trainer|
 log-prob of the sampled tokens. Times are the best of ``--reps`` runs after a warm-up. Contenders are
 timed interleaved so that a loaded machine's drift hits them alike: the three HF contenders take turns
@@ -286,7 +288,29 @@ def engine_config(args: argparse.Namespace, sync: str = "merge", *, compiled: bo
     return VllmConfig(sync=sync, kv_cache_memory_bytes=args.kv_bytes, enforce_eager=not compiled)  # type: ignore[arg-type]
 
 
-def print_table(label: str, sequences: int, tokens: int, rows: list[Row]) -> None:
+def matmul_reference(policy: Policy, rows: int, reps: int = 10) -> tuple[float, float]:
+    """Tokens/s and GFLOP/s of ``torch.mm`` alone on the base model's linear layers (random weights of the
+    same shapes, LM head included), ``rows`` sequences a decode step. The HF contenders compute with these
+    kernels and do more besides (attention, norms, sampling), so they stay below it; vLLM's CPU backend runs
+    its linear layers through its own prepacked oneDNN kernels, which can pass it."""
+    base = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
+    shapes = [tuple(m.weight.shape) for n, m in base.named_modules()  # type: ignore[union-attr]
+              if isinstance(m, torch.nn.Linear) and "lora_" not in n]
+    dev, dtype = policy.device, next(base.parameters()).dtype  # type: ignore[union-attr]
+    weights = [torch.randn(shape, device=dev, dtype=dtype) for shape in shapes]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=dev, dtype=dtype) for w in weights}
+
+    def step() -> None:
+        for w in weights:
+            torch.mm(inputs[w.shape[1]], w.t())
+
+    step()
+    seconds, _ = time_best(step, reps)
+    return rows / seconds, sum(2 * rows * a * b for a, b in shapes) / seconds / 1e9
+
+
+def print_table(label: str, sequences: int, tokens: int, rows: list[Row],
+                reference: tuple[float, float] | None = None) -> None:
     base = next(r for r in rows if r.name == "node-hf")
     batched = next(r for r in rows if r.name == "generate/batched")
     print(f"\n== {label}: {sequences} sequences x up to {tokens} new tokens a step")
@@ -298,6 +322,11 @@ def print_table(label: str, sequences: int, tokens: int, rows: list[Row]) -> Non
               f"{r.step_tokens_per_s:>12.0f}{r.step_tokens_per_s / (r.paired_hf or base.step_tokens_per_s):>11.2f}"
               f"{gap:>10}"
               + (f"  ({'; '.join(r.notes)})" if r.notes else ""))
+    if reference is not None:
+        shares = ", ".join(f"{r.name} {r.tokens_per_s / reference[0]:.0%}" for r in rows
+                           if not r.name.startswith("generate"))
+        print(f"torch.mm reference (the base model's linear layers alone, {sequences} rows a step): "
+              f"{reference[0]:.0f} tok/s at {reference[1]:.0f} GFLOP/s; share reached: {shares}")
     print(f"node-hf / generate/batched: {base.tokens_per_s / batched.tokens_per_s:.2f}x; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
 
@@ -319,7 +348,7 @@ def run_bench(args: argparse.Namespace) -> None:
                 paired = f", node-hf in the same reps {r.paired_hf:.0f} tok/s" if r.paired_hf else ""
                 print(f"[{label}] {r.name}: {r.tokens_per_s:.0f} tok/s, sync {r.sync_seconds:.3f} s{paired}",
                       file=sys.stderr, flush=True)
-            print_table(label, sequences, tokens, rows)
+            print_table(label, sequences, tokens, rows, matmul_reference(policy, sequences))
             del policy
             gc.collect()
 

@@ -5,6 +5,7 @@ too, in the slow run)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,8 @@ def test_the_benchmark_prints_a_table_of_the_hf_contenders():
     assert set(rows) == {"generate/naive", "generate/batched", "node-hf"}
     assert int(rows["node-hf"][1]) == 32 and float(rows["node-hf"][-1]) < 1e-4  # one token each; its gap
     assert float(rows["node-hf"][6]) == 1.0  # the ratio column's reference
+    ref = re.search(r"torch.mm reference .*: (\d+) tok/s at (\d+) GFLOP/s; share reached: node-hf (\d+)%", out)
+    assert ref and int(ref[1]) > float(rows["node-hf"][3]) and 0 < int(ref[3]) <= 100, out
 
 
 @pytest.mark.slow
