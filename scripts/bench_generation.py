@@ -26,7 +26,9 @@ Contenders, on the same prompts (one "step" = sequences x new tokens; tokens cou
 
 Below each table, a torch.mm reference: the tokens/s of ``torch.mm`` alone on the base model's linear
 layers (the same shapes, random weights) for a step's rows, which bounds the HF contenders (they compute
-with these kernels), and the share of it each contender reached (vLLM's CPU kernels can pass it). For the vLLM contenders the table also gives the policy-sync time a step (the adapters are moved first,
+with these kernels), and the share of it each contender reached (vLLM's CPU kernels can pass it).
+
+For the vLLM contenders the table also gives the policy-sync time a step (the adapters are moved first,
 as an optimizer step would), tokens/s a step with the sync included, and the mean |engine - trainer|
 log-prob of the sampled tokens. Times are the best of ``--reps`` runs after a warm-up. Contenders are
 timed interleaved so that a loaded machine's drift hits them alike: the three HF contenders take turns
@@ -60,6 +62,7 @@ from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402
 from node.engines.hf import HFBackend  # noqa: E402
 from node.errors import PolicyError  # noqa: E402
 from node.generation import Completions, left_pad, sequence_logprobs  # noqa: E402
+from node.policy.embedded import embedded_model  # noqa: E402
 from node.policy.model import Policy, build_policy  # noqa: E402
 from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E402
 
@@ -118,20 +121,20 @@ def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, 
     if kind == "tiny":
         return build_policy(ModelConfig(name_or_path="tiny-base", dtype=dtype, device=device), adapter, 0), \
             resolve_model_path("tiny-base"), "tiny-base", True
-    if kind in ("small", "small-long"):
+    if kind == "small":
         try:
             policy = build_policy(ModelConfig(name_or_path="small-base", dtype=dtype, device=device), adapter, 0)
-        except PolicyError:
-            if kind == "small-long":
-                raise
-        else:
             from node.engines.vllm_engine import base_model_path
 
-            if kind == "small":
-                return policy, base_model_path(policy), "small-base", True
-            folder = random_weights_copy(base_model_path(policy), root / kind, getattr(torch, dtype))
-            policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
-            return policy, folder, "small-base shape, random weights (long completions)", True
+            return policy, base_model_path(policy), "small-base", True
+        except PolicyError:
+            pass
+    if kind == "small-long":  # small-base's config and tokenizer (built if need be), fresh weights
+        small_base = embedded_model("small-base")
+        assert small_base is not None
+        folder = random_weights_copy(str(small_base.ensure()), root / kind, getattr(torch, dtype))
+        policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
+        return policy, folder, "small-base shape, random weights (long completions)", True
     folder = random_model_folder(kind, root, getattr(torch, dtype))
     policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
     label = "small-base stand-in (random init)" if kind == "small" else "Qwen2.5-0.5B shape (random init)"
@@ -369,8 +372,8 @@ def run_training(args: argparse.Namespace) -> None:
         trainer = Trainer(policy, lr=1e-5, norm_lr=1e-3, router_lr=1e-3, weight_decay=0.0, max_grad_norm=1.0,
                           loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
                           temperature=1.0, gradient_checkpointing=args.gradient_checkpointing)
-        engine: GenerationBackend = VLLMBackend(policy, folder, engine_config(args, compiled=args.compile), dtype=args.dtype,
-                                                max_num_seqs=sequences, seed=0)
+        engine: GenerationBackend = VLLMBackend(policy, folder, engine_config(args, compiled=args.compile),
+                                                dtype=args.dtype, max_num_seqs=sequences, seed=0)
         gen = torch.Generator(device=policy.device).manual_seed(0)
         adv_gen = torch.Generator().manual_seed(1)
         settings = SamplingSettings(max_new_tokens=tokens)
