@@ -111,7 +111,7 @@ class VllmConfig(_Section):
     kv_cache_memory_bytes: int = Field(2**30, ge=2**20, description="KV cache size (CPU RAM or GPU memory)")
     max_model_len: int = Field(4096, ge=16, description="longest prompt + completion, capped by the model's own")
     enforce_eager: bool = Field(True, description="no compilation (torch.compile; CUDA graphs on GPU): starts in "
-                                "seconds; false compiles, which on CPU needs a C++ compiler (README: measured)")
+                                "seconds; false compiles, which on CPU needs a C++ compiler (figures: README)")
 
 
 _VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher temperatures
