@@ -9,6 +9,7 @@ layer only when all of its parts arrive. The input and output embeddings are lef
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ def _base_model(model: nn.Module) -> Any:
 def _merged_lora(module: Any) -> dict[str, torch.Tensor]:
     """``weight`` (LoRA deltas of the active adapters merged in) and ``bias`` of a peft LoRA linear layer."""
     base = module.get_base_layer()
-    weight = base.weight.detach().float()
+    weight = base.weight.detach()
     if not getattr(module, "merged", False):
         for name in module.active_adapters:
             if name not in module.lora_A:
@@ -32,22 +33,24 @@ def _merged_lora(module: Any) -> dict[str, torch.Tensor]:
                 raise ValueError("DoRA adapters cannot be merged for an engine")
             a = module.lora_A[name].weight.detach().float()
             b = module.lora_B[name].weight.detach().float()
-            weight = weight + module.scaling[name] * (b @ a)
+            # W + scaling * B @ A in one pass, into a new float32 tensor (the base weight stays untouched)
+            weight = torch.addmm(weight.float(), b, a, alpha=module.scaling[name])
     out = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         out["bias"] = base.bias.detach()
     return out
 
 
-def effective_weights(model: nn.Module, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+def effective_weights(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """``(checkpoint name, tensor)`` for every parameter of the decoder layers and the final norm of
-    ``model`` (a peft model or a plain causal LM), as the policy computes with them, cast to ``dtype``."""
+    ``model`` (a peft model or a plain causal LM), as the policy computes with them, cast to ``dtype``.
+    Lazily: a layer is merged when the consumer asks for it, so only the layers in flight are held twice
+    (a list of them all would hold a second copy of the whole decoder during a sync)."""
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
 
     base = _base_model(model)
     out_embeddings = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    weights: list[tuple[str, torch.Tensor]] = []
     handled: list[str] = []  # wrapper prefixes whose children are already accounted for
     for name, module in base.named_modules():
         if any(name.startswith(prefix + ".") for prefix in handled):
@@ -63,5 +66,5 @@ def effective_weights(model: nn.Module, dtype: torch.dtype) -> list[tuple[str, t
             continue
         else:
             params = {n: p.detach() for n, p in module.named_parameters(recurse=False)}
-        weights.extend((f"{name}.{n}", t.to(dtype).contiguous()) for n, t in params.items())
-    return weights
+        for n, t in params.items():
+            yield f"{name}.{n}", t.to(dtype).contiguous()
