@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -134,15 +135,25 @@ class VLLMBackend:
             self._lora_dir = tempfile.mkdtemp(prefix="swarm-node-lora-")
         if self.policy.device.type == "cpu":
             _eager_token_ranks()
+        max_len = min(cfg.max_model_len, max_positions or cfg.max_model_len)
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         t0 = time.perf_counter()
         try:
             llm = LLM(model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,  # type: ignore[arg-type]
-                      kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-                      max_model_len=min(cfg.max_model_len, max_positions or cfg.max_model_len),
+                      kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_model_len=max_len,
                       max_num_seqs=max_num_seqs, enforce_eager=cfg.enforce_eager,
                       logprobs_mode="processed_logprobs", generation_config="vllm",
                       trust_remote_code=trust_remote_code, **lora, **_no_partial_prefill(self.policy.device))
+        except ValueError as exc:  # vLLM refuses a KV cache that cannot hold one sequence of max_len tokens
+            if "KV cache" not in str(exc):
+                raise
+            fits = re.search(r"estimated maximum model length is (\d+)", str(exc))
+            raise ConfigError(
+                f"generation.vllm.kv_cache_memory_bytes={cfg.kv_cache_memory_bytes} cannot hold one sequence of "
+                f"{max_len} tokens (generation.vllm.max_model_len, capped by the model's; the engine keeps "
+                f"{_kv_bytes_per_token(self.policy, self._dtype)} bytes a token, in blocks, one block held back"
+                f"{f'; {fits.group(1)} tokens fit' if fits else ''}): raise kv_cache_memory_bytes or lower "
+                "max_model_len") from None
         finally:
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
             # node (training, the HF paths) keeps the thread count it had.
@@ -226,6 +237,15 @@ class VLLMBackend:
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
             self._lora_dir = None
+
+
+def _kv_bytes_per_token(policy: Policy, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in the engine's cache (all layers, full attention)."""
+    config: Any = getattr(policy.model, "config", None)
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def _no_partial_prefill(device: torch.device) -> dict[str, Any]:

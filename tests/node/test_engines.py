@@ -334,6 +334,25 @@ def test_cli_without_vllm_exits_2_before_loading_a_model(monkeypatch, tmp_path, 
 
 
 @needs_vllm
+def test_a_kv_cache_too_small_for_one_sequence_is_a_config_error_naming_the_fix(small_base):
+    from node.config import ConfigError
+
+    pol = build_policy(ModelConfig(name_or_path=str(small_base), device="cpu"), AdapterConfig(), seed=0)
+    # small-base: 6 layers x 2 KV heads x 64 dims x keys and values x 4 bytes = 6 KiB a token, 3 MiB for 512
+    with pytest.raises(ConfigError) as err:
+        VLLMBackend(pol, str(small_base), VllmConfig(kv_cache_memory_bytes=3 << 20), dtype="float32",
+                    max_num_seqs=8, seed=0)
+    message = str(err.value)
+    assert "\n" not in message and "6144 bytes a token" in message and "of 512 tokens" in message
+    assert "generation.vllm.kv_cache_memory_bytes=3145728" in message and "lower max_model_len" in message
+    fits = int(re.search(r"(\d+) tokens fit", message).group(1))
+    assert 0 < fits < 512
+    engine = VLLMBackend(pol, str(small_base), VllmConfig(kv_cache_memory_bytes=3 << 20, max_model_len=fits),
+                         dtype="float32", max_num_seqs=8, seed=0)  # the fix the message names: it starts
+    engine.close()
+
+
+@needs_vllm
 @pytest.mark.slow
 def test_a_vllm_run_resumes_with_the_same_metrics_as_an_uninterrupted_one(tmp_path):
     from node.metrics import read_metrics
