@@ -151,8 +151,11 @@ def generate(
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
     remix: Any = None,
+    max_len: int | None = None,
 ) -> Completions:
-    """Sample one completion per prompt (token-id lists, already formatted and with BOS if any)."""
+    """Sample one completion per prompt (token-id lists, already formatted and with BOS if any). With
+    ``max_len``, a completion also ends (finish reason ``length``) where prompt plus completion reach it;
+    every prompt must be shorter (``node.engines.base.check_prompts_fit``)."""
     device = device or torch.device("cpu")
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
@@ -193,6 +196,8 @@ def generate(
             ended = alive & (tok == eos_id)
             hit_eos[rows] |= ended
             alive = alive & ~ended
+        if max_len is not None:  # the token just drawn sits at next_pos: a row ends when that was the last one
+            alive = alive & (next_pos.squeeze(-1) + 1 < max_len)
         n_alive = int(alive.sum())
         if step == max_new_tokens - 1 or n_alive == 0:
             break

@@ -26,6 +26,20 @@ def encode_prompt(policy: Policy, text: str) -> list[int]:
     return ids
 
 
+def split_by_fit(policy: Policy, source: TaskSource, tasks: list[Task],
+                 max_len: int | None) -> tuple[list[Task], list[Task]]:
+    """``tasks`` as (those whose formatted prompt leaves room for a completion within ``max_len`` tokens, the
+    rest): a generation backend cannot take a prompt as long as the model's context."""
+    if max_len is None:
+        return list(tasks), []
+    fit: list[Task] = []
+    too_long: list[Task] = []
+    for task in tasks:
+        n = len(encode_prompt(policy, source.format_prompt(task, policy.tokenizer)))
+        (fit if n < max_len else too_long).append(task)
+    return fit, too_long
+
+
 def decode_completion(policy: Policy, ids: list[int]) -> str:
     """The text of sampled ids as it is scored: the final EOS dropped, any other special token kept.
 
@@ -135,10 +149,14 @@ def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator, positiv
 
 def greedy_accuracy(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,
                     max_new_tokens: int) -> float:
-    """Mean score of one greedy completion per task (the evaluation metric)."""
+    """Mean score of one greedy completion per task (the evaluation metric); a task whose prompt does not
+    fit the backend's context scores 0."""
     if not tasks:
         return float("nan")
     prompts = [encode_prompt(policy, source.format_prompt(t, policy.tokenizer)) for t in tasks]
-    out = backend.generate(prompts, SamplingSettings(max_new_tokens=max_new_tokens, greedy=True))
-    scores = [float(source.score(task, decode_completion(policy, out.row(i)[0]))) for i, task in enumerate(tasks)]
-    return sum(scores) / len(scores)
+    fit = [i for i, p in enumerate(prompts) if backend.max_len is None or len(p) < backend.max_len]
+    if not fit:
+        return 0.0
+    out = backend.generate([prompts[i] for i in fit], SamplingSettings(max_new_tokens=max_new_tokens, greedy=True))
+    scores = [float(source.score(tasks[i], decode_completion(policy, out.row(row)[0]))) for row, i in enumerate(fit)]
+    return sum(scores) / len(tasks)

@@ -40,7 +40,7 @@ from node.failpoints import crash_point
 from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, read_metrics
 from node.policy.model import Policy, build_policy, pick_device
-from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
+from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
 from node.rundir import prepare_run_dir
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
@@ -86,6 +86,7 @@ class Node:
         self._started_at = time.time()
         self.api: ApiServer | None = None
         self._last_eval: tuple[int, float] | None = None
+        self._warned_too_long = False
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
     # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
@@ -167,7 +168,8 @@ class Node:
             raise ConfigError(f"tasks: {exc}") from None
 
     def _build_eval_tasks(self) -> list[Task]:
-        """The held-out tasks; formatting one now makes a prompt-format mistake fail at start-up."""
+        """The held-out tasks, formatted now, so that a prompt-format mistake, or tasks whose prompts the
+        model's context cannot take, fail at start-up."""
         t = self.cfg.tasks
         try:
             source = self.source
@@ -175,9 +177,20 @@ class Node:
                 source = build_task_source(t.source, list(t.eval_datasets), None, self.cfg.seed,
                                            chat_template=self.cfg.model.chat_template)
             tasks = [source.task(r) for r in source.eval_refs(t.eval_size)]
-            source.format_prompt(tasks[0], self.policy.tokenizer)
+            _, too_long = split_by_fit(self.policy, source, tasks, self.generator.max_len)
         except TaskError as exc:
             raise ConfigError(f"tasks: {exc}") from None
+        if too_long:  # most of them: the tasks do not suit this model; a few: they are set aside as they come
+            model_len = self.policy.context_length
+            by_engine = model_len is None or (self.generator.max_len or model_len) < model_len
+            n = self.generator.max_len
+            limit = (f"limit of {n} tokens (generation.vllm.max_model_len)" if by_engine
+                     else f"model's {n}-token context")
+            message = f"{len(too_long)} of {len(tasks)} evaluation prompts are at least as long as the {limit}"
+            if 2 * len(too_long) > len(tasks):
+                fix = "raise generation.vllm.max_model_len" if by_engine else "use a model with a longer context"
+                raise ConfigError(f"tasks: {message}; choose datasets with shorter prompts or {fix}")
+            logger.warning("%s: such tasks are skipped in training and score 0 in evaluation", message)
         return tasks
 
     def _build_trainer(self) -> Trainer:
@@ -275,7 +288,9 @@ class Node:
         cfg = self.cfg
         epoch = self.exchange.current_epoch() if self.exchange is not None else 0
         refs = self.source.sample(cfg.sapo.generated_groups or cfg.sapo.local_groups, self.task_rng)
-        tasks = [self.source.task(r) for r in refs]
+        tasks, too_long = split_by_fit(self.policy, self.source, [self.source.task(r) for r in refs],
+                                       self.generator.max_len)
+        self._report_too_long(too_long)
         g = cfg.generation
         settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
         common: dict[str, Any] = dict(settings=settings, generator=self.sample_gen, epoch=epoch)
@@ -316,6 +331,7 @@ class Node:
             "n_local_groups": sum(1 for grp in signal_groups if grp.is_local),
             "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),
             "grad_norm": stats.get("grad_norm", 0.0),
+            "tasks_too_long": len(too_long),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
         record.update({f"gen/{k}": v for k, v in sync.items()})
@@ -330,6 +346,16 @@ class Node:
             self._last_eval = (self.step, record["eval_accuracy"])
         self._publish_status(self.metrics.write(record))
         return record
+
+    def _report_too_long(self, tasks: list[Task]) -> None:
+        """Tasks set aside because their prompt fills the model's context: counted in the metrics
+        (``tasks_too_long``), a warning the first time, debug after that."""
+        if not tasks:
+            return
+        level = logging.DEBUG if self._warned_too_long else logging.WARNING
+        self._warned_too_long = True
+        logger.log(level, "%d task(s) skipped this step: prompt at least as long as the %s-token context "
+                   "(first: %s)", len(tasks), self.generator.max_len, tasks[0].ref.key())
 
     def _record_signal(self, local: list[TrainGroup], with_signal: list[TrainGroup]) -> None:
         """Remember, by dataset, how many of this step's own groups were generated and carried signal."""

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 
 from node.config import VllmConfig
-from node.engines.base import SamplingSettings, request_seeds
+from node.engines.base import SamplingSettings, check_prompts_fit, request_seeds
 from node.engines.weights import effective_weights
 from node.errors import ConfigError
 from node.generation import Completions, right_pad
@@ -113,6 +113,7 @@ class VLLMBackend:
         self._lora_dir: str | None = None
         self._lora: Any = None
         self._lora_version = 0
+        self.max_len: int | None = min(cfg.max_model_len, policy.context_length or cfg.max_model_len)  # model caps it
         self.llm = self._start(model_path, cfg, dtype=dtype, max_num_seqs=max_num_seqs, seed=seed,
                                trust_remote_code=trust_remote_code, lora_rank=lora_rank)
         self.sync()
@@ -125,7 +126,6 @@ class VLLMBackend:
         from vllm import LLM
 
         _quiet_vllm()
-        max_positions = getattr(getattr(self.policy.model, "config", None), "max_position_embeddings", None)
         lora: dict[str, Any] = {}
         if self.mode == "lora":
             rank = next((r for r in _LORA_RANKS if r >= lora_rank), None)
@@ -135,7 +135,7 @@ class VLLMBackend:
             self._lora_dir = tempfile.mkdtemp(prefix="swarm-node-lora-")
         if self.policy.device.type == "cpu":
             _eager_token_ranks()
-        max_len = min(cfg.max_model_len, max_positions or cfg.max_model_len)
+        max_len = self.max_len
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         t0 = time.perf_counter()
         try:
@@ -166,6 +166,8 @@ class VLLMBackend:
                  generator: torch.Generator | None = None) -> Completions:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        check_prompts_fit(prompts, self.max_len)
 
         # A group's G copies of one prompt go in as one request with n=G: the engine takes in, schedules and
         # returns one request instead of G (its children draw with seeds seed, seed+1, ...). Greedy rows are

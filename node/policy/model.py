@@ -134,6 +134,12 @@ class Policy:
     remix: Any = None  # node.policy.remix.RemixAdapter when adapter.kind == "remix"
     param_groups: dict[str, list[nn.Parameter]] = field(default_factory=dict)
 
+    @property
+    def context_length(self) -> int | None:
+        """The longest prompt plus completion the model takes (its position embeddings), if it says."""
+        n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(n) if n else None
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Every trainable tensor by parameter name: what a checkpoint stores."""
         return {n: p.detach().cpu().contiguous() for n, p in self.model.named_parameters() if p.requires_grad}

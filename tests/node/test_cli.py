@@ -41,11 +41,12 @@ def test_unknown_model_path_is_a_one_line_error(tmp_path):
     assert len(errors) == 1 and "model.name_or_path" in errors[0]
 
 
-def test_silo_runs_a_reasoning_gym_source_end_to_end(tmp_path):
-    """The reasoning-gym path (prompt formatting, answer extraction, scoring) through the real CLI."""
+def test_silo_runs_a_reasoning_gym_source_end_to_end(tmp_path, small_base):
+    """The reasoning-gym path (prompt formatting, answer extraction, scoring) through the real CLI, on
+    small-base: reasoning-gym's prompts are longer than tiny-base's 64-token context."""
     proc = subprocess.run(
-        [sys.executable, "-m", "node.cli", "silo", "-c", "configs/tiny-silo.yaml", "--run-dir", str(tmp_path),
-         "--no-progress", "tasks.source=reasoning_gym", "tasks.datasets=[basic_arithmetic]", "train.steps=1",
+        [sys.executable, "-m", "node.cli", "silo", "-c", "configs/small-silo.yaml", "--run-dir", str(tmp_path),
+         "--no-progress", "tasks.datasets=[basic_arithmetic]", "train.steps=1",
          "sapo.local_groups=2", "generation.group_size=2", "tasks.eval_size=2"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )

@@ -121,6 +121,27 @@ def test_completions_end_at_and_include_the_first_eos(engines, policy, name):
     assert [len(short.row(i)[0]) for i in range(len(prompts))] == [1] * len(prompts)
 
 
+@pytest.mark.parametrize("name", BACKENDS)
+def test_completions_end_where_prompt_and_completion_fill_the_models_context(engines, policy, name):
+    context = policy.context_length  # tiny-base: 64 positions
+    assert engines[name].max_len == context == 64
+    gen = torch.Generator().manual_seed(0)
+    prompts = [p + [5] * (context - 1 - len(p)) for p in encode(policy, PROMPTS)]  # 63 tokens: room for 1
+    prompts += encode(policy, PROMPTS)  # short ones in the same batch run on to EOS or max_new_tokens
+    out = engines[name].generate(prompts, SamplingSettings(max_new_tokens=10), gen)
+    long_rows = range(len(PROMPTS))
+    assert [len(out.row(i)[0]) for i in long_rows] == [1] * len(PROMPTS)
+    assert [out.finish_reasons[i] for i in long_rows].count("length") >= len(PROMPTS) - 1  # unless EOS came first
+    assert max(len(out.row(i)[0]) for i in range(len(PROMPTS), len(prompts))) > 1  # the cap is per row
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_prompt_that_fills_the_context_is_refused_before_generation(engines, policy, name):
+    full = [encode(policy, ["1+2="])[0] + [5] * 59]  # 64 tokens
+    with pytest.raises(ValueError, match="a prompt of 64 tokens leaves no room for a completion within 64"):
+        engines[name].generate(full, SamplingSettings(max_new_tokens=2), torch.Generator().manual_seed(0))
+
+
 @needs_vllm
 def test_greedy_completions_agree_across_backends(engines, policy):
     prompts = encode(policy, PROMPTS)
