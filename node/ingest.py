@@ -18,7 +18,7 @@ step has all the groups it can use). Checks run cheapest first:
   (``foreign_dataset``), at most ``max_seeds_per_peer_epoch`` distinct seeds per author and epoch
   (``seed_cap``: a new seed makes the task source build a new table);
 * each rollout as this node would have generated it: at most our own ``max_new_tokens`` (or the wider
-  limit for re-tokenized text; ``too_long``), ids in the vocabulary, an EOS at the end exactly when
+  limit for re-tokenized text), and with our prompt within our model's context (``too_long``), ids in the vocabulary, an EOS at the end exactly when
   ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), re-tokenized
   text our tokenizer spells exactly (``untokenizable``: characters outside its vocabulary), ids that
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
@@ -234,8 +234,11 @@ class Ingestor:
         group = TrainGroup(key=task.ref.key(), dataset=task.ref.dataset, peer_id=peer_id, epoch=epoch,
                            prompt_ids=prompt_ids, completions=[], anchor_logprobs=[], rewards=[])
         texts: list[str] = []
+        context = self.policy.context_length
         for rollout in rgroup.rollouts:
             ids, lps, why = self._tokens(rollout)
+            if ids is not None and context is not None and len(prompt_ids) + len(ids) > context:
+                ids, lps, why = None, None, "too_long"  # more than our model takes (a peer's may take more)
             if why is not None or ids is None:
                 self._reject(why or "empty_completion", task.ref.key())
                 if why in OFFENCES:

@@ -13,6 +13,7 @@ from node.ingest import Ingestor
 from node.policy.model import tokenizer_fingerprint
 from node.policy.small import train_bpe_tokenizer
 from node.policy.tiny import build_char_tokenizer
+from node.rollouts import encode_prompt
 from node.tasks import build_task_source
 from protocol.records import Rollout, SamplingParams
 
@@ -20,7 +21,8 @@ SOURCE = build_task_source("arith", ["add"], None, 0)
 
 
 def _ingestor(tokenizer: Any) -> Ingestor:
-    policy = SimpleNamespace(tokenizer=tokenizer, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer))
+    policy = SimpleNamespace(tokenizer=tokenizer, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+                             context_length=None)
     return Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16)  # type: ignore[arg-type]
 
 
@@ -89,3 +91,28 @@ def test_bpe_node_rejects_special_token_text(bpe_tok, text):
 def test_retokenized_text_longer_than_the_limit_is_rejected(char_tok):
     assert _ids(char_tok, "1" * 15) is not None  # 15 characters + eos: 16 tokens
     assert _why(char_tok, "1" * 16) == "too_long"
+
+
+def test_a_completion_that_with_our_prompt_exceeds_our_models_context_is_rejected():
+    """A peer's model may take longer sequences than ours: what ours cannot take is set aside, not punished."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.policy.model import build_policy
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+    tok, ref = policy.tokenizer, SOURCE.make_ref("add", 0)
+    prompt = len(encode_prompt(policy, SOURCE.format_prompt(SOURCE.task(ref), tok)))
+    room = policy.context_length - prompt  # tiny-base: 64 positions
+
+    def rollout(text: str) -> Rollout:
+        ids = (*tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id)
+        return Rollout(ref, "", text, ids, policy.tokenizer_fingerprint, (-0.5,) * len(ids),
+                       SamplingParams(1.0, 1.0), "peer", 0, "eos")
+
+    fits, too_long = rollout("1" * (room - 1)), rollout("1" * room)  # + EOS: room tokens, room + 1
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=128)
+    batch = RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (RolloutGroup(ref, (fits, too_long)),))
+    groups = ingestor.ingest(batch)
+    assert [len(c) for g in groups for c in g.completions] == [room]
+    assert ingestor.rejected["too_long"] == 1 and not ingestor.offences
