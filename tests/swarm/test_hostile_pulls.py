@@ -83,10 +83,13 @@ def test_front_running_a_batch_id_does_not_block_the_genuine_batch(net: Net) -> 
     """Attack 4: manifests copying a fresh batch id -- one oversized, one served with other bytes."""
     victim, honest, attacker = net.victim, net.honest, net.attacker
     epoch, now = victim.current_epoch(), get_dht_time()
-    # Its own subkey slot (seq % 8 == 7): the honest node's batches of this module take slots 1 to 5, and a
-    # manifest sharing a slot with an earlier one that expires later would be refused by the DHT.
-    genuine = dataclasses.replace(make_batch(honest.identity, text="genuine"), epoch=epoch,
-                                  seq=int(now * 1000) // 8 * 8 + 7,
+    # The honest node's next sequence number, taken from it: the DHT refuses a manifest in a subkey slot
+    # (seq % 8) whose earlier manifest expires later, and the honest node's sequence starts at a
+    # time-based number, so a fixed slot collided with its first batch one run in eight.
+    with honest._lifecycle:
+        honest._seq += 1
+        seq = honest._seq
+    genuine = dataclasses.replace(make_batch(honest.identity, text="genuine"), epoch=epoch, seq=seq,
                                   address=tuple(honest.visible_multiaddrs()), created_at=now, swarm_id=SWARM_ID)
     data = encode_batch(genuine, honest.identity)
     bid = batch_id(data)
