@@ -12,6 +12,7 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vllm" \
   || { echo "gpu_check: vllm does not import; install it with pip install -e .[vllm]" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 GPU=(--device cuda --dtype bfloat16 --threads 8 --kv-bytes $((16 << 30)) --compile)
-# Workloads x8: tiny 2048 x 64, small and small-long 2048 x 512, 0.5B shape 256 x 256 (sequences x new tokens).
+# Workloads x8: tiny 2048 x 64, small and small-long 2048 x 512, 0.5B shape 256 x 256 (sequences x new tokens;
+# completions also end at the model's context: tiny-base 64 positions, small-base 512).
 "$PY" scripts/bench_generation.py "${GPU[@]}" --scale 8 --reps 2 "$@"
 "$PY" scripts/bench_generation.py "${GPU[@]}" --models qwen0.5b --scale 8 --train-steps 20 --gradient-checkpointing
