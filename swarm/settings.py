@@ -151,8 +151,14 @@ class SwarmSettings(BaseModel):
     join_retry_seconds: float = Field(default=1.0, gt=0)
     join_retry_max_seconds: float = Field(default=30.0, gt=0)
     pull_timeout: float = Field(default=10.0, gt=0)
-    """Bound on one whole pull (every address tried, every read): a peer that trickles bytes or stalls
-    a stream holds a pull slot at most this long, and is banned for it (past ``stall_grace``)."""
+    """How long a batch transfer (a pull, a hand-off, serving one) may take to get going; after that it
+    must keep ``pull_min_rate``. A transfer of ``n`` bytes therefore takes at most ``pull_timeout + n /
+    pull_min_rate``, and a peer that trickles bytes or stalls a stream holds a pull slot about
+    ``pull_timeout`` and is banned for it (past ``stall_grace``)."""
+    pull_min_rate: float = Field(default=16 * 1024, gt=0)
+    """Bytes a second a batch transfer must keep once ``pull_timeout`` has passed: by ``pull_timeout +
+    k / pull_min_rate`` seconds it has moved ``k`` bytes. Far below what a lossy home link carries (see
+    the README's wide-area figures), far above what a peer that holds a slot on purpose sends."""
     stall_grace: int = Field(default=2, ge=0)
     """Stalled pulls forgiven to an established peer (one with an accepted batch) per ``max_ban_seconds``:
     retried instead of banned, so an honest peer on an overloaded machine is not cut off. Newcomers get
@@ -173,6 +179,10 @@ class SwarmSettings(BaseModel):
     """DHT records this node stores or caches for others, all keys together (accounted by the validator)."""
     max_foreign_dht_bytes: int = Field(default=4 * _MIB, ge=1)
     """Of which records under keys outside this swarm's recent manifest keys."""
+    trace_path: str | None = None
+    """Optional file (JSON lines, appended) of the network side's events: batches published, accepted,
+    rejected and failed, with times (``swarm.trace``); for benchmarks and debugging. Relative to the run
+    dir when the node resolves it."""
 
     @field_validator("swarm_id")
     @classmethod
