@@ -8,12 +8,13 @@ from dataclasses import replace
 from hivemind.p2p import PeerID
 
 from protocol.codec import batch_id, encode_batch
+from protocol.identity import Identity
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem
 from swarm.handoff import HandoffStatus, HandoffStore
 from swarm.transport import SwarmTransport
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import wait_for
+from tests.swarm.conftest import fast_settings, wait_for
 
 S = HandoffStatus
 MAX_BATCH = 1000
@@ -126,3 +127,14 @@ def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[...,
     data = encode_batch(replace(make_batch(sender.identity), swarm_id="another-swarm"), sender.identity)
     assert _put(sender, holder, batch_id(data), data) == HandoffStatus.INVALID
     assert holder.stats()["handoffs_held"] == 0 and holder.stats()["handoffs_refused"] == 4
+
+
+def test_publishing_backs_off_to_how_long_a_batch_takes_to_go_out() -> None:
+    """Behind a slow uplink a hand-off can take longer than the publish interval: the node is then told
+    to publish no more often than that (fewer, larger batches) instead of queueing ever later ones."""
+    transport = SwarmTransport(fast_settings(epoch_seconds=60.0), Identity.generate())
+    assert transport.min_publish_interval() == 60.0 / 8  # never started: the quota's interval
+    transport._shared.note_publish_seconds(4.0, weight=0.3)
+    assert transport.min_publish_interval() == 60.0 / 8  # faster than the interval: no change
+    transport._shared.note_publish_seconds(24.0, weight=0.3)
+    assert transport.min_publish_interval() == 0.7 * 4.0 + 0.3 * 24.0 == 10.0
