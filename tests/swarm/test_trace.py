@@ -24,6 +24,7 @@ def test_publish_and_accept_are_traced_with_matching_ids(make_transport: Callabl
     bid = a.publish(make_batch(a.identity))
     assert bid is not None
     assert wait_for(lambda: any(e["ev"] == "acc" for e in events(tmp_path / "b.jsonl")))
+    assert b.stats()["batches_accepted"] == 1
     pub = next(e for e in events(tmp_path / "a.jsonl") if e["ev"] == "pub")
     acc = next(e for e in events(tmp_path / "b.jsonl") if e["ev"] == "acc")
     assert pub["id"] == acc["id"] == bid[:16] and pub["ok"] is True
