@@ -70,7 +70,7 @@ from swarm.intake import (
     screen,
     settle,
 )
-from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
+from swarm.keys import epoch_at, epochs_to_read, manifest_key, shards_to_read
 from swarm.peer_book import RejectReason
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
@@ -254,6 +254,11 @@ class SwarmCore:
                 record_validator=validator,
                 wait_timeout=settings.request_timeout,
                 ensure_bootstrap_success=False,
+                # Only the replicas a manifest was stored at answer with it. Each node caching what it
+                # reads (hivemind's default) makes every node near a key answer every lookup of it with
+                # the key's whole dictionary of manifests: up to 20 copies a key a poll (docs/scaling.md).
+                cache_locally=False,
+                cache_nearest=0,
             )
             self = cls(settings, identity, limits, shared, validator, p2p, dht, watchdog)
             count_dht_requests(dht, shared.add)
@@ -602,7 +607,8 @@ class SwarmCore:
         where = {
             manifest_key(self.settings.swarm_id, epoch, shard): (epoch, shard)
             for epoch in epochs_to_read(current, self.settings.read_epochs)
-            for shard in range(KEY_SHARDS)
+            for shard in shards_to_read(self.identity.peer_id, epoch, self.settings.key_shards,
+                                        self.settings.read_shards)
         }
         found = await self._lookup(list(where))
         with self.shared.lock:

@@ -114,6 +114,14 @@ class SwarmSettings(BaseModel):
     startup_timeout: float = Field(default=60.0, gt=0)
     """How long p2pd may take to start, and how long ``start(wait=True)`` waits for the DHT."""
     epoch_seconds: float = Field(default=60.0, gt=0)
+    key_shards: int = Field(default=4, ge=1, le=4096)
+    """DHT keys an epoch's manifests are spread over, by a hash of the author (``swarm.keys``). Swarm-wide,
+    like ``epoch_seconds``: every member must use the swarm's value. 4 suits a swarm of tens of nodes;
+    a large one uses about one shard per few tens of authors (``docs/scaling.md``)."""
+    read_shards: int = Field(default=0, ge=0)
+    """How many of the ``key_shards`` this node reads each epoch (drawn at random per epoch); 0 reads them
+    all. With all shards read, every node pulls every batch of the swarm, which bounds the swarm's size
+    (``docs/scaling.md``); a few shards bound what a node reads and pulls, whatever the size."""
     read_epochs: int = Field(default=2, ge=1, le=16)
     """How many epochs of manifests are read and accepted: the current one and ``read_epochs - 1``
     before it. (How old a received group may be when it is trained on is the node's own setting.)"""

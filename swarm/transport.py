@@ -61,6 +61,7 @@ class SwarmTransport:
             limits=limits,
             max_store_bytes=settings.max_dht_store_bytes,
             max_foreign_bytes=settings.max_foreign_dht_bytes,
+            shards=settings.key_shards,
         )
         self._lifecycle = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -270,7 +271,7 @@ class SwarmTransport:
             batch_id=manifest.batch_id,
             data=data,
             manifest_data=manifest_data,
-            key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id)),
+            key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id, self.settings.key_shards)),
             subkey=manifest_subkey(self.identity.peer_id, seq),
             expires_at=manifest.expires_at,
             holders=tuple(holders),

@@ -83,8 +83,10 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         max_record_bytes: int | None = None,
         max_store_bytes: int = 64 * _MIB,
         max_foreign_bytes: int = 4 * _MIB,
+        shards: int = KEY_SHARDS,
     ) -> None:
         self.swarm_id = swarm_id
+        self.shards = shards
         self.epoch_seconds = epoch_seconds
         self.max_ttl = max_ttl
         self.limits = limits
@@ -179,7 +181,7 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         author = peer_id_from_public_key(manifest.author)
         if subkey != manifest_subkey(author, manifest.seq):
             return "record_subkey_not_owner", None
-        if manifest.swarm_id != self.swarm_id or manifest.epoch != epoch or shard_of(author) != shard:
+        if manifest.swarm_id != self.swarm_id or manifest.epoch != epoch or shard_of(author, self.shards) != shard:
             return "record_wrong_key", None
         if expiration > manifest.expires_at + _CLOCK_SLACK:
             return "record_outlives_manifest", None
@@ -223,7 +225,7 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
             for epoch in range(max(low, 0), high + 1):
                 if old_low <= epoch <= old_high:
                     continue
-                for shard in range(KEY_SHARDS):
+                for shard in range(self.shards):
                     key_id = DHTID.generate(source=manifest_key(self.swarm_id, epoch, shard)).to_bytes()
                     keep[key_id] = (epoch, shard)
             self._key_ids, self._window = keep, (low, high)
