@@ -96,7 +96,8 @@ def analyse(scenario: str, nodes: list[Any], *, t0: float, t1: float, epoch: flo
             "rejected": last.get("batches_rejected") or {}, "offences": last.get("offences") or {},
             "ingest_offences": last.get("ingest_offences") or {}, "ingest_rejected": last.get("ingest_rejected") or {},
             "trace_rejects": dict(Counter(e["reason"] for e in events if e["ev"] == "rej")),
-            "trace_fails": dict(Counter("stalled" if e["stalled"] else "failed" for e in events if e["ev"] == "fail")),
+            "trace_fails": dict(Counter(("stalled:" if e["stalled"] else "failed:") + str(e.get("why", ""))
+                                       for e in events if e["ev"] == "fail")),
             "step_p50": _q(steps, 50), "exchange_p50": _q(exchange, 50), "steps": len(steps),
             "sent_bytes_s": None if sent is None else sent / span,
             "received_bytes_s": None if received is None else received / span,

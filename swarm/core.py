@@ -127,6 +127,7 @@ class _PullProgress:
     stalled: bool = False  # the author's address took a stream and did not deliver
     peer: PeerID | None = None  # the listed peer last read from
     source: str = ""  # where the bytes came from: "local" (held here), "listed" (a listed address), "neighbour"
+    error: str = ""  # why the last source failed (dial, open, not_held, read, pace, bound), for the trace
 
 
 class _NetworkDiedError(Exception):
@@ -742,7 +743,7 @@ class SwarmCore:
                                          stalled=progress.stalled, now=time.monotonic())
             self.shared.add("pulls_stalled" if progress.stalled else "pulls_failed")
             self.shared.trace.event("fail", author=author[:16], id=manifest.batch_id[:16], stalled=progress.stalled,
-                                    retry=retry, pull_s=round(time.monotonic() - started, 4))
+                                    retry=retry, why=progress.error, pull_s=round(time.monotonic() - started, 4))
             logger.debug("pull of %s from %s failed (stalled: %s, retry: %s)", manifest.batch_id[:12],
                          author[:12], progress.stalled, retry)
             if retry:
@@ -770,6 +771,7 @@ class SwarmCore:
             return await asyncio.wait_for(self._fetch(manifest, progress), bound)
         except asyncio.TimeoutError:
             progress.stalled = progress.stalled or progress.reading_author
+            progress.error = "bound"
             return None, False
 
     def _forget_manifest(self, manifest: Manifest) -> None:
@@ -829,13 +831,15 @@ class SwarmCore:
         limit = min(manifest.byte_size, self.limits.max_compressed_bytes)
         listed = _by_peer(manifest.address)
         for peer_id, addrs in list(listed.items())[:_MAX_PULL_SOURCES]:
-            if await self._dial(peer_id, addrs):
-                data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
-                if data is not None:
-                    progress.source = "listed"
-                    return data, True
-                if progress.stalled:
-                    return None, False
+            if not await self._dial(peer_id, addrs):
+                progress.error = "dial"
+                continue
+            data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
+            if data is not None:
+                progress.source = "listed"
+                return data, True
+            if progress.stalled:
+                return None, False
         others = [p for p in dht_neighbours(self.dht) if p not in listed]
         for peer_id in random.sample(others, min(2, len(others))):
             data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=False)
@@ -855,6 +859,7 @@ class SwarmCore:
             )
         except _NETWORK_ERRORS as exc:
             logger.debug("could not open a stream to %s: %r", peer_id, exc)
+            progress.error = "open"
             return None
         progress.reading_author = author
         if author:
@@ -864,12 +869,14 @@ class SwarmCore:
             await asyncio.wait_for(writer.drain(), timeout)
             size = int.from_bytes(await asyncio.wait_for(reader.readexactly(_LEN_BYTES), timeout), "big")
             if size == 0:
+                progress.error = "not_held"
                 return None
             size = min(size, limit + 1)  # more than announced is read just far enough to be rejected
             return await self._read_paced(reader, size, started)
         except _NETWORK_ERRORS as exc:
             # The author's address took the stream and then did not deliver: a stall, whatever the cause.
             progress.stalled = progress.stalled or author
+            progress.error = "pace" if "transfer below" in str(exc) else "read"
             logger.debug("pull of %s from %s failed: %r", bid[:12], peer_id, exc)
             return None
         finally:

@@ -169,8 +169,9 @@ class SwarmSettings(BaseModel):
     the README's wide-area figures), far above what a peer that holds a slot on purpose sends."""
     stall_grace: int = Field(default=2, ge=0)
     """Stalled pulls forgiven to an established peer (one with an accepted batch) per ``max_ban_seconds``:
-    retried instead of banned, so an honest peer on an overloaded machine is not cut off. Newcomers get
-    none; 0 bans every stall at once."""
+    retried instead of banned, so an honest peer on an overloaded machine is not cut off; the same grace
+    covers a batch given up as unreachable after ``max_pull_attempts``. Newcomers get none; 0 bans every
+    stall at once."""
     max_concurrent_pulls: int = Field(default=8, ge=1)
     max_pulls_per_author: int = Field(default=2, ge=1)
     max_pull_attempts: int = Field(default=3, ge=1)
