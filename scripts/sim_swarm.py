@@ -55,25 +55,23 @@ MSS = 1448.0
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-operation costs, measured on this project's machine (``docs/scaling.md``, "Parameters")."""
+    """Per-operation costs, the same as ``scaling_model.Params`` (``docs/scaling.md``, "Parameters"),
+    plus the round trips and TCP rate of the lab's links."""
 
-    manifest_bytes: float = 430.0  # one manifest in a key's reply (value, subkey, expiration, framing)
-    find_bytes: float = 600.0  # a find request and its reply without values (node ids, addresses)
-    finds_per_peer_key: float = 0.5  # find requests per poll, per other node visited and key read
+    manifest_bytes: float = 330.0  # one manifest in a key's reply, on the wire
+    neighbour_bytes: float = 63.0  # per neighbour a find reply names
+    find_bytes: float = 724.0  # a find request and reply besides values and neighbours
+    keys_per_find: float = 2.0
     beam: int = 20  # nodes a lookup visits at most (hivemind's bucket size)
     replicas: int = 5  # nodes a manifest is stored at (hivemind's num_replicas)
     lookup_rtts: float = 3.0  # round trips of a lookup beyond its bytes
     store_rtts: float = 4.0  # round trips of storing a manifest
     transfer_rtts: float = 3.0  # round trips a pull takes beyond its bytes (request, slow start)
     tcp_c: float = 10.0  # one TCP flow's rate: tcp_c * MSS / (RTT * sqrt(loss)), fitted on the lab's links
-    cpu_poll: float = 0.004  # CPU seconds per poll, fixed
-    cpu_find: float = 0.0012  # CPU seconds per find request sent (and its reply parsed)
-    cpu_reply_byte: float = 1.5e-7  # CPU seconds per byte of replies received
+    cpu_base: float = 0.009  # cores an idle node uses
+    cpu_dht_byte: float = 0.36e-6  # CPU seconds per DHT byte a poll brings in (serving others included)
     cpu_manifest: float = 0.0006  # a new manifest: decoded, signature verified, screened
-    cpu_pull: float = 0.004  # per pull, fixed (stream, bookkeeping)
-    cpu_pull_byte: float = 2.0e-8  # per byte pulled (p2pd, hash, decode and verify)
-    cpu_serve_byte: float = 1.0e-8  # per byte served (p2pd)
-    cpu_serve_find: float = 0.0008  # per find request answered
+    cpu_pull_byte: float = 0.03e-6  # per byte pulled (p2pd, hash, decode and verify)
 
 
 @dataclass
@@ -111,6 +109,7 @@ class Swarm:
         self.nodes = self._build_nodes(args)
         self.public = [n.index for n in self.nodes if not n.nat]
         self.holders = self.public[: args.holders]
+        self.public_delay = sum(self.nodes[i].delay for i in self.public) / max(1, len(self.public))
         tracked = self.nodes if args.tracked <= 0 or args.tracked >= len(self.nodes) else \
             self.rng.sample(self.nodes, args.tracked)
         self.tracked = {n.index for n in tracked}
@@ -128,6 +127,7 @@ class Swarm:
         self.counts: Counter[str] = Counter()
         self.poll_periods: dict[int, list[float]] = defaultdict(list)
         self.mean_poll = args.collect_interval + 1.0
+        self._replicas: dict[tuple[int, int], list[int]] = {}
 
     # -- set-up -----------------------------------------------------------------------------------------
 
@@ -160,8 +160,13 @@ class Swarm:
         return random.Random(f"{reader}/{epoch}").sample(range(s), k)
 
     def replicas(self, key: tuple[int, int]) -> list[int]:
-        ranked = sorted(self.public, key=lambda i: hashlib.sha256(f"{key}/{i}".encode()).digest())
-        return ranked[: self.costs.replicas]
+        """The nodes a key's manifests are stored at: the same few public nodes for every reader (in the
+        DHT, the ones nearest to the key's id; here a draw seeded by the key)."""
+        found = self._replicas.get(key)
+        if found is None:
+            found = self._replicas[key] = random.Random(f"key/{key}").sample(
+                self.public, min(self.costs.replicas, len(self.public)))
+        return found
 
     # -- the event loop ---------------------------------------------------------------------------------
 
@@ -177,6 +182,7 @@ class Swarm:
             self.at(self.rng.uniform(0, 2.0), "poll", i)
         for k in range(1, self.args.epochs + 1):
             self.at(k * e, "epoch", k)
+        self.at(self.args.warmup_epochs * e + 1e-6, "mark")
         end = self.args.epochs * e
         while self.events:
             t, _, kind, data = heapq.heappop(self.events)
@@ -210,6 +216,14 @@ class Swarm:
         return node.cpu_free
 
     # -- events -----------------------------------------------------------------------------------------
+
+    def on_mark(self, t: float) -> None:
+        """The end of the warm-up: traffic and CPU are counted from here."""
+        for node in self.nodes:
+            node.sent.clear()
+            node.received.clear()
+            node.cpu = 0.0
+        self.poll_periods.clear()
 
     def on_epoch(self, t: float, k: int) -> None:
         """Refresh the mean field: what the untracked readers load each uplink with."""
@@ -265,10 +279,10 @@ class Swarm:
         current = int(t // a.epoch_seconds)
         keys = [(e, s) for e in (current, current - 1) if e >= 0 for s in self.shards_read(reader, e)]
         peers = min(len(self.public) - (0 if node.nat else 1), c.beam)
-        finds = c.finds_per_peer_key * peers * len(keys)
-        done = t + c.lookup_rtts * 2 * (node.delay + 0.1)
-        reply_bytes = finds * c.find_bytes
-        node.sent["dht"] += finds * c.find_bytes / 2
+        finds = len(keys) / c.keys_per_find * peers
+        done = t + c.lookup_rtts * (node.delay + self.public_delay + 0.0005)
+        find_bytes = finds * (c.find_bytes + c.keys_per_find * max(0, peers - 1) * c.neighbour_bytes)
+        reply_bytes = find_bytes
         new: list[int] = []
         for key in keys:
             entries = self.keys.get(key, [])
@@ -284,8 +298,8 @@ class Swarm:
             lo = bisect.bisect_right(entries, (since, math.inf))
             new += [bid for _, bid in entries[lo:n_visible]]
             self.last_read[(reader, *key)] = t
-        node.received["dht"] += finds * c.find_bytes / 2
-        cpu = c.cpu_poll + finds * c.cpu_find + reply_bytes * c.cpu_reply_byte
+        node.received["dht"] += find_bytes  # requests and replies without values (fitted as one quantity)
+        cpu = reply_bytes * c.cpu_dht_byte
         done = self.compute(node, done, cpu)
         self.poll_periods[reader].append(done - t + a.collect_interval)
         self.at(done, "polled", reader, tuple(new))
@@ -329,11 +343,10 @@ class Swarm:
         size = a.batch_kib * 1024
         request = t + self.rtt(node, source) / 2
         arrive = self.transmit(source, node, size, request, "pull") + c.transfer_rtts * self.rtt(node, source)
-        source.cpu += size * c.cpu_serve_byte
         if arrive - t > a.pull_timeout + size / a.pull_min_rate + a.pull_timeout:
             self.at(t + a.pull_timeout + size / a.pull_min_rate, "pull_failed", reader, batch.bid)
             return
-        done = self.compute(node, arrive, c.cpu_pull + size * c.cpu_pull_byte)
+        done = self.compute(node, arrive, size * c.cpu_pull_byte)
         self.at(done, "pulled", reader, batch.bid)
 
     def on_pulled(self, t: float, reader: int, bid: int) -> None:
@@ -359,7 +372,7 @@ class Swarm:
         a = self.args
         e = a.epoch_seconds
         t0, t1 = a.warmup_epochs * e, (a.epochs - 2) * e
-        span = a.epochs * e
+        span = (a.epochs - a.warmup_epochs) * e
         window = [b for b in self.batches if t0 <= b.created < t1]
         by_profile: dict[str, dict[str, Any]] = {}
         for name in sorted({n.profile + (" NAT" if n.nat else "") for n in self.nodes}):
@@ -386,7 +399,8 @@ class Swarm:
                 "poll_s": sum(sum(self.poll_periods[i]) / max(1, len(self.poll_periods[i])) for i in readers) / len(readers),
                 "dht_down": sum(n.received["dht"] for n in nodes) / len(nodes) / span,
                 "pull_down": sum(n.received["pull"] for n in nodes) / len(nodes) / span,
-                "cpu": sum(n.cpu for n in nodes) / len(nodes) / span,
+                "cpu": self.costs.cpu_base + sum(n.cpu for n in nodes) / len(nodes) / span,
+                "polls_per_s": sum(len(self.poll_periods[i]) for i in readers) / len(readers) / span,
             }
         ups = sorted(((sum(n.sent.values()) / span + n.bg_up * n.up) / n.up, n.index) for n in self.nodes)
         busiest = self.nodes[ups[-1][1]]
