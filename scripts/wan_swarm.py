@@ -3,7 +3,8 @@
     sudo .venv/bin/python scripts/wan_swarm.py --nodes 8 --scenarios silo,loopback,lan,intercontinental,bad-home,mix
 
 Each scenario starts N ``swarm-node start`` processes (tiny-base, ``configs/public-swarm.yaml`` with small
-per-step settings; every node its own Python and p2pd) and lets them train and exchange:
+per-step settings: 16 groups of 4 completions generated a step, 8 own and up to 8 peer groups trained on,
+against 16 own in silo; every node its own Python and p2pd) and lets them train and exchange:
 
 * ``loopback``: all on 127.0.0.1, no namespaces (the figures the README had so far);
 * ``silo``: the same N processes as ``swarm-node silo``: the step time with no network at all;
@@ -68,12 +69,14 @@ NODE_SETTINGS = [
     "train.checkpoint_every=1000000",
     "train.eval_every=1000000",
     "tasks.eval_size=16",
-    "sapo.local_groups=8",
-    "sapo.generated_groups=8",
-    "sapo.external_groups=8",
-    "generation.group_size=8",
+    "sapo.generated_groups=16",
+    "generation.group_size=4",
     "swarm.trace_path=trace.jsonl",
 ]
+# Equal compute (SAPO's I/J split): every node generates 16 groups a step and trains on 16, its own 8 and up
+# to 8 of its peers' in a swarm, 16 of its own in silo; so the step times compare what the swarm costs.
+SWARM_SETTINGS = ["sapo.local_groups=8", "sapo.external_groups=8"]
+SILO_SETTINGS = ["sapo.local_groups=16", "sapo.external_groups=0"]
 MIX = ["continental", "lan", "intercontinental", "bad-home"]
 HOLDER = "continental"  # the public nodes a scenario of NATed nodes adds for them to hand off to
 
@@ -187,6 +190,7 @@ class NodeRun:
 def node_command(args: argparse.Namespace, mode: str, i: int, run_dir: Path, settings: list[str]) -> list[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "node", "--step-seconds", str(args.step_seconds), "--",
            mode, "-c", CONFIG, "--run-dir", str(run_dir), "--no-progress", f"seed={i}", *NODE_SETTINGS,
+           *(SILO_SETTINGS if mode == "silo" else SWARM_SETTINGS),
            f"swarm.epoch_seconds={args.epoch_seconds}", *settings, *args.overrides]
     return cmd
 
