@@ -175,6 +175,7 @@ CONFIGS = {
     "default (4 shards, all read, poll 0.25 s)": dict(shards=4, read_shards=0, collect_interval=0.25),
     "public (4 shards, all read, poll 2 s)": dict(shards=4, read_shards=0, collect_interval=2.0),
     "sharded (N/25 shards, 2 read, poll 2 s)": dict(read_shards=2, collect_interval=2.0),
+    "sharded (N/25 shards, 1 read, poll 2 s)": dict(read_shards=1, collect_interval=2.0),
 }
 
 
