@@ -57,6 +57,9 @@ class Swarm:
     lookup_seconds: float = 0.1  # a poll's network time besides its bytes (round trips)
     downlink: float = math.inf  # bytes/s
     cpu_share: float = 1.0  # cores the node's network side may use
+    rtt: float = 0.17  # seconds between two nodes (the mix of continental and intercontinental links)
+    flow_rate: float = 1.0e6  # bytes/s one TCP flow carries on such a path (loss-limited)
+    transfer_rtts: float = 3.0  # round trips a pull takes besides its bytes
     polls_per_second: float | None = None  # measured instead of modelled
 
 
@@ -95,6 +98,7 @@ def per_node(s: Swarm, p: Params = Params()) -> dict[str, float]:
     key_readers = (n - 1) * k / s.shards
     replica_bytes = key_readers * polls * key_entries * p.manifest_entry
     quota_batches = n * k / s.shards * b  # batches a node would pull per epoch
+    pull_seconds = s.transfer_rtts * s.rtt + s.batch_bytes / s.flow_rate
     return {
         "polls_per_s": polls,
         "poll_bytes": poll_bytes,
@@ -107,6 +111,7 @@ def per_node(s: Swarm, p: Params = Params()) -> dict[str, float]:
         "pull_up": serve_bytes,
         "replica_up": replica_bytes,
         "batches_per_epoch": quota_batches,
+        "pull_slots_busy": pulls * pull_seconds,  # pulls in flight on average (a node has 8 slots)
         "cpu": p.cpu_base + p.cpu_dht_byte * poll_bytes * polls + p.cpu_pull_byte * pull_bytes
         + p.cpu_manifest * new_manifests,
     }
@@ -185,7 +190,7 @@ def extrapolate(batch_kib: float, uplink_mbit: float, cpu_budget: float) -> None
           f"and a dedicated core for its network side")
     for name, cfg in CONFIGS.items():
         print(f"== {name}")
-        print("      N  polls/s  DHT down  pulls down  serving up  key replica up  batches/epoch  cpu")
+        print("      N  polls/s  DHT down  pulls down  serving up  key replica up  batches/epoch  slots  cpu")
         for n in (4, 16, 100, 1000, 10000):
             c = dict(cfg)
             if "shards" not in c:
@@ -194,7 +199,7 @@ def extrapolate(batch_kib: float, uplink_mbit: float, cpu_budget: float) -> None
             r = per_node(s)
             print(f"{n:7d}  {r['polls_per_s']:7.2f}  {r['dht_down'] / MIB:6.2f} MiB  {r['pull_down'] / MIB:6.2f} MiB"
                   f"  {r['pull_up'] / MIB:6.2f} MiB  {r['replica_up'] / MIB:8.2f} MiB  {r['batches_per_epoch']:10.0f}"
-                  f"  {100 * r['cpu']:5.1f}%")
+                  f"  {r['pull_slots_busy']:5.1f}  {100 * r['cpu']:5.1f}%")
         print("   first limits: " + ", ".join(saturation(cfg, batch_kib, uplink, cpu_budget)))
 
 
@@ -204,7 +209,8 @@ def saturation(cfg: dict[str, Any], batch_kib: float, uplink: float, cpu_budget:
               "uplink of a key replica": lambda r: r["replica_up"] > uplink,
               "downlink (DHT + pulls)": lambda r: r["dht_down"] + r["pull_down"] > 4 * uplink,
               f"CPU {100 * cpu_budget:.0f}% of a core": lambda r: r["cpu"] > cpu_budget,
-              "global quota (1,024 batches/epoch)": lambda r: r["batches_per_epoch"] > 1024}
+              "global quota (1,024 batches/epoch)": lambda r: r["batches_per_epoch"] > 1024,
+              "pull slots (8 at once)": lambda r: r["pull_slots_busy"] > 8}
     out = []
     for label, hit in limits.items():
         for n in sorted({int(x) for x in (1.1 ** i for i in range(200)) if 3 <= x <= 100000}):
