@@ -2,6 +2,7 @@
 
     python scripts/scaling_model.py --check runs/camp_n4.json runs/camp_n8.json runs/camp_n16.json
     python scripts/scaling_model.py --extrapolate
+    python scripts/scaling_model.py --measure-costs
 
 ``--check`` compares the model with ``scripts/wan_swarm.py --json`` measurements (probes on ``lan``):
 bytes a poll brings in, DHT and pull traffic a second, find and store requests, and CPU, predicted from
@@ -11,7 +12,11 @@ loaded 2-core machine is its CPU queue, not the protocol). The free parameters (
 
 ``--extrapolate`` prints, for N = 100, 1,000 and 10,000 and the configurations of ``docs/scaling.md``,
 what one node moves and spends a second, what the busiest node (a replica of a manifest key, a holder
-of NATed nodes' batches) serves, and where a 20 Mbit/s node saturates first.
+of NATed nodes' batches) serves, where a 20 Mbit/s node saturates first, and the largest N at which its
+step stays within 10% of silo (its network side under ``--cpu-budget`` of the core it trains on).
+
+``--measure-costs`` measures the per-operation CPU on this machine: an idle probe and its p2pd (``c0``),
+decoding and verifying a probe batch (``c_pull``) and a manifest (``c_m``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import json
 import math
 import statistics
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,14 +38,14 @@ class Params:
 
     manifest_entry: float = 330.0  # bytes of one manifest in a key's reply, on the wire (315 serialized + 4%)
     neighbour_entry: float = 63.0  # bytes a find reply spends per neighbour it names (node id + peer id)
-    find_base: float = 681.0  # bytes of a find request and reply besides values and neighbours (fitted)
+    find_base: float = 724.0  # bytes of a find request and reply besides values and neighbours (fitted, N=8)
     keys_per_find: float = 2.0  # hivemind asks about floor(sqrt(keys)) keys per request: 2 of 8
     beam: int = 20  # nodes a lookup visits at most (bucket size)
     replicas: int = 5  # nodes a manifest is stored at
-    cpu_base: float = 0.009  # cores a lone idle node uses (its loops, p2pd's keep-alives), measured
-    cpu_dht_byte: float = 0.39e-6  # CPU seconds (node + p2pd) per DHT byte received, serving included (fitted)
-    cpu_pull_byte: float = 0.03e-6  # CPU seconds per byte pulled (p2pd, hash, decode and verify)
-    cpu_manifest: float = 0.0006  # CPU seconds to decode, verify and screen one new manifest
+    cpu_base: float = 0.010  # cores a lone idle node uses (its loops, p2pd's keep-alives): --measure-costs
+    cpu_dht_byte: float = 0.36e-6  # CPU seconds (node + p2pd) per DHT byte received, serving included (fitted, N=8)
+    cpu_pull_byte: float = 0.046e-6  # CPU seconds per byte pulled (decode, verify, hash: --measure-costs; x2 for p2pd)
+    cpu_manifest: float = 0.00011  # CPU seconds to decode and verify one new manifest (--measure-costs)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,86 @@ def per_node(s: Swarm, p: Params = Params()) -> dict[str, float]:
     }
 
 
+# -- per-operation CPU -----------------------------------------------------------------------------------
+
+def measure_costs(batch_kib: float, repeats: int) -> None:
+    """``c_pull`` and ``c_m`` on this machine: the process CPU of decoding and verifying a probe batch of the
+    size ``wan_swarm.py --kind probe`` publishes, and a manifest (the bytes of its signed encoding, too)."""
+    import dataclasses
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [os.path.dirname(here), here]
+    from swarm_probe import probe_batch
+
+    from protocol.codec import decode_manifest, encode_batch, encode_manifest, make_manifest
+    from protocol.identity import Identity
+    from protocol.limits import DEFAULT_LIMITS
+    from swarm.intake import decode_with_digests
+
+    identity = Identity.generate()
+    chars = 2048  # as wan_swarm.py sizes a probe's batch
+    groups = max(1, round(batch_kib * 1024 / (4 * chars * 0.74)))
+    batch = probe_batch(identity, "probe", 1, n_groups=groups, text_chars=chars)
+    address = f"/ip4/203.0.113.5/tcp/31337/p2p/{identity.peer_id}"
+    batch = dataclasses.replace(batch, address=(address,))
+    data = encode_batch(batch, identity)
+    manifest = encode_manifest(make_manifest(batch, data, time.time() + 120), identity)
+
+    def cpu(fn: Any, *a: Any) -> float:
+        t0 = time.process_time()
+        for _ in range(repeats):
+            fn(*a)
+        return (time.process_time() - t0) / repeats
+
+    pull = cpu(decode_with_digests, data, DEFAULT_LIMITS)
+    man = cpu(decode_manifest, manifest)
+    print(f"a lone idle probe (swarm_probe.py, no peers) and its p2pd: {100 * idle_cpu(here, 10.0):.2f}% of a core (c0)")
+    print(f"a probe batch of {len(data) / 1024:.1f} KiB: decoded, verified and hashed in {1000 * pull:.2f} ms of "
+          f"process CPU ({1e6 * pull / len(data):.3f} us a byte; c_pull doubles it for p2pd's decryption)")
+    print(f"a signed manifest of {len(manifest)} B: decoded and verified in {1000 * man:.3f} ms (c_m)")
+
+
+def idle_cpu(here: str, seconds: float) -> float:
+    """Cores a lone ``swarm_probe.py`` (no peers, not publishing) and its p2pd use once up."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, os.path.join(here, "swarm_probe.py"), "--seconds", str(seconds + 60)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"up"' in line:
+                break
+        root = psutil.Process(proc.pid)
+
+        def cpu() -> float:
+            total = 0.0
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.Error:
+                    pass
+            return total
+
+        c0, t0 = cpu(), time.monotonic()
+        time.sleep(seconds)
+        return (cpu() - c0) / (time.monotonic() - t0)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 # -- checks against measurements ------------------------------------------------------------------------
 
 def measured(path: str) -> dict[str, Any]:
@@ -186,8 +272,10 @@ CONFIGS = {
 
 def extrapolate(batch_kib: float, uplink_mbit: float, cpu_budget: float) -> None:
     uplink = uplink_mbit * 1e6 / 8
-    print(f"batches of {batch_kib:.0f} KiB every 7.5 s, 60 s epochs; a node with a {uplink_mbit:.0f} Mbit/s link "
-          f"and a dedicated core for its network side")
+    print(f"batches of {batch_kib:.0f} KiB every 7.5 s, 60 s epochs; a node with a {uplink_mbit:.0f} Mbit/s uplink "
+          f"(downlink 4x) training on one core: its step stays within 10% of silo while its network side needs at "
+          f"most {100 * cpu_budget:.0f}% of that core (the links, pull slots and quota bound what it exchanges, "
+          f"not its step)")
     for name, cfg in CONFIGS.items():
         print(f"== {name}")
         print("      N  polls/s  DHT down  pulls down  serving up  key replica up  batches/epoch  slots  cpu")
@@ -200,18 +288,27 @@ def extrapolate(batch_kib: float, uplink_mbit: float, cpu_budget: float) -> None
             print(f"{n:7d}  {r['polls_per_s']:7.2f}  {r['dht_down'] / MIB:6.2f} MiB  {r['pull_down'] / MIB:6.2f} MiB"
                   f"  {r['pull_up'] / MIB:6.2f} MiB  {r['replica_up'] / MIB:8.2f} MiB  {r['batches_per_epoch']:10.0f}"
                   f"  {r['pull_slots_busy']:5.1f}  {100 * r['cpu']:5.1f}%")
-        print("   first limits: " + ", ".join(saturation(cfg, batch_kib, uplink, cpu_budget)))
+        limits = saturation(cfg, batch_kib, uplink, cpu_budget)
+        print("   first limits: " + ", ".join(label if n is None else f"{label} at N={n}" for label, n in limits))
+        print(f"   largest N: the step within 10% of silo (CPU) {largest(limits, cpu=True)}; every link, pull slot "
+              f"and the quota unsaturated {largest(limits, cpu=False)}")
 
 
-def saturation(cfg: dict[str, Any], batch_kib: float, uplink: float, cpu_budget: float) -> list[str]:
-    """The smallest N at which each resource of a node runs out (searched on a grid)."""
+def largest(limits: list[tuple[str, int | None]], *, cpu: bool) -> str:
+    """The largest N below the first CPU limit (``cpu``) or below the first other limit."""
+    first = min((n for label, n in limits if n is not None and label.startswith("CPU") == cpu), default=None)
+    return "every N up to 100,000" if first is None else f"N={first - 1}"
+
+
+def saturation(cfg: dict[str, Any], batch_kib: float, uplink: float, cpu_budget: float) -> list[tuple[str, int | None]]:
+    """The smallest N at which each resource of a node runs out (searched on a grid; None: not below 100,000)."""
     limits = {"uplink serving pulls": lambda r: r["pull_up"] > uplink,
               "uplink of a key replica": lambda r: r["replica_up"] > uplink,
               "downlink (DHT + pulls)": lambda r: r["dht_down"] + r["pull_down"] > 4 * uplink,
               f"CPU {100 * cpu_budget:.0f}% of a core": lambda r: r["cpu"] > cpu_budget,
               "global quota (1,024 batches/epoch)": lambda r: r["batches_per_epoch"] > 1024,
               "pull slots (8 at once)": lambda r: r["pull_slots_busy"] > 8}
-    out = []
+    out: list[tuple[str, int | None]] = []
     for label, hit in limits.items():
         for n in sorted({int(x) for x in (1.1 ** i for i in range(200)) if 3 <= x <= 100000}):
             c = dict(cfg)
@@ -219,10 +316,10 @@ def saturation(cfg: dict[str, Any], batch_kib: float, uplink: float, cpu_budget:
                 c["shards"] = max(4, round(n / 25))
             s = Swarm(nodes=n, batch_bytes=batch_kib * 1024, downlink=uplink * 4, lookup_seconds=0.5, **c)
             if hit(per_node(s)):
-                out.append(f"{label} at N={n}")
+                out.append((label, n))
                 break
         else:
-            out.append(f"{label}: not below 100,000")
+            out.append((f"{label}: not below 100,000", None))
     return out
 
 
@@ -234,7 +331,12 @@ def main() -> int:
     parser.add_argument("--batch-kib", type=float, default=64.0)
     parser.add_argument("--uplink-mbit", type=float, default=20.0)
     parser.add_argument("--cpu-budget", type=float, default=0.10)
+    parser.add_argument("--measure-costs", action="store_true",
+                        help="time decoding a --batch-kib probe batch and a manifest on this machine")
+    parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
+    if args.measure_costs:
+        measure_costs(args.batch_kib, args.repeats)
     if args.check:
         check(args.check, args.fit)
     if args.extrapolate:

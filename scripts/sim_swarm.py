@@ -1,7 +1,7 @@
 """A discrete-event simulation of the swarm's manifest and pull protocol, at sizes the machine cannot run.
 
     python scripts/sim_swarm.py --nodes 1000 --mix continental:0.5,intercontinental:0.3,bad-home:0.2
-    python scripts/sim_swarm.py --check camp.json      # the same N, links and costs as a measured run
+    python scripts/sim_swarm.py --nodes 8 --mix lan:1 --collect-interval 0.25 --cpu-share 0.14   # as a lab run
 
 What it simulates, per node (``docs/scaling.md`` gives the model and where every cost comes from):
 
@@ -68,10 +68,10 @@ class Costs:
     store_rtts: float = 4.0  # round trips of storing a manifest
     transfer_rtts: float = 3.0  # round trips a pull takes beyond its bytes (request, slow start)
     tcp_c: float = 10.0  # one TCP flow's rate: tcp_c * MSS / (RTT * sqrt(loss)), fitted on the lab's links
-    cpu_base: float = 0.009  # cores an idle node uses
+    cpu_base: float = 0.010  # cores an idle node uses
     cpu_dht_byte: float = 0.36e-6  # CPU seconds per DHT byte a poll brings in (serving others included)
-    cpu_manifest: float = 0.0006  # a new manifest: decoded, signature verified, screened
-    cpu_pull_byte: float = 0.03e-6  # per byte pulled (p2pd, hash, decode and verify)
+    cpu_manifest: float = 0.00011  # a new manifest: decoded, signature verified
+    cpu_pull_byte: float = 0.046e-6  # per byte pulled (p2pd, hash, decode and verify)
 
 
 @dataclass
