@@ -129,10 +129,10 @@ def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, 
             return policy, base_model_path(policy), "small-base", True
         except PolicyError:
             pass
-    if kind == "small-long":  # small-base's config and tokenizer (built if need be), fresh weights
+    if kind == "small-long":  # small-base's config and tokenizer, fresh weights
         small_base = embedded_model("small-base")
         assert small_base is not None
-        folder = random_weights_copy(str(small_base.ensure()), root / kind, getattr(torch, dtype))
+        folder = random_weights_copy(str(small_base.path), root / kind, getattr(torch, dtype))
         policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
         return policy, folder, "small-base shape, random weights (long completions)", True
     folder = random_model_folder(kind, root, getattr(torch, dtype))

@@ -30,8 +30,7 @@ def tiny_base_path() -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map an embedded model's name (``node.policy.embedded``) to its folder, which for a model built on
-    first use (``small-base``) may not exist yet; return anything else unchanged."""
+    """Map an embedded model's name (``node.policy.embedded``) to its folder; return anything else unchanged."""
     model = embedded_model(name_or_path)
     return str(model.path) if model is not None else name_or_path
 
@@ -68,9 +67,6 @@ def locate_model(name_or_path: str, cache_dir: str | None = None) -> ModelLocati
 
     ``cache_dir`` is the Hugging Face hub cache (default: ``HF_HUB_CACHE``, i.e. ``~/.cache/huggingface/hub``).
     """
-    embedded = embedded_model(name_or_path)
-    if embedded is not None and not embedded.shipped and not embedded.is_built():
-        return ModelLocation(str(embedded.path), local_files_only=False, build=embedded.ensure)
     resolved = resolve_model_path(name_or_path)
     if Path(resolved).expanduser().is_dir():
         return ModelLocation(str(Path(resolved).expanduser()), local_files_only=False)

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
-from node.policy.small_build import ensure_built
-from node.policy.small_recipe import FULL
+from node.policy.embedded import embedded_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -37,6 +36,7 @@ def fast_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def small_base():
-    """The cached small-base folder, built here first if this machine has not built it (minutes on 2 idle
-    cores, once per cache: ``scripts/build_small_base.py`` builds it ahead of time)."""
-    return ensure_built(FULL)
+    """The shipped small-base folder (``node/assets/small-base``)."""
+    model = embedded_model("small-base")
+    assert model is not None
+    return model.path
