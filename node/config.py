@@ -158,7 +158,10 @@ class TrainConfig(_Section):
     off_policy_correction: bool = Field(
         True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
     )
-    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
+    logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
+                                  "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "
+                                  "vocabulary would exceed it")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)

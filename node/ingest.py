@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from node.generation import left_pad, right_pad, sequence_logprobs
+from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.rollouts import encode_prompt
 from node.scoring import ScoringWorker
@@ -334,25 +334,11 @@ class Ingestor:
     # -- anchors ----------------------------------------------------------------------------------------
 
     def _chunks(self, pending: list[tuple[TrainGroup, int]]) -> list[list[tuple[TrainGroup, int]]]:
-        """Micro-batches whose logits fit ``anchor_bytes`` (``rows x length x vocab`` float32, three copies:
-        the logits, their scaled slice and the log-softmax); a single longer row goes alone."""
+        """Micro-batches whose logits fit ``anchor_bytes`` (``generation.logit_micro_batches``)."""
         vocab = int(getattr(getattr(self.policy.model, "config", None), "vocab_size", 0) or self._vocab_size)
-        chunks: list[list[tuple[TrainGroup, int]]] = []
-        chunk: list[tuple[TrainGroup, int]] = []
-        width = 0
-        for item in pending:
-            group, i = item
-            length = len(group.prompt_ids) + len(group.completions[i])
-            wider = max(width, length)
-            if chunk and (len(chunk) >= self.micro_batch_size
-                          or (len(chunk) + 1) * wider * vocab * 12 > self.limits.anchor_bytes):
-                chunks.append(chunk)
-                chunk, wider = [], length
-            chunk.append(item)
-            width = wider
-        if chunk:
-            chunks.append(chunk)
-        return chunks
+        lengths = [len(group.completions[i]) for group, i in pending]
+        return [pending[r.start : r.stop] for r in logit_micro_batches(lengths, vocab, self.limits.anchor_bytes,
+                                                                        self.micro_batch_size)]
 
     @torch.no_grad()
     def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,14 @@ COUNTERS = frozenset({
 })
 """Record keys that only ever grow over a run (Prometheus counters); every other number is a gauge."""
 _SKIPPED = frozenset({"time"})  # the wall clock of the row: served as swarm_node_last_step_timestamp_seconds
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far, in MiB (``getrusage``'s high-water mark)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / 2**20  # KiB on Linux, bytes on macOS
 
 
 class MetricsWriter:

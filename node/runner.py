@@ -38,7 +38,7 @@ from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
 from node.failpoints import crash_point
 from node.ingest import IngestLimits
-from node.metrics import MetricsWriter, read_metrics
+from node.metrics import MetricsWriter, peak_rss_mb, read_metrics
 from node.policy.model import Policy, build_policy, pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
 from node.rundir import prepare_run_dir
@@ -200,7 +200,7 @@ class Node:
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
-                       gradient_checkpointing=tc.gradient_checkpointing)
+                       gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)
@@ -332,6 +332,7 @@ class Node:
             "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),
             "grad_norm": stats.get("grad_norm", 0.0),
             "tasks_too_long": len(too_long),
+            "peak_rss_mb": round(peak_rss_mb()),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
         record.update({f"gen/{k}": v for k, v in sync.items()})

