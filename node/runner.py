@@ -21,7 +21,7 @@ import os
 import random
 import signal
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,7 @@ from node.train.sampler import CandidateGroup, mix, preference_weights
 from node.train.trainer import Trainer
 from protocol.errors import IdentityError
 from protocol.identity import Identity
+from swarm.peer_book import MAX_TRACKED_PEERS
 from swarm.settings import SwarmSettings
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Node:
         self.exchange: SwarmExchange | None = None
         self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
+        self._trained_by_peer: OrderedDict[str, int] = OrderedDict()  # peer groups trained on, by peer (most recent last)
         # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
         self._signal_history: deque[dict[str, list[int]]] = deque(maxlen=cfg.sapo.signal_window)
         self.board = StatusBoard()
@@ -311,6 +313,7 @@ class Node:
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch)
         t_exchange = time.perf_counter() - t_gen
+        self._count_trained(external)
         # I local groups with signal (all of them when no more were generated), then the J external ones.
         signal_groups = with_signal[: cfg.sapo.local_groups] + external
         stats = self.trainer.step(signal_groups)
@@ -347,6 +350,14 @@ class Node:
             self._last_eval = (self.step, record["eval_accuracy"])
         self._publish_status(self.metrics.write(record))
         return record
+
+    def _count_trained(self, external: list[TrainGroup]) -> None:
+        """Peer groups trained on, per peer (the status API's peers list), for as many peers as ingestion
+        tracks."""
+        for grp in external:
+            self._trained_by_peer[grp.peer_id] = self._trained_by_peer.pop(grp.peer_id, 0) + 1
+        while len(self._trained_by_peer) > MAX_TRACKED_PEERS:
+            self._trained_by_peer.popitem(last=False)
 
     def _report_too_long(self, tasks: list[Task]) -> None:
         """Tasks set aside because their prompt fills the model's context: counted in the metrics
@@ -399,7 +410,8 @@ class Node:
         exchange: dict[str, Any] = {}
         if ex is not None:
             exchange = {"published_batches": ex.seq, "published_groups": ex.groups_shared,
-                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected))
+                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected),
+                                                         groups_trained=self._trained_by_peer.get(peer, 0))
                                         for peer, (n, rejected) in ex.ingestor.by_peer.items()}}
         self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
                                         **exchange))

@@ -37,6 +37,7 @@ class PeerIngest:
 
     groups_accepted: int
     groups_rejected: Mapping[str, int]
+    groups_trained: int = 0  # of those accepted, how many a step trained on
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ def test_peers_agree_with_the_peer_book_and_with_the_other_node(pair):
         assert GROUPS_PER_BATCH * row["batches_accepted"] <= row["groups_accepted"] <= other.exchange.groups_shared
         assert row["connected"] is True and row["published"] is True
         assert row["groups_ingested"] == me.exchange.ingestor.by_peer[other.exchange.identity.peer_id][0] > 0
+        trained = sum(r["n_peer_groups"] for r in read_metrics(me.run_dir / "metrics.jsonl"))
+        assert 0 < row["groups_trained"] == trained <= row["groups_ingested"]  # the only peer: all of them
         stats = transport(me).stats()
         assert sum(r["batches_accepted"] for r in doc["peers"]) == stats["batches_accepted"]
         assert sum(r["bytes_in"] for r in doc["peers"]) == stats["bytes_in"]
