@@ -158,6 +158,10 @@ class TrainConfig(_Section):
     off_policy_correction: bool = Field(
         True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
     )
+    engine_is_cap: float | None = Field(
+        None, gt=1, description="correct the generation engine's mismatch with the trainer on the node's own "
+        "samples: per-token importance weights min(trainer/engine, cap), e.g. 2 for a bfloat16 vLLM engine; "
+        "null: off (the TOPR taper and REC clip then absorb the gap)")
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
     logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
                                   "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "

@@ -202,7 +202,8 @@ class Node:
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
-                       gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb)
+                       gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb,
+                       engine_is_cap=tc.engine_is_cap)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)

@@ -16,7 +16,7 @@ import torch
 from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
-from node.train.losses import logprob_gap, policy_loss, sequence_values
+from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class Trainer:
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
                  micro_batch_size: int, temperature: float, routings: int = 2,
                  off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
-                 logits_memory_mb: int = 1024) -> None:
+                 logits_memory_mb: int = 1024, engine_is_cap: float | None = None) -> None:
         self.policy = policy
         if gradient_checkpointing:  # only in train mode: generation and evaluation run without it
             policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
@@ -46,6 +46,7 @@ class Trainer:
         self.loss_kwargs: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
         self.micro_batch_size = micro_batch_size
         self.logits_budget_bytes = logits_memory_mb * 1024 * 1024
+        self.engine_is_cap = engine_is_cap
         self.routings_per_row = routings if policy.remix is not None else 1  # ReMix repeats each row M times
         self.temperature = temperature
         self.routings = routings
@@ -115,10 +116,18 @@ class Trainer:
             own = torch.tensor([r[4] for r in rows], device=device)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
+            token_weights = None
+            if self.engine_is_cap is not None and self.off_policy_correction:
+                # The engine's own samples: truncated importance weights on the trainer/engine ratio correct
+                # the engine's numerical mismatch, and the loss then treats them as on-policy (no taper).
+                own_rows = own[:, None]
+                token_weights = torch.where(own_rows, engine_mismatch_weights(logprobs, anchor, completion_mask,
+                                                                              self.engine_is_cap), 1.0)
+                anchor = torch.where(own_rows, logprobs.detach(), anchor)
             if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
                 anchor = logprobs.detach()
             loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
-                                      **self.loss_kwargs)
+                                      token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
