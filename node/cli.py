@@ -6,16 +6,19 @@ User mistakes (bad config, bad flags) exit with code 2 and one line naming the f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import logging.handlers
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from node.api.client import api_banner
 from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, with_initial_peers
 from node.errors import CheckpointError, ConfigError
 from node.policy.locate import locate_model
-from node.rundir import prepare_run_dir
+from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
 
 logger = logging.getLogger("node")
 
@@ -71,30 +74,73 @@ def _preflight(cfg: NodeConfig) -> None:
     locate_model(cfg.model.name_or_path)
 
 
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=level.upper(), format=_LOG_FORMAT, stream=sys.stderr)
+
+
+@contextlib.contextmanager
+def _run_log(cfg: NodeConfig) -> Iterator[None]:
+    """The node's log also goes to ``RUN_DIR/node.log``, rotated past ``tracking.log_max_mb`` (keeping
+    ``tracking.log_backups`` old files), for as long as the command runs."""
+    t = cfg.tracking
+    handler = logging.handlers.RotatingFileHandler(Path(cfg.run_dir) / "node.log", encoding="utf-8",
+                                                   maxBytes=int(t.log_max_mb * 1024 * 1024), backupCount=t.log_backups)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    root = logging.getLogger()
+    handler.setLevel(root.level)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+@contextlib.contextmanager
+def _run_dir_of_this_run(cfg: NodeConfig) -> Iterator[None]:
+    """Check (and create) the run dir; if this invocation created it and fails before a step is recorded,
+    remove it again: a mistake leaves no empty run dir behind."""
+    created = missing_dirs(cfg.run_dir)
+    done = False
+    try:
+        _preflight(cfg)
+        yield
+        done = True
+    finally:
+        if not done:
+            remove_if_unused(created)
 
 
 def cmd_silo(args: argparse.Namespace) -> int:
     cfg = _load(args)  # validated before the heavy imports below, so a bad config fails at once
-    _preflight(cfg)
-    _setup_logging(args.log_level)
+    with _run_dir_of_this_run(cfg):
+        _setup_logging(args.log_level)
+        with _run_log(cfg):
+            step = _train_silo(cfg, show_progress=not args.no_progress)
+    print(f"swarm-node silo: stopped at step {step}; metrics in {Path(cfg.run_dir) / 'metrics.jsonl'}, "
+          f"checkpoints in {Path(cfg.run_dir) / 'checkpoints'}", flush=True)
+    return 0
+
+
+def _train_silo(cfg: NodeConfig, *, show_progress: bool) -> int:
     from node.runner import Node
 
-    node = Node(cfg, show_progress=not args.no_progress)
+    node = Node(cfg, show_progress=show_progress)
     node.install_signal_handlers()
     try:
         node.setup()
         print(f"swarm-node silo: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        if cfg.train.steps is None:
+            print("swarm-node silo: training until stopped (train.steps is not set; Ctrl-C ends the step and "
+                  "writes a checkpoint)", flush=True)
         if node.api is not None:
             print(api_banner(node.api.url), flush=True)
-        step = node.run()
+        return node.run()
     finally:
         node.close()
-    print(f"swarm-node silo: stopped at step {step}; metrics in {Path(cfg.run_dir) / 'metrics.jsonl'}, "
-          f"checkpoints in {Path(cfg.run_dir) / 'checkpoints'}", flush=True)
-    return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -105,29 +151,41 @@ def cmd_start(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     cfg = with_initial_peers(_load(args), peers or None)  # validated before the heavy imports below
-    _preflight(cfg)
-    _setup_logging(args.log_level)
-    from node.daemon import run_daemon
+    with _run_dir_of_this_run(cfg):
+        _setup_logging(args.log_level)
+        from node.daemon import run_daemon
 
-    return run_daemon(cfg, show_progress=not args.no_progress)
+        with _run_log(cfg):
+            return run_daemon(cfg, show_progress=not args.no_progress)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from node.api.client import resolve_url, status_command
+    from node.api.client import EXIT_UNREACHABLE, Unreachable, resolve_url, status_command
 
-    code, text = status_command(resolve_url(args.url, args.run_dir), args.token, args.timeout)
-    print(text, file=sys.stdout if code != 3 else sys.stderr)
+    try:
+        url = resolve_url(args.url, args.run_dir)
+    except Unreachable as exc:
+        print(f"swarm-node status: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    code, text = status_command(url, args.token, args.timeout)
+    print(text, file=sys.stdout if code != EXIT_UNREACHABLE else sys.stderr)
     return code
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    from protocol.errors import IdentityError
     from protocol.identity import Identity
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise ConfigError(f"--out {str(out)!r} already exists; choose another path or pass --force")
     ident = Identity.generate()
-    ident.save(out)
+    try:
+        ident.save(out)
+    except (OSError, IdentityError) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        reason = getattr(cause, "strerror", None) or type(cause).__name__
+        raise ConfigError(f"--out {str(out)!r} cannot be written ({reason}); choose a writable path") from None
     print(f"wrote {out} (peer id {ident.peer_id})")
     return 0
 

@@ -108,7 +108,7 @@ def test_the_url_is_printed_and_status_agrees_with_metrics_jsonl(node):
     assert status["last_eval"] == {"step": evals[-1]["step"], "accuracy": evals[-1]["eval_accuracy"]}
     assert (status["mode"], status["model"], status["adapter"], status["run_dir"]) == ("silo", "tiny-base", "lora", "run")
     assert (status["state"], status["healthy"], status["total_steps"]) == ("training", True, 100000)
-    assert status["network"] == {"up": False, "reason": "silo mode: no network", "neighbours": [], "restarts": 0,
+    assert status["network"] == {"connected": False, "reason": "silo mode: no network", "neighbours": [], "restarts": 0,
                                  "last_error": ""}
     assert status["version"] == "0.1.0" and status["uptime_s"] > 0
 

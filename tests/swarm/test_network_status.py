@@ -24,4 +24,4 @@ def test_each_state_has_its_reason() -> None:
         "joining: none of 2 initial peers answered (3 attempts failed)"
     assert reason(neighbours=1) == "joined: 1 DHT neighbour"
     assert reason(neighbours=3) == "joined: 3 DHT neighbours"
-    assert reason().startswith("up, no peers yet")
+    assert reason().startswith("listening, no peer has answered yet")
