@@ -113,7 +113,9 @@ class Node:
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints,
                                              keep_every=self.cfg.train.keep_every)
         self._restore()
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
+                                     max_bytes=int(self.cfg.tracking.metrics_max_mb * 1024 * 1024),
+                                     eval_every=self.cfg.train.eval_every)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
             self.exchange = self._build_exchange(self._transport_factory)
