@@ -45,6 +45,7 @@ from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive
 from node.rundir import prepare_run_dir, say_config_changes
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
+from node.tracking import Trackers, build_trackers
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix, preference_weights
 from node.train.trainer import Trainer
@@ -90,6 +91,7 @@ class Node:
         self._last_eval: tuple[int, float] | None = None
         self._warned_too_long = False
         self._recent: deque[tuple[float, float]] = deque(maxlen=_RECENT_STEPS)  # (step seconds, tokens/s)
+        self.tracking = Trackers([], histogram_every=1)  # the configured ones are built in setup()
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
     # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
@@ -116,6 +118,7 @@ class Node:
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      max_bytes=int(self.cfg.tracking.metrics_max_mb * 1024 * 1024),
                                      eval_every=self.cfg.train.eval_every)
+        self.tracking = build_trackers(self.cfg, self.run_dir, self.step)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
             self.exchange = self._build_exchange(self._transport_factory)
@@ -342,7 +345,8 @@ class Node:
         t_exchange = time.perf_counter() - t_gen
         # I local groups with signal (all of them when no more were generated), then the J external ones.
         signal_groups = with_signal[: cfg.sapo.local_groups] + external
-        stats = self.trainer.step(signal_groups)
+        histograms = self.tracking.wants_histograms(self.step + 1)
+        stats = self.trainer.step(signal_groups, keep_distributions=histograms)
         sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
@@ -373,7 +377,9 @@ class Node:
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
             record["eval_accuracy"] = self.evaluate()
             self._last_eval = (self.step, record["eval_accuracy"])
-        self._publish_status(self.metrics.write(record))
+        row = self.metrics.write(record)
+        self.tracking.log(self.step, row, self.trainer.distributions if histograms else None)
+        self._publish_status(row)
         return record
 
     def _report_too_long(self, tasks: list[Task]) -> None:
@@ -487,6 +493,7 @@ class Node:
             self.generator.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
+        self.tracking.close()
         if self.exchange is not None:
             self.exchange.close()
 
