@@ -1,4 +1,4 @@
-"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``keygen``.
+"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``export``, ``eval``, ``keygen``.
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -49,6 +49,32 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--run-dir", help="or: the run dir of a node on this machine (reads RUN_DIR/api_url)")
     status.add_argument("--token", default=os.environ.get(API_TOKEN_ENV), help=f"bearer token (default ${API_TOKEN_ENV})")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each answer")
+    export = sub.add_parser("export", help="a run's checkpoint as a PEFT adapter folder or (--merged) a full "
+                            "Hugging Face model folder, with a model card")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="the run dir a node trained in")
+    export.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    export.add_argument("--out", required=True, help="the folder to write (created; must be empty unless --force)")
+    export.add_argument("--merged", action="store_true", help="merge the adapter and trained norms into the base "
+                        "weights: a full model folder for transformers and vLLM")
+    export.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the written weights")
+    export.add_argument("--force", action="store_true", help="replace what is in --out")
+    ev = sub.add_parser("eval", help="held-out accuracy and mean reward per dataset, greedy and sampled")
+    which = ev.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-dir", help="evaluate a run's checkpoint (its tasks, settings and held-out split)")
+    which.add_argument("--model", help="or a model: a name or folder the node loads (a base, a --merged "
+                       "export, or a PEFT adapter folder)")
+    ev.add_argument("--step", type=int, help="with --run-dir: the checkpoint's step (default: the newest)")
+    ev.add_argument("--datasets", help="comma-separated datasets (default: the run's evaluation datasets; "
+                    "with --model: add)")
+    ev.add_argument("--source", choices=("arith", "reasoning_gym"), help="task source (default: the run's; "
+                    "with --model: arith)")
+    ev.add_argument("--n", type=int, help="held-out tasks (default: the run's tasks.eval_size; with --model: 200)")
+    ev.add_argument("--samples", type=int, default=1, help="sampled completions a task (default 1)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the sampled completions")
+    ev.add_argument("--max-new-tokens", type=int, help="default: the run's (with --model: 8)")
+    ev.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ev.add_argument("--no-progress", action="store_true")
     keygen = sub.add_parser("keygen", help="create an Ed25519 identity file (mode 0600)")
     keygen.add_argument("--out", default="identity.pem", help="path of the private key file to write")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -190,10 +216,96 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_loading() -> None:
+    """No per-file progress bars from transformers while a model loads: one command, one output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import shlex
+
+    from node.runs import open_run
+
+    run = open_run(args.run_dir, args.step)  # a bad run dir or step fails before torch is imported
+    _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
+    _quiet_loading()
+    from node.export import export_run
+
+    command = "swarm-node " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
+    result = export_run(run, Path(args.out), merged=args.merged, dtype=args.dtype, force=args.force, command=command)
+    what = {"adapter": "PEFT adapter", "merged": "merged model", "remix": "ReMix adapter"}[result.kind]
+    print(f"swarm-node export: {what} of {run.run_dir} at step {run.step} written to {result.out}", flush=True)
+    for note in result.notes:
+        print(f"swarm-node export: {note}", flush=True)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from node.config import NodeConfig
+    from node.tasks.registry import check_datasets
+
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets else None
+    if args.n is not None and args.n < 1 or args.samples < 1:
+        raise ConfigError("--n and --samples must be at least 1")
+    run = None
+    if args.run_dir:
+        from node.runs import open_run
+
+        run = open_run(args.run_dir, args.step)
+        cfg = run.cfg
+    else:
+        if args.step is not None:
+            raise ConfigError("--step needs --run-dir (a --model has no checkpoints)")
+        cfg = NodeConfig()
+        locate_model(args.model)
+    source = args.source or (cfg.tasks.source if run else "arith")
+    if run is not None and source != cfg.tasks.source and datasets is None:
+        raise ConfigError(f"--source {source}: name its --datasets (the run's are of {cfg.tasks.source})")
+    try:
+        check_datasets(source, datasets or (list(cfg.tasks.eval_datasets or cfg.tasks.datasets)))
+    except Exception as exc:
+        raise ConfigError(f"--datasets: {exc}") from None
+    _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
+    _quiet_loading()
+    from node.evaluate import EvalPlan, build_backend, evaluate, model_policy, render_table
+
+    plan = EvalPlan.of_run(cfg, datasets=datasets, n=args.n if run or args.n else 200, samples=args.samples,
+                           sample_seed=args.seed)
+    plan = EvalPlan(**{**plan.__dict__, "source": source,
+                       **({"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {})})
+    if run is not None:
+        from node.runs import load_policy
+
+        policy = load_policy(run, dtype=cfg.model.dtype, device=cfg.model.device)
+        title = (f"swarm-node eval: {run.run_dir} at step {run.step} · {cfg.model.name_or_path} ({cfg.adapter.kind}) "
+                 f"· {args.backend} backend")
+    else:
+        policy = model_policy(args.model)
+        title = f"swarm-node eval: {args.model} · {args.backend} backend"
+    backend = build_backend(policy, args.backend, batch_size=plan.batch_size, dtype=cfg.model.dtype,
+                            seed=args.seed, vllm=cfg.generation.vllm)
+    try:
+        result = evaluate(backend, policy, plan, show_progress=not (args.no_progress or args.json))
+    finally:
+        backend.close()
+    result.update(model=args.model or cfg.model.name_or_path, step=run.step if run else None, backend=args.backend)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(render_table(title + f" · {result['tasks']} held-out tasks, {plan.samples} sample(s) a task", result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen}
+    args.argv = argv
+    handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen,
+                "export": cmd_export, "eval": cmd_eval}
     try:
         return handlers[args.command](args)
     except (ConfigError, CheckpointError) as exc:

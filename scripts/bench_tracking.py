@@ -1,0 +1,110 @@
+"""What TensorBoard and Weights & Biases tracking cost a training step, measured side by side in one run.
+
+One silo node (``configs/tiny-silo.yaml`` unless ``-c``) trains in rounds; in each round every arm
+(``none``, ``tensorboard``, ``wandb`` in offline mode, ``both``) runs ``--steps`` steps, in an order that
+rotates from round to round, so drift in the machine's load hits every arm alike. A step is timed from
+the start of ``train_step`` to its return (the tracker's ``log`` included; W&B's writer is a separate
+process, whose CPU competes with training on the same cores). Prints each arm's median step time, its
+ratio to ``none`` (the median of the per-round ratios, and the ratio of medians), the time spent in the
+trackers' ``log`` a step, and the load average before and after.
+
+    python scripts/bench_tracking.py --rounds 8 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ARMS = ("none", "tensorboard", "wandb", "both")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", "--config", default=str(ROOT / "configs" / "tiny-silo.yaml"))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10, help="steps of each arm in a round")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    os.environ.setdefault("WANDB_SILENT", "true")
+
+    import torch
+
+    from node.config import load_config
+    from node.runner import Node
+    from node.tracking import TensorBoardTracker, Trackers, WandbTracker
+
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
+        run_dir = Path(tmp) / "run"
+        cfg = load_config(args.config, [f"run_dir={run_dir}", "train.steps=1000000", "train.checkpoint_every=1000000",
+                                        "tracking.wandb.mode=offline", "tracking.wandb.project=bench-tracking",
+                                        *args.overrides])
+        node = Node(cfg, show_progress=False)
+        node.setup()
+        tb, wb = TensorBoardTracker(run_dir, 0), WandbTracker(cfg, run_dir)
+        every = cfg.tracking.histogram_every
+        arms = {"none": [], "tensorboard": [tb], "wandb": [wb], "both": [tb, wb]}
+        log_seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        per_round: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        try:
+            for _ in range(args.warmup):
+                node.train_step()
+            for r in range(args.rounds):
+                order = ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]
+                medians = {}
+                for arm in order:
+                    trackers = Trackers(list(arms[arm]), every)
+                    spent = [0.0]
+                    real_log = trackers.log
+
+                    def timed_log(step, row, histograms=None, real_log=real_log, spent=spent):
+                        t = time.perf_counter()
+                        real_log(step, row, histograms)
+                        spent[0] += time.perf_counter() - t
+
+                    trackers.log = timed_log  # type: ignore[method-assign]
+                    node.tracking = trackers
+                    mine = []
+                    for _ in range(args.steps):
+                        t0 = time.perf_counter()
+                        node.train_step()
+                        mine.append(time.perf_counter() - t0)
+                    times[arm] += mine
+                    medians[arm] = statistics.median(mine)
+                    log_seconds[arm].append(spent[0] / args.steps)
+                for arm in ARMS:
+                    per_round[arm].append(medians[arm] / medians["none"])
+                print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{a} {medians[a] * 1000:.1f} ms" for a in ARMS),
+                      flush=True)
+        finally:
+            node.tracking = Trackers([tb, wb], every)
+            node.close()
+    load_after = os.getloadavg()
+    base = statistics.median(times["none"])
+    print(f"\n{args.rounds} rounds x {args.steps} steps per arm, torch threads {torch.get_num_threads()}, "
+          f"histograms every {every} steps")
+    print(f"{'arm':<12} {'median step':>12} {'ratio of medians':>17} {'per-round ratio (median, range)':>34} "
+          f"{'log() a step':>13}")
+    for arm in ARMS:
+        rounds = per_round[arm]
+        print(f"{arm:<12} {statistics.median(times[arm]) * 1000:>9.1f} ms {statistics.median(times[arm]) / base:>17.3f} "
+              f"{statistics.median(rounds):>14.3f} ({min(rounds):.3f} to {max(rounds):.3f}) "
+              f"{statistics.mean(log_seconds[arm]) * 1000:>10.2f} ms")
+    print("load average before " + "/".join(f"{x:.2f}" for x in load_before) + ", after "
+          + "/".join(f"{x:.2f}" for x in load_after))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
