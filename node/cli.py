@@ -105,6 +105,7 @@ _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=_LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger().setLevel(level.upper())  # also when logging was configured before (an embedding program)
 
 
 @contextlib.contextmanager
