@@ -6,7 +6,9 @@ rotates from round to round, so drift in the machine's load hits every arm alike
 the start of ``train_step`` to its return (the tracker's ``log`` included; W&B's writer is a separate
 process, whose CPU competes with training on the same cores). Prints each arm's median step time, its
 ratio to ``none`` (the median of the per-round ratios, and the ratio of medians), the time spent in the
-trackers' ``log`` a step, and the load average before and after.
+trackers' ``log`` a step on the training thread and its share of a step, the CPU time W&B's writer
+process used a step, and the load average before and after. On a loaded machine the step-time ratios
+carry that machine's noise; the time in ``log`` and the writer's CPU time do not depend on it.
 
     python scripts/bench_tracking.py --rounds 8 --steps 10
 """
@@ -25,6 +27,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 ARMS = ("none", "tensorboard", "wandb", "both")
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process's child processes (W&B's service)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def main() -> int:
@@ -57,6 +73,7 @@ def main() -> int:
         log_seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
         times: dict[str, list[float]] = {arm: [] for arm in ARMS}
         per_round: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        helper_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
         try:
             for _ in range(args.warmup):
                 node.train_step()
@@ -76,10 +93,12 @@ def main() -> int:
                     trackers.log = timed_log  # type: ignore[method-assign]
                     node.tracking = trackers
                     mine = []
+                    cpu0 = _children_cpu()
                     for _ in range(args.steps):
                         t0 = time.perf_counter()
                         node.train_step()
                         mine.append(time.perf_counter() - t0)
+                    helper_cpu[arm].append((_children_cpu() - cpu0) / args.steps)
                     times[arm] += mine
                     medians[arm] = statistics.median(mine)
                     log_seconds[arm].append(spent[0] / args.steps)
@@ -95,12 +114,15 @@ def main() -> int:
     print(f"\n{args.rounds} rounds x {args.steps} steps per arm, torch threads {torch.get_num_threads()}, "
           f"histograms every {every} steps")
     print(f"{'arm':<12} {'median step':>12} {'ratio of medians':>17} {'per-round ratio (median, range)':>34} "
-          f"{'log() a step':>13}")
+          f"{'log() a step':>13} {'share':>6} {'helper CPU a step':>18}")
     for arm in ARMS:
         rounds = per_round[arm]
+        log_ms = statistics.mean(log_seconds[arm]) * 1000
         print(f"{arm:<12} {statistics.median(times[arm]) * 1000:>9.1f} ms {statistics.median(times[arm]) / base:>17.3f} "
               f"{statistics.median(rounds):>14.3f} ({min(rounds):.3f} to {max(rounds):.3f}) "
-              f"{statistics.mean(log_seconds[arm]) * 1000:>10.2f} ms")
+              f"{log_ms:>10.2f} ms {log_ms / (base * 1000):>6.2%} {statistics.mean(helper_cpu[arm]) * 1000:>15.2f} ms")
+    print("log() a step: time in the trackers' log() on the training thread; share: of the median step without "
+          "tracking; helper CPU: CPU time of child processes (W&B's writer) a step")
     print("load average before " + "/".join(f"{x:.2f}" for x in load_before) + ", after "
           + "/".join(f"{x:.2f}" for x in load_after))
     return 0

@@ -240,3 +240,25 @@ def test_ctrl_c_at_the_terminal_stops_the_node_cleanly(tmp_path):
         assert sign not in out, out[-3000:]
     steps = [r["step"] for r in read_metrics(tmp_path / "n" / "metrics.jsonl")]
     assert (tmp_path / "n" / "checkpoints" / f"step_{steps[-1]:06d}").is_dir()
+
+
+def test_what_the_daemon_prints_about_its_network_follows_one_definition():
+    from node.config import load_config
+    from node.daemon import connection_lines
+    from swarm.state import NetworkStatus
+
+    first = load_config("configs/tiny-swarm.yaml")
+    joiner = load_config("configs/tiny-swarm.yaml", ["swarm.initial_peers=[/ip4/127.0.0.1/tcp/1/p2p/"
+                                                      "12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk]"])
+    addr = "/ip4/127.0.0.1/tcp/5/p2p/12D3KooWA"
+    alone = NetworkStatus(True, "listening, no peer has answered yet", (), 0, "")
+    joined = NetworkStatus(True, "joined: 1 DHT neighbour", ("12D3KooWB",), 0, "")
+    dead = NetworkStatus(False, "joining: none of 1 initial peers answered (1 attempts failed)", (), 0, "")
+    assert connection_lines(first, alone, [addr]) == [
+        "swarm-node: not connected yet: no initial peers (the first node of a swarm); training locally until "
+        "others join through its address", f"swarm-node: others can join with --initial-peers {addr}"]
+    assert connection_lines(joiner, joined, [addr])[0] == \
+        "swarm-node: connected: 1 peer(s) answered (joined: 1 DHT neighbour)"
+    lines = connection_lines(joiner, dead, [addr])
+    assert lines[0].startswith("swarm-node: not connected yet (joining: none of 1 initial peers answered")
+    assert connection_lines(joiner, joined, [])[1].startswith("swarm-node: no address to share yet")
