@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import logging.handlers
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from node.api.client import api_banner
 from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, with_initial_peers
-from node.errors import CheckpointError, ConfigError
+from node.errors import CheckpointError, ConfigError, TaskError
 from node.policy.locate import locate_model
 from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
 
@@ -243,14 +245,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    import json
-
-    from node.config import NodeConfig
+def _eval_inputs(args: argparse.Namespace) -> tuple[Any, NodeConfig, str, list[str] | None]:
+    """``(run or None, config, task source, datasets or None)`` of ``swarm-node eval``, every mistake a
+    one-line ``ConfigError`` before torch is imported."""
     from node.tasks.registry import check_datasets
 
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets else None
-    if args.n is not None and args.n < 1 or args.samples < 1:
+    if (args.n is not None and args.n < 1) or args.samples < 1:
         raise ConfigError("--n and --samples must be at least 1")
     run = None
     if args.run_dir:
@@ -263,21 +264,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError("--step needs --run-dir (a --model has no checkpoints)")
         cfg = NodeConfig()
         locate_model(args.model)
-    source = args.source or (cfg.tasks.source if run else "arith")
-    if run is not None and source != cfg.tasks.source and datasets is None:
-        raise ConfigError(f"--source {source}: name its --datasets (the run's are of {cfg.tasks.source})")
+    source = args.source or cfg.tasks.source
+    if source != cfg.tasks.source and datasets is None:
+        raise ConfigError(f"--source {source}: name its --datasets (the default ones are of {cfg.tasks.source})")
     try:
-        check_datasets(source, datasets or (list(cfg.tasks.eval_datasets or cfg.tasks.datasets)))
-    except Exception as exc:
+        check_datasets(source, datasets or list(cfg.tasks.eval_datasets or cfg.tasks.datasets))
+    except TaskError as exc:
         raise ConfigError(f"--datasets: {exc}") from None
+    return run, cfg, source, datasets
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    run, cfg, source, datasets = _eval_inputs(args)
     _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
     _quiet_loading()
     from node.evaluate import EvalPlan, build_backend, evaluate, model_policy, render_table
 
-    plan = EvalPlan.of_run(cfg, datasets=datasets, n=args.n if run or args.n else 200, samples=args.samples,
-                           sample_seed=args.seed)
-    plan = EvalPlan(**{**plan.__dict__, "source": source,
-                       **({"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {})})
+    n = args.n if args.n is not None else (None if run is not None else 200)
+    plan = EvalPlan.of_run(cfg, datasets=datasets, n=n, samples=args.samples, sample_seed=args.seed)
+    plan = dataclasses.replace(plan, source=source, max_new_tokens=args.max_new_tokens or plan.max_new_tokens)
     if run is not None:
         from node.runs import load_policy
 

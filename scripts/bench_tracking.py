@@ -7,8 +7,9 @@ the start of ``train_step`` to its return (the tracker's ``log`` included; W&B's
 process, whose CPU competes with training on the same cores). Prints each arm's median step time, its
 ratio to ``none`` (the median of the per-round ratios, and the ratio of medians), the time spent in the
 trackers' ``log`` a step on the training thread and its share of a step, the CPU time W&B's writer
-process used a step, and the load average before and after. On a loaded machine the step-time ratios
-carry that machine's noise; the time in ``log`` and the writer's CPU time do not depend on it.
+process used a step, the CPU time of a step (this process and its children) against the untracked arm of
+the same round, and the load average before and after. On a loaded machine the step-time ratios carry
+that machine's noise; CPU time a step depends far less on it.
 
     python scripts/bench_tracking.py --rounds 8 --steps 10
 """
@@ -27,6 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 ARMS = ("none", "tensorboard", "wandb", "both")
+
+
+def _own_cpu() -> float:
+    """CPU seconds (user + system) this process has used, all its threads."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _children_cpu() -> float:
@@ -74,6 +81,10 @@ def main() -> int:
         times: dict[str, list[float]] = {arm: [] for arm in ARMS}
         per_round: dict[str, list[float]] = {arm: [] for arm in ARMS}
         helper_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        cpu_ratio: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        cpu_step: dict[str, float] = {}
+        log_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        cpu_none: list[float] = []
         try:
             for _ in range(args.warmup):
                 node.train_step()
@@ -82,28 +93,33 @@ def main() -> int:
                 medians = {}
                 for arm in order:
                     trackers = Trackers(list(arms[arm]), every)
-                    spent = [0.0]
+                    spent = [0.0, 0.0]  # wall, CPU of the training thread
                     real_log = trackers.log
 
                     def timed_log(step, row, histograms=None, real_log=real_log, spent=spent):
-                        t = time.perf_counter()
+                        t, c = time.perf_counter(), time.thread_time()
                         real_log(step, row, histograms)
                         spent[0] += time.perf_counter() - t
+                        spent[1] += time.thread_time() - c
 
                     trackers.log = timed_log  # type: ignore[method-assign]
                     node.tracking = trackers
                     mine = []
-                    cpu0 = _children_cpu()
+                    cpu0, own0 = _children_cpu(), _own_cpu()
                     for _ in range(args.steps):
                         t0 = time.perf_counter()
                         node.train_step()
                         mine.append(time.perf_counter() - t0)
                     helper_cpu[arm].append((_children_cpu() - cpu0) / args.steps)
+                    cpu_step[arm] = (_own_cpu() - own0 + _children_cpu() - cpu0) / args.steps
                     times[arm] += mine
                     medians[arm] = statistics.median(mine)
                     log_seconds[arm].append(spent[0] / args.steps)
+                    log_cpu[arm].append(spent[1] / args.steps)
+                cpu_none.append(cpu_step["none"])
                 for arm in ARMS:
                     per_round[arm].append(medians[arm] / medians["none"])
+                    cpu_ratio[arm].append(cpu_step[arm] / cpu_step["none"])
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{a} {medians[a] * 1000:.1f} ms" for a in ARMS),
                       flush=True)
         finally:
@@ -123,6 +139,13 @@ def main() -> int:
               f"{log_ms:>10.2f} ms {log_ms / (base * 1000):>6.2%} {statistics.mean(helper_cpu[arm]) * 1000:>15.2f} ms")
     print("log() a step: time in the trackers' log() on the training thread; share: of the median step without "
           "tracking; helper CPU: CPU time of child processes (W&B's writer) a step")
+    print("CPU a step (this process, all its threads, plus its child processes), against the arm without tracking "
+          "in the same round:")
+    for arm in ARMS[1:]:
+        ratios = cpu_ratio[arm]
+        print(f"  {arm:<12} median {statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); "
+              f"log() CPU on the training thread {statistics.mean(log_cpu[arm]) * 1000:.2f} ms a step")
+    print(f"CPU a step without tracking: {statistics.median(cpu_none) * 1000:.1f} ms (median over rounds)")
     print("load average before " + "/".join(f"{x:.2f}" for x in load_before) + ", after "
           + "/".join(f"{x:.2f}" for x in load_after))
     return 0
