@@ -78,10 +78,15 @@ class TensorBoardTracker:
                                     flush_secs=30)
         self.writer.add_custom_scalars({"reward": {"own groups against peers' groups (re-scored here)":
                                                    ["Multiline", [REWARD_OWN, REWARD_PEERS]]}})
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._summary, self._value = Summary, Summary.Value
 
     def log(self, step: int, values: Mapping[str, float], histograms: Mapping[str, torch.Tensor]) -> None:
-        for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
+        # One event holding every scalar of the step (add_scalar writes one event each: several times the
+        # cost on the training thread); TensorBoard reads both alike.
+        summary = self._summary(value=[self._value(tag=key, simple_value=value) for key, value in values.items()])
+        self.writer._get_file_writer().add_summary(summary, step)
         for key, tensor in histograms.items():
             if tensor.numel():
                 self.writer.add_histogram(key, tensor.float(), step)
