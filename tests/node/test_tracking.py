@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -66,7 +67,9 @@ def test_wandb_offline_writes_a_run_with_the_steps_scalars(fast_config, tmp_path
     runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     (records,) = runs[0].glob("run-*.wandb")
-    history = _wandb_history(records)
+    deadline = time.monotonic() + 60  # W&B's writer process may still be appending after finish() returned
+    while sorted(history := _wandb_history(records)) != [1, 2] and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert sorted(history) == [1, 2]
     for row in rows:
         logged = history[row["step"]]
@@ -91,6 +94,8 @@ def _wandb_history(path) -> dict[int, dict]:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         pieces += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
