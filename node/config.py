@@ -145,7 +145,8 @@ class SamplingConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(200, ge=0)
+    steps: int | None = Field(None, ge=0, description="steps to train; None (the default): until stopped (Ctrl-C, "
+                              "SIGTERM), as a daemon does")
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
@@ -169,6 +170,8 @@ class TrainConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    keep_every: int | None = Field(None, ge=1, description="also keep every checkpoint whose step is a multiple of "
+                                   "this (milestones, never pruned; a checkpoint is written at each)")
     eval_every: int = Field(25, ge=1)
 
 
@@ -202,6 +205,26 @@ class IngestConfig(_Section):
     score_timeout: float = Field(2.0, gt=0, description="per completion, for sources scored in a child process")
     min_logprob: float = Field(-100.0, lt=0, description="lowest behaviour log-prob accepted from a peer")
     anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
+
+
+class WandbConfig(_Section):
+    """Weights & Biases (the ``tracking`` extra): ``offline`` needs no network (``wandb sync`` later)."""
+
+    project: str = Field("swarm-node", min_length=1)
+    mode: Literal["online", "offline"] = "online"
+    entity: str | None = None
+    name: str | None = Field(None, description="the run's name (default: the run dir's name)")
+
+
+class TrackingConfig(_Section):
+    """Where a run's history goes besides ``metrics.jsonl``, and how big the run's own records may grow."""
+
+    tensorboard: bool = Field(False, description="event files in RUN_DIR/tensorboard (the tracking extra)")
+    wandb: WandbConfig | None = Field(None, description="log to Weights & Biases (the tracking extra)")
+    histogram_every: int = Field(10, ge=1, description="steps between histograms (advantages, log-prob gaps)")
+    metrics_max_mb: float = Field(32.0, gt=0, description="metrics.jsonl is compacted (older rows thinned) past this")
+    log_max_mb: float = Field(8.0, gt=0, description="RUN_DIR/node.log is rotated past this")
+    log_backups: int = Field(2, ge=0, description="rotated node.log files kept (node.log.1, ...)")
 
 
 class ApiConfig(_Section):
@@ -252,6 +275,7 @@ class NodeConfig(_Section):
     sapo: SapoConfig = SapoConfig()
     ingest: IngestConfig = IngestConfig()
     swarm: SwarmSettings = SwarmSettings()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _backend_fits_adapter(self) -> NodeConfig:

@@ -11,8 +11,9 @@ as records) is ``node.outbound``.
 Bounded in work: one call ingests at most the groups the step can use (``max_groups``, from the runner)
 and at most ``IngestLimits`` rollouts, tokens and seconds. Groups are taken round-robin over authors,
 newest batch first, each author at most ``max_groups_per_peer`` groups and ``max_seconds_per_peer``
-seconds a call; what does not fit is dropped and counted (``over_budget``, or ``not_needed`` once the
-step has all the groups it can use). Checks run cheapest first:
+seconds a call. What does not fit is surplus, not a rejection: it is counted apart (``ingest_surplus``:
+``peer_budget`` past an author's share of the call, ``step_budget`` past the call's rollouts, tokens or
+seconds, ``not_needed`` once the step has all the groups it can use). Checks run cheapest first:
 
 * the ref: our source and config hash (``unknown_task``), one of this node's own datasets
   (``foreign_dataset``), at most ``max_seeds_per_peer_epoch`` distinct seeds per author and epoch
@@ -55,10 +56,18 @@ from swarm.peer_book import MAX_TRACKED_PEERS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OFFENCES", "IngestLimits", "Ingestor"]
+__all__ = ["OFFENCES", "REJECT_REASONS", "SURPLUS_REASONS", "IngestLimits", "Ingestor"]
 
 OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout"})
 """Rejections no honest peer causes: each bans the author (once per call)."""
+REJECT_REASONS = frozenset({
+    "unknown_task", "foreign_dataset", "seed_cap", "held_out", "too_long", "bad_token_id", "eos_mismatch",
+    "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
+    "score_error", "score_timeout", "scorer_unavailable", "peer_offended", "penalize_failed",
+})
+"""Every reason ``ingest_rejected`` counts (the README names each)."""
+SURPLUS_REASONS = frozenset({"peer_budget", "step_budget", "not_needed"})
+"""Why groups were left unread (``ingest_surplus``): budgets and the step's needs, not the peer's fault."""
 
 _MIB = 1024 * 1024
 _CHARS_PER_TOKEN = 16  # a re-tokenized text longer than this many chars per allowed token is not tokenized
@@ -103,6 +112,7 @@ class Ingestor:
         self.penalize = penalize
         self.micro_batch_size = micro_batch_size
         self.rejected: Counter[str] = Counter()
+        self.surplus: Counter[str] = Counter()
         self.offences: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
@@ -149,7 +159,7 @@ class Ingestor:
                 queue = queues[peer_id]
                 if (not queue or used[peer_id] >= self.limits.max_groups_per_peer
                         or seconds[peer_id] >= self.limits.max_seconds_per_peer):
-                    self._drop(peer_id, queues.pop(peer_id), "over_budget")
+                    self._leave(queues.pop(peer_id), "peer_budget")
                     continue
                 if len(groups) >= max_groups or not self._within(budget):
                     break
@@ -167,9 +177,9 @@ class Ingestor:
                 if offence is not None:
                     self._offence(peer_id, offence)
                     self._drop(peer_id, queues.pop(peer_id), "peer_offended")
-        leftover = "not_needed" if len(groups) >= max_groups else "over_budget"  # the step had all it can use
-        for peer_id, queue in queues.items():
-            self._drop(peer_id, queue, leftover)
+        leftover = "not_needed" if len(groups) >= max_groups else "step_budget"  # the step had all it can use
+        for queue in queues.values():
+            self._leave(queue, leftover)
         self._fill_anchors(pending)
         self.accepted_groups += len(groups)
         for peer_id, n in Counter(g.peer_id for g in groups).items():
@@ -191,6 +201,12 @@ class Ingestor:
 
     def _within(self, budget: _Budget) -> bool:
         return budget.rollouts > 0 and budget.tokens > 0 and time.perf_counter() < budget.deadline
+
+    def _leave(self, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
+        """Groups not looked at because a budget or the step's need ran out: surplus, not rejected."""
+        if queue:
+            self.surplus[reason] += len(queue)
+            logger.debug("%d peer groups left unread (%s)", len(queue), reason)
 
     def _drop(self, peer_id: str, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
         if queue:
@@ -214,7 +230,7 @@ class Ingestor:
         """``(group or None, offence or None)``; budgets are charged for what is looked at."""
         cost = sum(max(len(r.completion_ids), 1) for r in rgroup.rollouts)
         if len(rgroup.rollouts) > budget.rollouts or cost > budget.tokens:
-            self._reject("over_budget", "group larger than what is left of the step's budget")
+            self.surplus["step_budget"] += 1  # larger than what is left of the step's budget
             return None, None
         budget.rollouts -= len(rgroup.rollouts)
         budget.tokens -= cost
@@ -358,7 +374,8 @@ class Ingestor:
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
-                               "ingest_rejected": dict(self.rejected), "ingest_offences": dict(self.offences),
+                               "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
+                               "ingest_offences": dict(self.offences),
                                "ingest_seconds": self.last_seconds}
         if self.scorer is not None:
             out.update(self.scorer.metrics())

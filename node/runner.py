@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import signal
+import statistics
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -41,9 +42,10 @@ from node.ingest import IngestLimits
 from node.metrics import MetricsWriter, peak_rss_mb, read_metrics
 from node.policy.model import Policy, build_policy, pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
-from node.rundir import prepare_run_dir
+from node.rundir import prepare_run_dir, say_config_changes
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
+from node.tracking import Trackers, build_trackers
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix, preference_weights
 from node.train.trainer import Trainer
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MAX_POOL_PER_J = 64  # peer groups held for selection, per external group trained on a step
+_RECENT_STEPS = 20  # the status API's speed is the median of this many recent steps
 
 TransportFactory = Callable[[SwarmSettings, Identity], BatchTransport]
 """Builds (and starts) the transport of a swarm node from its settings and identity."""
@@ -89,6 +92,8 @@ class Node:
         self.api: ApiServer | None = None
         self._last_eval: tuple[int, float] | None = None
         self._warned_too_long = False
+        self._recent: deque[tuple[float, float]] = deque(maxlen=_RECENT_STEPS)  # (step seconds, tokens/s)
+        self.tracking = Trackers([], histogram_every=1)  # the configured ones are built in setup()
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
     # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
@@ -97,7 +102,7 @@ class Node:
     # last, once there is a node to report on.
     def setup(self) -> None:
         prepare_run_dir(self.run_dir)
-        _write_atomic(self.run_dir / "config.yaml", _dump_yaml(self.cfg))
+        self._record_config()
         if self.cfg.generation.backend == "vllm":
             from node.engines.vllm_engine import require_vllm
 
@@ -109,9 +114,13 @@ class Node:
         self.task_rng = random.Random(self.cfg.seed)
         self.select_rng = random.Random(stream_seed(self.cfg.seed, "select"))
         self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
-        self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
+        self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints,
+                                             keep_every=self.cfg.train.keep_every)
         self._restore()
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
+                                     max_bytes=int(self.cfg.tracking.metrics_max_mb * 1024 * 1024),
+                                     eval_every=self.cfg.train.eval_every)
+        self.tracking = build_trackers(self.cfg, self.run_dir, self.step)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
             self.exchange = self._build_exchange(self._transport_factory)
@@ -120,6 +129,20 @@ class Node:
         self.board.set_state("ready")
         if self.cfg.api.port is not None:
             self.api = self._build_api()
+
+    def _record_config(self) -> None:
+        """Write ``RUN_DIR/config.yaml``; when resuming a run whose settings changed, say what changed."""
+        import yaml
+
+        path, text = self.run_dir / "config.yaml", _dump_yaml(self.cfg)
+        if path.is_file() and CheckpointManager(self.run_dir, 1).latest() is not None:
+            try:
+                old = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                old = None
+            if isinstance(old, dict):
+                say_config_changes(old, yaml.safe_load(text), self.run_dir)
+        _write_atomic(path, text)
 
     def _node_info(self) -> NodeInfo:
         from importlib.metadata import PackageNotFoundError, version
@@ -265,26 +288,35 @@ class Node:
         signal.signal(signal.SIGTERM, handler)
 
     def run(self) -> int:
-        """Train until ``train.steps`` (or a stop signal); return the last completed step."""
+        """Train until ``train.steps`` (until a stop signal when it is None); return the last completed step."""
         total = self.cfg.train.steps
         bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
         self.board.set_state("training")
+        saved = self.step
         try:
-            while self.step < total and not self.stop_requested:
+            while (total is None or self.step < total) and not self.stop_requested:
                 record = self.train_step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
                                 **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
-                if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
+                if self._checkpoint_due(total):
                     self.save_checkpoint()
+                    saved = self.step
             if self.stop_requested:
                 self.board.set_state("stopping")
-            if self.stop_requested and self.step % self.cfg.train.checkpoint_every != 0:
+            if self.stop_requested and saved != self.step:
                 self.save_checkpoint()
         finally:
             bar.close()
-            self.board.set_state("finished" if self.step >= total else "stopped")
+            self.board.set_state("finished" if total is not None and self.step >= total else "stopped")
         return self.step
+
+    def _checkpoint_due(self, total: int | None) -> bool:
+        """A checkpoint every ``train.checkpoint_every`` steps, at each milestone (``train.keep_every``) and
+        at the last step."""
+        tc = self.cfg.train
+        milestone = tc.keep_every is not None and self.step % tc.keep_every == 0
+        return self.step % tc.checkpoint_every == 0 or milestone or self.step == total
 
     def train_step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -317,7 +349,8 @@ class Node:
         self._count_trained(external)
         # I local groups with signal (all of them when no more were generated), then the J external ones.
         signal_groups = with_signal[: cfg.sapo.local_groups] + external
-        stats = self.trainer.step(signal_groups)
+        histograms = self.tracking.wants_histograms(self.step + 1)
+        stats = self.trainer.step(signal_groups, keep_distributions=histograms)
         sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
@@ -349,7 +382,9 @@ class Node:
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
             record["eval_accuracy"] = self.evaluate()
             self._last_eval = (self.step, record["eval_accuracy"])
-        self._publish_status(self.metrics.write(record))
+        row = self.metrics.write(record)
+        self.tracking.log(self.step, row, self.trainer.distributions if histograms else None)
+        self._publish_status(row)
         return record
 
     def _count_trained(self, external: list[TrainGroup]) -> None:
@@ -409,6 +444,12 @@ class Node:
         """Hand the API an immutable picture of this step (a few small copies; no tensors)."""
         ex = self.exchange
         exchange: dict[str, Any] = {}
+        if isinstance(row.get("step_seconds"), float):
+            self._recent.append((row["step_seconds"], float(row.get("tokens_per_s") or 0.0)))
+        if self._recent:
+            exchange.update(recent_steps=len(self._recent),
+                            step_seconds_median=statistics.median(r[0] for r in self._recent),
+                            tokens_per_s_median=statistics.median(r[1] for r in self._recent))
         if ex is not None:
             exchange = {"published_batches": ex.seq, "published_groups": ex.groups_shared,
                         "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected),
@@ -452,7 +493,8 @@ class Node:
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)
         rng["routing_gen"] = self.trainer.routing_generator.get_state()
-        extra = {"model": self.cfg.model.name_or_path, "signal_history": list(self._signal_history)}
+        extra = {"model": self.cfg.model.name_or_path, "mode": "silo" if self.exchange is None else "swarm",
+                 "signal_history": list(self._signal_history)}
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
                                               optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
 
@@ -465,6 +507,7 @@ class Node:
             self.generator.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
+        self.tracking.close()
         if self.exchange is not None:
             self.exchange.close()
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import get_args
 
 from node.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-_SECTIONS = "model|adapter|tasks|generation|sampling|train|sapo|ingest|metrics|swarm"
+_SECTIONS = "model|adapter|tasks|generation|sampling|train|sapo|ingest|metrics|swarm|tracking|api"
 
 
 def _config_key_exists(path: str) -> bool:
@@ -22,6 +23,8 @@ def _config_key_exists(path: str) -> bool:
         if fields is None or part not in fields:
             return False
         cls = fields[part].annotation
+        models = [a for a in get_args(cls) if hasattr(a, "model_fields")]  # an optional section: X | None
+        cls = models[0] if models else cls
     return True
 
 

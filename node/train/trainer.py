@@ -54,12 +54,20 @@ class Trainer:
         self.routing_generator = torch.Generator(device=policy.device).manual_seed(seed)  # ReMix routings sampled in training
         self._gap = [0.0, 0.0, 0]  # |diff| sum, k3 sum, tokens of this step's own samples
         self.skipped_steps = 0
+        self.distributions: dict[str, torch.Tensor] = {}
+        self._keep = False
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def step(self, groups: list[TrainGroup]) -> dict[str, float]:
-        """One optimizer step over every completion of ``groups`` (advantages already assigned)."""
+    def step(self, groups: list[TrainGroup], keep_distributions: bool = False) -> dict[str, float]:
+        """One optimizer step over every completion of ``groups`` (advantages already assigned).
+
+        With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
+        sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
+        histograms."""
+        self.distributions = {}
+        self._keep = keep_distributions
         rows: list[_Row] = [
             (g.prompt_ids, ids, lps, float(a), g.is_local)
             for g in groups
@@ -116,6 +124,8 @@ class Trainer:
             own = torch.tensor([r[4] for r in rows], device=device)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
+            if self._keep:
+                self._collect(advantages, (logprobs.detach().float() - anchor)[(completion_mask != 0) & own[:, None]])
             token_weights = None
             if self.engine_is_cap is not None and self.off_policy_correction:
                 # The engine's own samples: truncated importance weights on the trainer/engine ratio correct
@@ -132,6 +142,12 @@ class Trainer:
             return {"loss": float(loss.detach()), **stats}
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
                                       weight)
+
+    def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
+        for key, values in (("advantages", advantages), ("logprob_gap", gaps)):
+            values = values.detach().float().cpu()
+            self.distributions[key] = torch.cat([self.distributions[key], values]) if key in self.distributions \
+                else values
 
     def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,

@@ -51,3 +51,30 @@ def smollm2():
     model = registry_model("smollm2-135m")
     assert model is not None
     return fetch(model)
+
+
+def _train_run(run_dir, *overrides: str):
+    """A tiny silo run of 4 steps with a large learning rate (its adapters and norms far from their initial
+    values), checkpointed and evaluated at steps 2 and 4; returns the trained node, closed."""
+    from node.runner import Node
+
+    cfg = make_config(str(run_dir), "train.steps=4", "train.lr=0.02", "adapter.norm_lr=0.05", *overrides)
+    node = Node(cfg, show_progress=False)
+    node.setup()
+    try:
+        node.run()
+    finally:
+        node.close()
+    return node
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A finished tiny run with trained norms (peft modules_to_save)."""
+    return _train_run(tmp_path_factory.mktemp("trained") / "run")
+
+
+@pytest.fixture(scope="session")
+def trained_lora_run(tmp_path_factory):
+    """A finished tiny run whose adapter is LoRA only (no trained norms): what vLLM's LoRARequest takes."""
+    return _train_run(tmp_path_factory.mktemp("trained-lora") / "run", "adapter.train_norms=false")

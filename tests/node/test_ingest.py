@@ -116,3 +116,54 @@ def test_a_completion_that_with_our_prompt_exceeds_our_models_context_is_rejecte
     groups = ingestor.ingest(batch)
     assert [len(c) for g in groups for c in g.completions] == [room]
     assert ingestor.rejected["too_long"] == 1 and not ingestor.offences
+
+
+def test_groups_past_the_budgets_are_surplus_not_rejections():
+    """A peer that sends more than a step can use is not at fault: what is left unread is counted as
+    ``ingest_surplus`` by reason, and ``ingest_rejected`` stays empty."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.ingest import IngestLimits
+    from node.policy.model import build_policy
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+    tok = policy.tokenizer
+
+    def group(i: int) -> RolloutGroup:
+        ref = SOURCE.make_ref("add", i)
+        if SOURCE.is_held_out(SOURCE.task(ref)):
+            return group(i + 1000)
+        text = SOURCE.task(ref).answer
+        ids = (*tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id)
+        rollout = Rollout(ref, "", text, ids, policy.tokenizer_fingerprint, (-0.5,) * len(ids),
+                          SamplingParams(1.0, 1.0), "peer", 0, "eos")
+        return RolloutGroup(ref, (rollout,))
+
+    def batch(groups: tuple[RolloutGroup, ...]) -> RolloutBatch:
+        return RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, groups)
+
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=8,
+                        limits=IngestLimits(max_groups_per_peer=3))
+    got = ingestor.ingest_batches([batch(tuple(group(i) for i in range(10)))], max_groups=8)
+    assert len(got) == 3 and ingestor.surplus == {"peer_budget": 7} and not ingestor.rejected
+    got = ingestor.ingest_batches([batch(tuple(group(i) for i in range(3))) for _ in range(3)], max_groups=4)
+    assert len(got) == 4 and ingestor.surplus == {"peer_budget": 7, "not_needed": 5} and not ingestor.rejected
+    metrics = ingestor.metrics()
+    assert metrics["ingest_surplus"] == {"peer_budget": 7, "not_needed": 5} and metrics["ingest_rejected"] == {}
+
+
+def test_every_rejection_reason_in_the_code_is_declared():
+    """``REJECT_REASONS`` (which the README names one by one) holds every reason ``node/ingest.py`` counts."""
+    import re
+    from pathlib import Path
+
+    from node.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
+
+    src = (Path(__file__).resolve().parents[2] / "node" / "ingest.py").read_text()
+    used = set(re.findall(r'_reject\("(\w+)"', src)) | set(re.findall(r'return (?:None, None, )?"(\w+)"$', src, re.M))
+    used |= set(re.findall(r'rejected\["(\w+)"\]', src)) | set(re.findall(r'_drop\(.*?"(\w+)"\)', src))
+    assert used and used <= REJECT_REASONS, used - REJECT_REASONS
+    assert OFFENCES <= REJECT_REASONS and not SURPLUS_REASONS & REJECT_REASONS
+    assert set(re.findall(r'surplus\["(\w+)"\]', src)) | set(re.findall(r'_leave\(.*?"(\w+)"\)', src)) | {
+        "not_needed"} == SURPLUS_REASONS  # not_needed: the leftover's other name, chosen in one expression
