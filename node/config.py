@@ -102,6 +102,9 @@ class PromptConfig(_Section):
     examples: list[PromptExample] | Literal["default"] = Field(
         PROMPT_DEFAULT, description="worked examples before the question, each {user: ..., assistant: ...}: "
         "'default' (reasoning_gym: none; arith under chat_template=always: one of the task's dataset), [] for none")
+    answer_instruction: str | None = Field(
+        PROMPT_DEFAULT, description="reasoning_gym: the sentence after each question: 'default' (\"Give your final "
+        "answer inside <answer></answer> tags, e.g. <answer>42</answer>.\"), null for none, or the text")
 
     @field_validator("examples", mode="before")
     @classmethod
@@ -127,6 +130,8 @@ class PromptConfig(_Section):
         options: dict[str, Any] = {}
         if self.system != PROMPT_DEFAULT:
             options["system_prompt"] = self.system
+        if self.answer_instruction != PROMPT_DEFAULT:
+            options["answer_instruction"] = self.answer_instruction
         if isinstance(self.examples, list):
             options["examples"] = [(e.user, e.assistant) for e in self.examples]
         return options
@@ -159,6 +164,9 @@ class TasksConfig(_Section):
             check_datasets(self.source, [*self.datasets, *(self.eval_datasets or [])])
         except TaskError as exc:
             raise ValueError(str(exc)) from None
+        if self.source != "reasoning_gym" and self.prompt.answer_instruction != PROMPT_DEFAULT:
+            raise ValueError(f"prompt.answer_instruction applies to source reasoning_gym (source {self.source} has "
+                             "none); remove it")
         try:
             check_dataset_configs(self.source, self.dataset_configs)  # imports reasoning-gym when there are some
         except TaskError as exc:

@@ -24,7 +24,10 @@ Variants set ``tasks.prompt`` (see the README): ``none`` (no system prompt, no e
 own default system turn, if it has one), ``default`` (the source's default system prompt, no example; for
 arith under ``model.chat_template=always`` its own system prompt and an example of its dataset),
 ``example`` (the default system prompt and the worked example ``What is 3 + 4?`` -> ``3 + 4 = 7.``
-``<answer>7</answer>``), ``example-nosys`` (that example, no system prompt).
+``<answer>7</answer>``), ``example-nosys`` (that example, no system prompt); ``short``, ``example-short``
+and ``example-short-nosys`` are ``default``, ``example`` and ``example-nosys`` with the answer instruction
+after each question shortened to ``Give your final answer inside <answer></answer> tags.`` (the default
+one goes on ``e.g. <answer>42</answer>.``).
 
 ``--dataset-configs easy`` gives the easy settings below (``EASY_CONFIGS``); ``default`` the library's own;
 or a YAML/JSON mapping like ``tasks.dataset_configs``. Trailing ``key=value`` are config overrides. The
@@ -69,11 +72,15 @@ EASY_CONFIGS: dict[str, dict[str, Any]] = {
 CANDIDATES = ["basic_arithmetic", "syllogism", "spell_backward", "gcd", "leg_counting", "letter_counting",
               "word_sorting", "simple_equations", "coin_flip", "number_sorting"]
 EXAMPLE = "{user: 'What is 3 + 4?', assistant: \"3 + 4 = 7.\\n<answer>7</answer>\"}"
+SHORT = "tasks.prompt.answer_instruction='Give your final answer inside <answer></answer> tags.'"
 VARIANTS: dict[str, list[str]] = {
     "none": ["tasks.prompt.system=null", "tasks.prompt.examples=[]"],
     "default": [],
+    "short": [SHORT],
     "example": [f"tasks.prompt.examples=[{EXAMPLE}]"],
     "example-nosys": ["tasks.prompt.system=null", f"tasks.prompt.examples=[{EXAMPLE}]"],
+    "example-short": [f"tasks.prompt.examples=[{EXAMPLE}]", SHORT],
+    "example-short-nosys": ["tasks.prompt.system=null", f"tasks.prompt.examples=[{EXAMPLE}]", SHORT],
 }
 
 
@@ -83,7 +90,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--source", default="reasoning_gym", choices=["reasoning_gym", "arith"])
     p.add_argument("--datasets", default=",".join(CANDIDATES))
     p.add_argument("--dataset-configs", default="easy", help="easy | default | a YAML/JSON mapping")
-    p.add_argument("--variants", default="none,default,example", help=f"comma-separated, of {list(VARIANTS)}")
+    p.add_argument("--variants", default="none,default,example,example-short",
+                   help=f"comma-separated, of {list(VARIANTS)}")
     p.add_argument("--tasks", type=int, default=12, help="held-out tasks per dataset")
     p.add_argument("--samples", type=int, default=8, help="completions per task at temperature 1 (G)")
     p.add_argument("--max-new-tokens", type=int, default=96)

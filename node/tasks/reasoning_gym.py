@@ -36,7 +36,10 @@ in LRU caches.
 
 Scoring extracts the final answer (``prompting.extract_answer``) and calls the dataset's own
 ``score_answer`` with the regenerated item; a peer's answer or reward is never consulted. Prompt formatting
-(system prompt, worked examples) is the node's own and does not enter the ``config_hash``.
+(system prompt, worked examples, the answer instruction the model sees) is the node's own and does not
+enter the ``config_hash``: a task's text always ends in ``ANSWER_INSTRUCTION``, which ``format_prompt``
+replaces when the node is configured with another (its ``e.g. <answer>42</answer>`` is copied verbatim
+by smollm2-135m: README).
 """
 
 from __future__ import annotations
@@ -168,8 +171,9 @@ def check_dataset_configs(configs: Mapping[str, Mapping[str, Any]] | None) -> di
 
 class ReasoningGymTaskSource(TaskSource):
     """Source ``reasoning_gym``; options: chat_template, system_prompt, examples (worked examples in the
-    prompt: ``prompting.check_examples``), max_prompt_chars, dataset_configs (per-dataset reasoning-gym
-    config overrides) and cache_size."""
+    prompt: ``prompting.check_examples``), answer_instruction (what follows the question in the prompt the
+    model sees; the task's own text keeps ``ANSWER_INSTRUCTION``), max_prompt_chars, dataset_configs
+    (per-dataset reasoning-gym config overrides) and cache_size."""
 
     name = "reasoning_gym"
     known_datasets = ADMITTED_DATASETS
@@ -183,6 +187,7 @@ class ReasoningGymTaskSource(TaskSource):
         chat_template: ChatTemplateMode = "auto",
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         examples: Iterable[Any] = (),
+        answer_instruction: str | None = ANSWER_INSTRUCTION,
         max_prompt_chars: int = 4000,
         dataset_configs: Mapping[str, Mapping[str, Any]] | None = None,
         cache_size: int = 4096,
@@ -192,6 +197,7 @@ class ReasoningGymTaskSource(TaskSource):
             raise TaskError(f"max_prompt_chars must be >= 1, got {max_prompt_chars}")
         self.system_prompt = system_prompt
         self.examples = check_examples(examples)
+        self.answer_instruction = answer_instruction
         self.max_prompt_chars = max_prompt_chars
         self.dataset_configs = self.check_dataset_configs(dataset_configs)
         self._datasets: LRUCache[tuple[str, int], Any] = LRUCache(64)
@@ -279,7 +285,13 @@ class ReasoningGymTaskSource(TaskSource):
         _library()
 
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
-        return format_for_model(task.prompt, tokenizer, self.chat_template, self.system_prompt, self.examples)
+        """The task's text, its answer instruction replaced by this node's (``answer_instruction``; none when
+        empty), formatted with the system prompt and examples."""
+        text = task.prompt
+        if self.answer_instruction != ANSWER_INSTRUCTION:
+            question = text.removesuffix(ANSWER_INSTRUCTION).rstrip()
+            text = f"{question}\n\n{self.answer_instruction}" if self.answer_instruction else question
+        return format_for_model(text, tokenizer, self.chat_template, self.system_prompt, self.examples)
 
     def content_key(self, task: Task) -> str:
         """The question text: the same question is held out whichever seed or index produced it."""

@@ -120,6 +120,8 @@ RG = ["tasks.source=reasoning_gym", "tasks.datasets=[gcd, syllogism]"]
         (["tasks.prompt.examples=[{user: a}]"], "tasks.prompt.examples: example 0: assistant: Field required"),
         (["tasks.prompt.examples=sometimes"], "tasks.prompt.examples: must be 'default', [] (none) or a list"),
         (["tasks.prompt.system=[a]"], "tasks.prompt.system"),
+        (["tasks.source=arith", "tasks.datasets=[add]", "tasks.prompt.answer_instruction=null"],
+         "tasks: prompt.answer_instruction applies to source reasoning_gym"),
     ],
 )
 def test_task_settings_errors_are_one_line_naming_the_field(overrides, expected):
@@ -131,9 +133,10 @@ def test_task_settings_errors_are_one_line_naming_the_field(overrides, expected)
 def test_task_source_options_follow_the_config():
     cfg = load_config(None, [*RG, "tasks.dataset_configs={gcd: {max_value: 50}}"])
     assert cfg.tasks.source_options("auto") == {"chat_template": "auto", "dataset_configs": {"gcd": {"max_value": 50}}}
-    cfg = load_config(None, [*RG, "tasks.prompt.system=null", "tasks.prompt.examples=[{user: Q, assistant: A}]"])
+    cfg = load_config(None, [*RG, "tasks.prompt.system=null", "tasks.prompt.examples=[{user: Q, assistant: A}]",
+                             "tasks.prompt.answer_instruction=null"])
     assert cfg.tasks.source_options("always") == {"chat_template": "always", "system_prompt": None,
-                                                  "examples": [("Q", "A")]}
+                                                  "examples": [("Q", "A")], "answer_instruction": None}
     assert load_config(None, ["tasks.prompt.examples=[]"]).tasks.source_options("never") == {
         "chat_template": "never", "examples": []}
 

@@ -59,5 +59,8 @@ def test_variants_become_the_nodes_prompt_settings():
     assert "system_prompt" not in options["default"] and "examples" not in options["default"]
     assert options["example"]["examples"] == example and "system_prompt" not in options["example"]
     assert options["example-nosys"]["examples"] == example and options["example-nosys"]["system_prompt"] is None
+    short = "Give your final answer inside <answer></answer> tags."
+    assert options["example-short"]["answer_instruction"] == short and options["example-short"]["examples"] == example
+    assert "answer_instruction" not in options["example"]
     source = probe.build_source(probe.node_config(args, "default"))
     assert source.system_prompt == DEFAULT_SYSTEM_PROMPT and source.dataset_configs == {"gcd": {"max_value": 50}}

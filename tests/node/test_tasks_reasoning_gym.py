@@ -359,3 +359,14 @@ def test_format_prompt_with_worked_examples(rg_source: ReasoningGymTaskSource) -
         f"Question: What is 3 + 4?\nAnswer: <answer>7</answer>\n\nQuestion: {task.prompt}\nAnswer:")
     with pytest.raises(TaskError, match="prompt example 0"):
         _rg(examples=[("What is 3 + 4?", "")])
+
+
+def test_the_answer_instruction_the_model_sees_is_the_nodes_own(rg_source: ReasoningGymTaskSource) -> None:
+    task = rg_source.task(rg_source.eval_refs(1)[0])
+    question = task.prompt.removesuffix(ANSWER_INSTRUCTION).rstrip()
+    plain = _tiny_tokenizer(None)
+    short = _rg(answer_instruction="Answer inside <answer></answer> tags.")
+    assert short.format_prompt(task, plain) == f"Question: {question}\n\nAnswer inside <answer></answer> tags.\nAnswer:"
+    assert _rg(answer_instruction=None).format_prompt(task, plain) == f"Question: {question}\nAnswer:"
+    assert _rg(answer_instruction="").format_prompt(task, plain) == f"Question: {question}\nAnswer:"
+    assert short.task(task.ref) == task and short.config_hash == rg_source.config_hash  # the task is unchanged
