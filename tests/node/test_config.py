@@ -163,3 +163,21 @@ def test_the_node_builds_its_sources_and_scoring_child_with_the_task_settings(tm
     finally:
         scorer.close()
     assert [(o.status, o.reward) for o in outcomes] == [("ok", 1.0), ("ok", 0.0)]
+
+
+@pytest.mark.parametrize("path", ["configs/smollm2-silo.yaml", "configs/smollm2-swarm.yaml"])
+def test_smollm2_configs_name_admitted_datasets_and_prompt_with_an_example(path):
+    from node.tasks import build_task_source
+    from node.tasks.reasoning_gym import ADMITTED_DATASETS, EASY_DATASETS
+    from tests.node.test_tasks import CHAT_TEMPLATE, _tiny_tokenizer
+
+    cfg = load_config(path)
+    t = cfg.tasks
+    assert cfg.model.name_or_path == "smollm2-135m" and t.source == "reasoning_gym"
+    assert set(t.datasets) <= set(ADMITTED_DATASETS) and set(t.datasets) & set(EASY_DATASETS)
+    assert set(t.dataset_configs) <= set(t.datasets)
+    source = build_task_source(t.source, list(t.datasets), t.weights, 0, **t.source_options(cfg.model.chat_template))
+    task = source.task(source.eval_refs(1)[0])
+    text = source.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE))
+    assert "<|assistant|>3 + 4 = 7.\n<answer>7</answer>" in text and "e.g. <answer>42</answer>" not in text
+    assert text.endswith("Give your final answer inside <answer></answer> tags.\n<|assistant|>")
