@@ -188,7 +188,7 @@ class Node:
         t = self.cfg.tasks
         try:
             return build_task_source(t.source, list(t.datasets), t.weights, self.cfg.seed,
-                                     chat_template=self.cfg.model.chat_template)
+                                     **t.source_options(self.cfg.model.chat_template))
         except TaskError as exc:
             raise ConfigError(f"tasks: {exc}") from None
 
@@ -200,7 +200,7 @@ class Node:
             source = self.source
             if t.eval_datasets:
                 source = build_task_source(t.source, list(t.eval_datasets), None, self.cfg.seed,
-                                           chat_template=self.cfg.model.chat_template)
+                                           **t.source_options(self.cfg.model.chat_template))
             tasks = [source.task(r) for r in source.eval_refs(t.eval_size)]
             _, too_long = split_by_fit(self.policy, source, tasks, self.generator.max_len)
         except TaskError as exc:
@@ -254,7 +254,7 @@ class Node:
             return None
         t = self.cfg.tasks
         spec = SourceSpec(t.source, tuple(t.datasets), tuple(t.weights) if t.weights is not None else None,
-                          self.cfg.seed, {"chat_template": self.cfg.model.chat_template})
+                          self.cfg.seed, t.source_options(self.cfg.model.chat_template))
         scorer = ScoringWorker(spec, timeout=self.cfg.ingest.score_timeout)
         scorer.start()  # imports its libraries while the node sets up and takes its first steps
         return scorer
