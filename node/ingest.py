@@ -116,6 +116,7 @@ class Ingestor:
         self.offences: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
+        self.reanchored = 0  # same tokenizer, but the peer prompted otherwise: our own anchor, not its log-probs
         self.last_seconds = 0.0
         tok = policy.tokenizer
         self._vocab_size = len(tok)
@@ -251,8 +252,9 @@ class Ingestor:
                            prompt_ids=prompt_ids, completions=[], anchor_logprobs=[], rewards=[])
         texts: list[str] = []
         context = self.policy.context_length
+        our_prompt = str(self.policy.tokenizer.decode(prompt_ids, skip_special_tokens=True))  # as peers send theirs
         for rollout in rgroup.rollouts:
-            ids, lps, why = self._tokens(rollout)
+            ids, lps, why = self._tokens(rollout, our_prompt)
             if ids is not None and context is not None and len(prompt_ids) + len(ids) > context:
                 ids, lps, why = None, None, "too_long"  # more than our model takes (a peer's may take more)
             if why is not None or ids is None:
@@ -286,8 +288,12 @@ class Ingestor:
             seeds.add(ref.seed)
         return None
 
-    def _tokens(self, rollout: Rollout) -> tuple[list[int] | None, list[float] | None, str | None]:
-        """``(ids, behaviour log-probs or None to compute our anchor, rejection reason or None)``."""
+    def _tokens(self, rollout: Rollout, our_prompt: str) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """``(ids, behaviour log-probs or None to compute our anchor, rejection reason or None)``.
+
+        A peer's behaviour log-probs are kept only when its tokenizer is ours and it prompted its model with
+        the text we prompt ours with (``our_prompt``): prompting is each node's own (system prompt, worked
+        examples), and log-probs computed under another prompt are not those of our policy's context."""
         tok = self.policy.tokenizer
         ends_with_eos = rollout.finish_reason == "eos"
         if rollout.tokenizer_fingerprint == self.policy.tokenizer_fingerprint:
@@ -307,7 +313,12 @@ class Ingestor:
             lps = list(rollout.behavior_logprobs)
             if lps and min(lps) < self.limits.min_logprob:
                 return None, None, "bad_logprobs"
-            return (ids, lps, None) if ids else (None, None, "empty_completion")
+            if not ids:
+                return None, None, "empty_completion"
+            if rollout.prompt != our_prompt:
+                self.reanchored += 1
+                return ids, None, None
+            return ids, lps, None
         if len(rollout.completion) > _CHARS_PER_TOKEN * self.max_peer_tokens:
             return None, None, "too_long"
         ids = list(tok(rollout.completion, add_special_tokens=False)["input_ids"])
@@ -374,6 +385,7 @@ class Ingestor:
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
+                               "ingest_reanchored": self.reanchored,
                                "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
                                "ingest_offences": dict(self.offences),
                                "ingest_seconds": self.last_seconds}

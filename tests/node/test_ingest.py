@@ -4,6 +4,7 @@ end-to-end path is in ``test_heterogeneous``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,14 +29,14 @@ def _ingestor(tokenizer: Any) -> Ingestor:
 
 def _ids(tokenizer: Any, text: str, finish_reason: str = "eos") -> list[int] | None:
     """What a node with ``tokenizer`` makes of a peer's ``text``: our ids, or None with the reason checked."""
-    ids, lps, why = _ingestor(tokenizer)._tokens(_rollout(text, finish_reason))
+    ids, lps, why = _ingestor(tokenizer)._tokens(_rollout(text, finish_reason), "07+35=")
     assert lps is None  # the peer's log-probs are of other tokens: our own anchor is computed instead
     assert (ids is None) == (why is not None)
     return ids
 
 
 def _why(tokenizer: Any, text: str) -> str | None:
-    return _ingestor(tokenizer)._tokens(_rollout(text))[2]
+    return _ingestor(tokenizer)._tokens(_rollout(text), "07+35=")[2]
 
 
 def _rollout(text: str, finish_reason: str = "eos") -> Rollout:
@@ -167,3 +168,19 @@ def test_every_rejection_reason_in_the_code_is_declared():
     assert OFFENCES <= REJECT_REASONS and not SURPLUS_REASONS & REJECT_REASONS
     assert set(re.findall(r'surplus\["(\w+)"\]', src)) | set(re.findall(r'_leave\(.*?"(\w+)"\)', src)) | {
         "not_needed"} == SURPLUS_REASONS  # not_needed: the leftover's other name, chosen in one expression
+
+
+def test_a_peer_with_our_tokenizer_keeps_its_log_probs_only_when_it_prompted_as_we_do(char_tok: Any) -> None:
+    """Prompting is each node's own: behaviour log-probs computed under another prompt are not our policy's
+    in our context, so such a completion gets our own anchor (counted as re-anchored), as re-tokenized
+    text does."""
+    ingestor = _ingestor(char_tok)
+    ids = char_tok("042", add_special_tokens=False)["input_ids"] + [char_tok.eos_token_id]
+    ours = dataclasses.replace(_rollout("042"), completion_ids=tuple(ids),
+                               tokenizer_fingerprint=tokenizer_fingerprint(char_tok),
+                               behavior_logprobs=(-0.5, -0.1, -0.2, -0.3))
+    kept_ids, lps, why = ingestor._tokens(ours, "07+35=")
+    assert (kept_ids, why) == (ids, None) and lps == pytest.approx([-0.5, -0.1, -0.2, -0.3])
+    assert ingestor.reanchored == 0
+    assert ingestor._tokens(ours, "Question: 07+35=\nAnswer:") == (ids, None, None)
+    assert ingestor.reanchored == 1 and ingestor.retokenized == 0
