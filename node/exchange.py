@@ -68,7 +68,8 @@ class SwarmExchange:
                  swarm_id: str, temperature: float, top_p: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, ingest_limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, restart_backoff: float = 5.0,
-                 max_restart_backoff: float = 300.0, max_pending_groups: int = 256) -> None:
+                 max_restart_backoff: float = 300.0, max_pending_groups: int = 256,
+                 anchor_flat_groups: bool = True) -> None:
         self.policy = policy
         self.transport = transport
         self.identity = identity
@@ -78,7 +79,7 @@ class SwarmExchange:
         penalize = getattr(transport, "penalize", None)
         self.ingestor = Ingestor(policy, source, temperature=temperature, max_completion_tokens=max_completion_tokens,
                                  max_peer_tokens=max_peer_tokens, limits=ingest_limits, scorer=scorer,
-                                 penalize=penalize)
+                                 penalize=penalize, anchor_flat_groups=anchor_flat_groups)
         self.seq = 0
         self.groups_shared = 0
         self.restart_backoff = restart_backoff

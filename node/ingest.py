@@ -25,7 +25,11 @@ seconds, ``not_needed`` once the step has all the groups it can use). Checks run
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
   log-probs no lower than ``min_logprob`` (``bad_logprobs``);
 * scoring, in a child process with a time limit per completion for sources whose scorers may be slow
-  (``node.scoring``; ``score_timeout``).
+  (``node.scoring``; ``score_timeout``);
+* anchoring (for a flat group, whose re-scored rewards are all equal, only with ``anchor_flat_groups``: without
+  a baseline shift it carries no signal and is dropped before training): our own
+  log-probs of the completions that have no usable behaviour log-probs, a forward pass of the policy, inside
+  the step's and the author's time budgets like everything above.
 
 Every rejection is counted by reason, never raised. ``text_mismatch``, ``bad_token_id``,
 ``eos_mismatch``, ``bad_logprobs`` and ``score_timeout`` are offences: the author is reported once
@@ -101,8 +105,11 @@ class Ingestor:
     def __init__(self, policy: Policy, source: TaskSource, *, temperature: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, penalize: Callable[[str, str], None] | None = None,
-                 micro_batch_size: int = 256) -> None:
+                 micro_batch_size: int = 256, anchor_flat_groups: bool = True) -> None:
         self.policy = policy
+        # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
+        # (``train.external_shift``) gives it one; without a shift its anchors are never used.
+        self.anchor_flat_groups = anchor_flat_groups
         self.source = source
         self.temperature = temperature
         self.max_completion_tokens = max_completion_tokens
@@ -152,7 +159,6 @@ class Ingestor:
         queues = self._queues(batches)
         budget = _Budget(self.limits.max_rollouts, self.limits.max_tokens, started + self.limits.max_seconds)
         groups: list[TrainGroup] = []
-        pending: list[tuple[TrainGroup, int]] = []  # (group, index) whose anchor we must compute
         used: Counter[str] = Counter()
         seconds: dict[str, float] = dict.fromkeys(queues, 0.0)
         while queues and len(groups) < max_groups and self._within(budget):
@@ -168,7 +174,7 @@ class Ingestor:
                 t0 = time.perf_counter()
                 self._peer = peer_id
                 try:
-                    group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                    group, offence = self._ingest_group(rgroup, peer_id, epoch, budget)
                 finally:
                     self._peer = None
                 seconds[peer_id] += time.perf_counter() - t0
@@ -181,7 +187,6 @@ class Ingestor:
         leftover = "not_needed" if len(groups) >= max_groups else "step_budget"  # the step had all it can use
         for queue in queues.values():
             self._leave(queue, leftover)
-        self._fill_anchors(pending)
         self.accepted_groups += len(groups)
         for peer_id, n in Counter(g.peer_id for g in groups).items():
             accepted, rejected = self._peer_counts(peer_id)
@@ -227,8 +232,14 @@ class Ingestor:
     # -- one group --------------------------------------------------------------------------------------
 
     def _ingest_group(self, rgroup: RolloutGroup, peer_id: str, epoch: int,
-                      pending: list[tuple[TrainGroup, int]], budget: _Budget) -> tuple[TrainGroup | None, str | None]:
-        """``(group or None, offence or None)``; budgets are charged for what is looked at."""
+                      budget: _Budget) -> tuple[TrainGroup | None, str | None]:
+        """``(group or None, offence or None)``; budgets are charged for what is looked at, anchoring included.
+
+        Our own anchors (a forward pass of the policy over every completion without usable behaviour
+        log-probs) are computed here, group by group, so their time counts against the step's and the peer's
+        time budgets: on a large model they, not scoring, are most of ingestion's cost. A group whose
+        re-scored rewards are all equal carries no signal without a baseline shift (every advantage kind then
+        gives it zero advantages and the node drops it before training), so it is not anchored unless ``anchor_flat_groups``."""
         cost = sum(max(len(r.completion_ids), 1) for r in rgroup.rollouts)
         if len(rgroup.rollouts) > budget.rollouts or cost > budget.tokens:
             self.surplus["step_budget"] += 1  # larger than what is left of the step's budget
@@ -272,7 +283,8 @@ class Ingestor:
         if rewards is None:
             return None, offence
         group.rewards = rewards
-        pending.extend((group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps)
+        if len(set(rewards)) > 1 or self.anchor_flat_groups:
+            self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
         return group, None
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
@@ -289,36 +301,44 @@ class Ingestor:
         return None
 
     def _tokens(self, rollout: Rollout, our_prompt: str) -> tuple[list[int] | None, list[float] | None, str | None]:
-        """``(ids, behaviour log-probs or None to compute our anchor, rejection reason or None)``.
-
-        A peer's behaviour log-probs are kept only when its tokenizer is ours and it prompted its model with
-        the text we prompt ours with (``our_prompt``): prompting is each node's own (system prompt, worked
-        examples), and log-probs computed under another prompt are not those of our policy's context."""
-        tok = self.policy.tokenizer
-        ends_with_eos = rollout.finish_reason == "eos"
+        """``(ids, behaviour log-probs or None to compute our anchor, rejection reason or None)``."""
         if rollout.tokenizer_fingerprint == self.policy.tokenizer_fingerprint:
-            ids = list(rollout.completion_ids)
-            if len(ids) > self.max_completion_tokens:
-                return None, None, "too_long"
-            if any(i >= self._vocab_size for i in ids):
-                return None, None, "bad_token_id"
-            if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
-                return None, None, "eos_mismatch"
-            body = ids[:-1] if ends_with_eos else ids
-            if any(i in self._special for i in body):
-                return None, None, "special_token"
-            # We score the text but train on the ids: they must say exactly the same thing.
-            if tok.decode(body, skip_special_tokens=False) != rollout.completion:
-                return None, None, "text_mismatch"
-            lps = list(rollout.behavior_logprobs)
-            if lps and min(lps) < self.limits.min_logprob:
-                return None, None, "bad_logprobs"
-            if not ids:
-                return None, None, "empty_completion"
-            if rollout.prompt != our_prompt:
-                self.reanchored += 1
-                return ids, None, None
-            return ids, lps, None
+            return self._own_tokens(rollout, our_prompt)
+        return self._retokenize(rollout)
+
+    def _own_tokens(self, rollout: Rollout, our_prompt: str) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """A peer with our tokenizer: its ids, checked as ours would be.
+
+        Its behaviour log-probs are kept only when it prompted its model with the text we prompt ours with
+        (``our_prompt``): prompting is each node's own (system prompt, worked examples), and log-probs
+        computed under another prompt are not those of our policy's context."""
+        ends_with_eos = rollout.finish_reason == "eos"
+        ids = list(rollout.completion_ids)
+        if len(ids) > self.max_completion_tokens:
+            return None, None, "too_long"
+        if any(i >= self._vocab_size for i in ids):
+            return None, None, "bad_token_id"
+        if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
+            return None, None, "eos_mismatch"
+        body = ids[:-1] if ends_with_eos else ids
+        if any(i in self._special for i in body):
+            return None, None, "special_token"
+        # We score the text but train on the ids: they must say exactly the same thing.
+        if self.policy.tokenizer.decode(body, skip_special_tokens=False) != rollout.completion:
+            return None, None, "text_mismatch"
+        lps = list(rollout.behavior_logprobs)
+        if lps and min(lps) < self.limits.min_logprob:
+            return None, None, "bad_logprobs"
+        if not ids:
+            return None, None, "empty_completion"
+        if rollout.prompt != our_prompt:
+            self.reanchored += 1
+            return ids, None, None
+        return ids, lps, None
+
+    def _retokenize(self, rollout: Rollout) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """A peer with another tokenizer: its text in our tokens; our own anchor is computed later."""
+        tok = self.policy.tokenizer
         if len(rollout.completion) > _CHARS_PER_TOKEN * self.max_peer_tokens:
             return None, None, "too_long"
         ids = list(tok(rollout.completion, add_special_tokens=False)["input_ids"])
@@ -328,7 +348,7 @@ class Ingestor:
             return None, None, "untokenizable"
         if any(i in self._special for i in ids):  # literal special-token text, e.g. our EOS mid-completion
             return None, None, "special_token"
-        if ends_with_eos and self._eos is not None:
+        if rollout.finish_reason == "eos" and self._eos is not None:
             ids.append(self._eos)
         if not ids:
             return None, None, "empty_completion"

@@ -246,7 +246,8 @@ class Node:
         return SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
                              swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
                              max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
-                             ingest_limits=limits, scorer=self._build_scorer())
+                             ingest_limits=limits, scorer=self._build_scorer(),
+                             anchor_flat_groups=self.cfg.train.external_shift != 0)
 
     def _build_scorer(self) -> ScoringWorker | None:
         """A child process for peers' completions when the source's scorers may be slow (started lazily)."""

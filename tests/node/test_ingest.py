@@ -184,3 +184,37 @@ def test_a_peer_with_our_tokenizer_keeps_its_log_probs_only_when_it_prompted_as_
     assert ingestor.reanchored == 0
     assert ingestor._tokens(ours, "Question: 07+35=\nAnswer:") == (ids, None, None)
     assert ingestor.reanchored == 1 and ingestor.retokenized == 0
+
+
+@pytest.mark.parametrize("anchor_flat", [False, True])
+def test_a_flat_group_is_anchored_only_when_a_baseline_shift_can_give_it_signal(anchor_flat: bool) -> None:
+    """Our own anchor is a forward pass per completion (most of ingestion's cost on a large model). A group
+    whose re-scored rewards are all equal has zero advantage without ``train.external_shift``, so the node
+    leaves it unanchored then; a group with signal is always anchored, with finite log-probs."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.policy.model import build_policy
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+    refs = [SOURCE.make_ref("add", i) for i in range(40)]
+    refs = [r for r in refs if not SOURCE.is_held_out(SOURCE.task(r))][:2]
+
+    def group(ref: Any, texts: list[str]) -> RolloutGroup:
+        return RolloutGroup(ref, tuple(dataclasses.replace(_rollout(t), task=ref) for t in texts))
+
+    right = SOURCE.task(refs[0]).answer
+    signal, flat = group(refs[0], [right, "1", right]), group(refs[1], ["1", "2"])
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,
+                        anchor_flat_groups=anchor_flat)
+    batch = RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (signal, flat))
+    got = {g.key: g for g in ingestor.ingest(batch)}
+    assert got[refs[0].key()].rewards == [1.0, 0.0, 1.0] and len(set(got[refs[1].key()].rewards)) == 1
+    anchors = got[refs[0].key()].anchor_logprobs
+    assert [len(a) for a in anchors] == [len(c) for c in got[refs[0].key()].completions]
+    assert all(lp < 0 for a in anchors for lp in a)
+    flat_anchors = got[refs[1].key()].anchor_logprobs
+    if anchor_flat:
+        assert [len(a) for a in flat_anchors] == [len(c) for c in got[refs[1].key()].completions]
+    else:
+        assert flat_anchors == [[], []]
