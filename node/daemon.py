@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 from node.api.client import api_banner
@@ -20,6 +21,7 @@ from node.config import NodeConfig
 from node.runner import Node, load_identity
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
+from swarm.state import NetworkStatus
 from swarm.transport import SwarmTransport
 
 logger = logging.getLogger(__name__)
@@ -46,8 +48,41 @@ def with_identity_seed(cfg: NodeConfig) -> NodeConfig:
     return cfg.model_copy(update={"seed": identity_seed(load_identity(cfg, Path(cfg.run_dir)))})
 
 
+def connection_lines(cfg: NodeConfig, status: NetworkStatus, addrs: list[str]) -> list[str]:
+    """What the daemon prints about its network at start: whether it is connected (``NetworkStatus.connected``:
+    at least one peer answered, as everywhere else) and, for a node that accepts connections, its address."""
+    s = cfg.swarm
+    if status.connected:
+        lines = [f"connected: {len(status.neighbours)} peer(s) answered ({status.reason})"]
+    elif s.initial_peers:
+        lines = [f"not connected yet ({status.reason}); training locally and retrying in the background"]
+    else:
+        lines = ["not connected yet: no initial peers (the first node of a swarm); training locally until "
+                 "others join through its address"]
+    if s.client_mode:
+        how = (f"its batches are handed to {s.handoff_copies} initial peers to serve" if s.nat_sharing == "handoff"
+               else f"nat_sharing={s.nat_sharing}")
+        lines.append(f"client mode: dials out only, nobody can join through this node; {how}")
+    elif addrs:
+        lines.append("others can join with --initial-peers " + ",".join(addrs))
+    else:
+        lines.append("no address to share yet (the network side is still starting; see swarm-node status)")
+    return ["swarm-node: " + line for line in lines]
+
+
+def _wait_for_network(transport: SwarmTransport, cfg: NodeConfig) -> list[str]:
+    """A short wait, so that the connection and the address can be printed; training starts either way."""
+    wait = min(_ADDRESS_WAIT_SECONDS, cfg.swarm.startup_timeout)
+    transport.wait_until_up(wait)
+    deadline = time.monotonic() + wait
+    while not cfg.swarm.client_mode and not transport.visible_multiaddrs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return transport.visible_multiaddrs()
+
+
 def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
-    """Run a swarm node until ``train.steps`` or a stop signal; ``cfg`` has its initial peers resolved."""
+    """Run a swarm node until a stop signal (or ``train.steps``, when set); ``cfg`` has its initial peers
+    resolved."""
     explicit_seed = "seed" in cfg.model_fields_set
     cfg = with_identity_seed(cfg)
     node = Node(cfg, show_progress=show_progress, transport=start_swarm_transport)
@@ -58,26 +93,16 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
         if exchange is None:
             raise RuntimeError("setup() built no exchange although a transport factory was given")
         transport = exchange.transport
-        # A short wait so the address can be printed; training starts either way.
-        if isinstance(transport, SwarmTransport):
-            transport.wait_until_up(min(_ADDRESS_WAIT_SECONDS, cfg.swarm.startup_timeout))
-            addrs = transport.visible_multiaddrs()
-        else:
-            addrs = []
+        addrs = _wait_for_network(transport, cfg) if isinstance(transport, SwarmTransport) else []
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
         if not explicit_seed:
             print(f"swarm-node: seed {cfg.seed} (from the identity; set seed=N to choose one)", flush=True)
-        if addrs and cfg.swarm.client_mode:
-            print(f"swarm-node: network up in client mode (dials out only; batches are handed to "
-                  f"{cfg.swarm.handoff_copies} initial peers to serve)" if cfg.swarm.nat_sharing == "handoff" else
-                  f"swarm-node: network up in client mode (dials out only; nat_sharing={cfg.swarm.nat_sharing})",
-                  flush=True)
-        elif addrs:
-            print("swarm-node: others can join with --initial-peers " + ",".join(addrs), flush=True)
-        else:
-            print("swarm-node: network not up yet (peers unreachable?); training locally and retrying to join "
-                  "in the background", flush=True)
+        for line in connection_lines(cfg, transport.network_status(), addrs):
+            print(line, flush=True)
         print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        if cfg.train.steps is None:
+            print("swarm-node: training until stopped (Ctrl-C or SIGTERM: the step ends, a checkpoint is written)",
+                  flush=True)
         if node.api is not None:
             print(api_banner(node.api.url), flush=True)
         step = node.run()

@@ -68,7 +68,8 @@ class SwarmExchange:
                  swarm_id: str, temperature: float, top_p: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, ingest_limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, restart_backoff: float = 5.0,
-                 max_restart_backoff: float = 300.0, max_pending_groups: int = 256) -> None:
+                 max_restart_backoff: float = 300.0, max_pending_groups: int = 256,
+                 anchor_flat_groups: bool = True) -> None:
         self.policy = policy
         self.transport = transport
         self.identity = identity
@@ -78,7 +79,7 @@ class SwarmExchange:
         penalize = getattr(transport, "penalize", None)
         self.ingestor = Ingestor(policy, source, temperature=temperature, max_completion_tokens=max_completion_tokens,
                                  max_peer_tokens=max_peer_tokens, limits=ingest_limits, scorer=scorer,
-                                 penalize=penalize)
+                                 penalize=penalize, anchor_flat_groups=anchor_flat_groups)
         self.seq = 0
         self.groups_shared = 0
         self.restart_backoff = restart_backoff
@@ -91,6 +92,7 @@ class SwarmExchange:
         self._pending: list[RolloutGroup] = []
         self._last_publish = float("-inf")
         self.groups_dropped = 0
+        self._connected: bool | None = None  # as last reported (None: not yet)
 
     def current_epoch(self) -> int:
         return self.transport.current_epoch()
@@ -175,11 +177,27 @@ class SwarmExchange:
             "handoffs_held": int(stats.get("handoffs_held", 0)),
             "groups_pending": len(self._pending),
             "groups_dropped": self.groups_dropped,
-            "network_up": bool(self.transport.is_alive()),
+            **self._connection(),
             "exchange_errors": dict(self.errors),
             **{k: v for k, v in stats.items() if k in _TRANSPORT_METRICS},
             **self.ingestor.metrics(),
         }
+
+    def _connection(self) -> dict[str, Any]:
+        """``connected`` (at least one peer answered: ``NetworkStatus.connected``, the definition the API,
+        the dashboard, ``swarm-node status`` and the daemon's output use too), the DHT neighbours and whether
+        the network side runs at all; a change of ``connected`` is logged once."""
+        status = self.transport.network_status()
+        if status.connected != self._connected:
+            if status.connected:
+                logger.info("connected: %d peer(s) answered (%s)", len(status.neighbours), status.reason)
+            elif self._connected:
+                logger.warning("not connected any more: %s", status.reason)
+            else:
+                logger.info("not connected yet: %s", status.reason)
+            self._connected = status.connected
+        return {"connected": status.connected, "dht_neighbours": len(status.neighbours),
+                "network_running": bool(self.transport.is_alive())}
 
     def close(self) -> None:
         try:

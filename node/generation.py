@@ -217,6 +217,31 @@ def generate(
                        routing)
 
 
+LOGIT_BYTES = 12
+"""Bytes a completion position's logits take per vocabulary entry when log-probs are computed: the float32
+logits, their temperature-scaled copy and the log-softmax (the backward pass of training reuses about as
+much again, which its budget's default allows for)."""
+
+
+def logit_micro_batches(completion_lengths: Sequence[int], vocab_size: int, budget_bytes: int,
+                        max_rows: int) -> list[range]:
+    """Split rows, in order, into micro-batches whose log-prob pass keeps its logits within ``budget_bytes``:
+    rows x (longest completion + 1) x ``vocab_size`` x ``LOGIT_BYTES``, and at most ``max_rows`` rows. A row
+    that alone exceeds the budget goes alone. With a 49,152-token vocabulary a 64-token completion's logits
+    take 39 MB, so the row count, not only ``max_rows``, is what bounds memory."""
+    batches: list[range] = []
+    start, widest = 0, 0
+    for i, length in enumerate(completion_lengths):
+        wider = max(widest, length + 1)
+        if i > start and (i - start >= max_rows or (i - start + 1) * wider * vocab_size * LOGIT_BYTES > budget_bytes):
+            batches.append(range(start, i))
+            start, wider = i, length + 1
+        widest = wider
+    if start < len(completion_lengths):
+        batches.append(range(start, len(completion_lengths)))
+    return batches
+
+
 def sequence_logprobs(
     model: nn.Module,
     prompt_ids: torch.Tensor,
@@ -228,13 +253,16 @@ def sequence_logprobs(
     remix: Any = None,
 ) -> torch.Tensor:
     """Per-token log-probs ``[B, Tc]`` of the completion tokens under ``model`` (left-padded prompts
-    ``[B, Tp]``, right-padded completions ``[B, Tc]``). Differentiable when grad is enabled."""
+    ``[B, Tp]``, right-padded completions ``[B, Tc]``). Differentiable when grad is enabled. Logits are
+    computed only where a completion token is predicted (``logits_to_keep``): the prompt's positions, often
+    the longer part, never reach the output layer."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attn = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
     if remix is not None:
         prompt_only = torch.cat([prompt_mask.bool(), torch.zeros_like(completion_mask, dtype=torch.bool)], dim=1)
         remix.set_prompt_mask(prompt_only)
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=positions_from_mask(attn)).logits
-    tp = prompt_ids.shape[1]
-    logits = logits[:, tp - 1 : -1, :].float() / temperature
+    kept = completion_ids.shape[1] + 1  # the last prompt position predicts the first completion token
+    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=positions_from_mask(attn),
+                   logits_to_keep=kept).logits
+    logits = logits[:, :-1, :].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)

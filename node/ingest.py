@@ -11,8 +11,9 @@ as records) is ``node.outbound``.
 Bounded in work: one call ingests at most the groups the step can use (``max_groups``, from the runner)
 and at most ``IngestLimits`` rollouts, tokens and seconds. Groups are taken round-robin over authors,
 newest batch first, each author at most ``max_groups_per_peer`` groups and ``max_seconds_per_peer``
-seconds a call; what does not fit is dropped and counted (``over_budget``, or ``not_needed`` once the
-step has all the groups it can use). Checks run cheapest first:
+seconds a call. What does not fit is surplus, not a rejection: it is counted apart (``ingest_surplus``:
+``peer_budget`` past an author's share of the call, ``step_budget`` past the call's rollouts, tokens or
+seconds, ``not_needed`` once the step has all the groups it can use). Checks run cheapest first:
 
 * the ref: our source and config hash (``unknown_task``), one of this node's own datasets
   (``foreign_dataset``), at most ``max_seeds_per_peer_epoch`` distinct seeds per author and epoch
@@ -24,7 +25,11 @@ step has all the groups it can use). Checks run cheapest first:
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
   log-probs no lower than ``min_logprob`` (``bad_logprobs``);
 * scoring, in a child process with a time limit per completion for sources whose scorers may be slow
-  (``node.scoring``; ``score_timeout``).
+  (``node.scoring``; ``score_timeout``);
+* anchoring (for a flat group, whose re-scored rewards are all equal, only with ``anchor_flat_groups``: without
+  a baseline shift it carries no signal and is dropped before training): our own
+  log-probs of the completions that have no usable behaviour log-probs, a forward pass of the policy, inside
+  the step's and the author's time budgets like everything above.
 
 Every rejection is counted by reason, never raised. ``text_mismatch``, ``bad_token_id``,
 ``eos_mismatch``, ``bad_logprobs`` and ``score_timeout`` are offences: the author is reported once
@@ -42,7 +47,7 @@ from typing import Any
 
 import torch
 
-from node.generation import left_pad, right_pad, sequence_logprobs
+from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.rollouts import encode_prompt
 from node.scoring import ScoringWorker
@@ -55,10 +60,18 @@ from swarm.peer_book import MAX_TRACKED_PEERS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OFFENCES", "IngestLimits", "Ingestor"]
+__all__ = ["OFFENCES", "REJECT_REASONS", "SURPLUS_REASONS", "IngestLimits", "Ingestor"]
 
 OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout"})
 """Rejections no honest peer causes: each bans the author (once per call)."""
+REJECT_REASONS = frozenset({
+    "unknown_task", "foreign_dataset", "seed_cap", "held_out", "too_long", "bad_token_id", "eos_mismatch",
+    "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
+    "score_error", "score_timeout", "scorer_unavailable", "peer_offended", "penalize_failed",
+})
+"""Every reason ``ingest_rejected`` counts (the README names each)."""
+SURPLUS_REASONS = frozenset({"peer_budget", "step_budget", "not_needed"})
+"""Why groups were left unread (``ingest_surplus``): budgets and the step's needs, not the peer's fault."""
 
 _MIB = 1024 * 1024
 _CHARS_PER_TOKEN = 16  # a re-tokenized text longer than this many chars per allowed token is not tokenized
@@ -92,8 +105,11 @@ class Ingestor:
     def __init__(self, policy: Policy, source: TaskSource, *, temperature: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, penalize: Callable[[str, str], None] | None = None,
-                 micro_batch_size: int = 256) -> None:
+                 micro_batch_size: int = 256, anchor_flat_groups: bool = True) -> None:
         self.policy = policy
+        # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
+        # (``train.external_shift``) gives it one; without a shift its anchors are never used.
+        self.anchor_flat_groups = anchor_flat_groups
         self.source = source
         self.temperature = temperature
         self.max_completion_tokens = max_completion_tokens
@@ -103,9 +119,11 @@ class Ingestor:
         self.penalize = penalize
         self.micro_batch_size = micro_batch_size
         self.rejected: Counter[str] = Counter()
+        self.surplus: Counter[str] = Counter()
         self.offences: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
+        self.reanchored = 0  # same tokenizer, but the peer prompted otherwise: our own anchor, not its log-probs
         self.last_seconds = 0.0
         tok = policy.tokenizer
         self._vocab_size = len(tok)
@@ -141,7 +159,6 @@ class Ingestor:
         queues = self._queues(batches)
         budget = _Budget(self.limits.max_rollouts, self.limits.max_tokens, started + self.limits.max_seconds)
         groups: list[TrainGroup] = []
-        pending: list[tuple[TrainGroup, int]] = []  # (group, index) whose anchor we must compute
         used: Counter[str] = Counter()
         seconds: dict[str, float] = dict.fromkeys(queues, 0.0)
         while queues and len(groups) < max_groups and self._within(budget):
@@ -149,7 +166,7 @@ class Ingestor:
                 queue = queues[peer_id]
                 if (not queue or used[peer_id] >= self.limits.max_groups_per_peer
                         or seconds[peer_id] >= self.limits.max_seconds_per_peer):
-                    self._drop(peer_id, queues.pop(peer_id), "over_budget")
+                    self._leave(queues.pop(peer_id), "peer_budget")
                     continue
                 if len(groups) >= max_groups or not self._within(budget):
                     break
@@ -157,7 +174,7 @@ class Ingestor:
                 t0 = time.perf_counter()
                 self._peer = peer_id
                 try:
-                    group, offence = self._ingest_group(rgroup, peer_id, epoch, pending, budget)
+                    group, offence = self._ingest_group(rgroup, peer_id, epoch, budget)
                 finally:
                     self._peer = None
                 seconds[peer_id] += time.perf_counter() - t0
@@ -167,10 +184,9 @@ class Ingestor:
                 if offence is not None:
                     self._offence(peer_id, offence)
                     self._drop(peer_id, queues.pop(peer_id), "peer_offended")
-        leftover = "not_needed" if len(groups) >= max_groups else "over_budget"  # the step had all it can use
-        for peer_id, queue in queues.items():
-            self._drop(peer_id, queue, leftover)
-        self._fill_anchors(pending)
+        leftover = "not_needed" if len(groups) >= max_groups else "step_budget"  # the step had all it can use
+        for queue in queues.values():
+            self._leave(queue, leftover)
         self.accepted_groups += len(groups)
         for peer_id, n in Counter(g.peer_id for g in groups).items():
             accepted, rejected = self._peer_counts(peer_id)
@@ -192,6 +208,12 @@ class Ingestor:
     def _within(self, budget: _Budget) -> bool:
         return budget.rollouts > 0 and budget.tokens > 0 and time.perf_counter() < budget.deadline
 
+    def _leave(self, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
+        """Groups not looked at because a budget or the step's need ran out: surplus, not rejected."""
+        if queue:
+            self.surplus[reason] += len(queue)
+            logger.debug("%d peer groups left unread (%s)", len(queue), reason)
+
     def _drop(self, peer_id: str, queue: deque[tuple[int, RolloutGroup]], reason: str) -> None:
         if queue:
             self._peer = peer_id
@@ -210,11 +232,17 @@ class Ingestor:
     # -- one group --------------------------------------------------------------------------------------
 
     def _ingest_group(self, rgroup: RolloutGroup, peer_id: str, epoch: int,
-                      pending: list[tuple[TrainGroup, int]], budget: _Budget) -> tuple[TrainGroup | None, str | None]:
-        """``(group or None, offence or None)``; budgets are charged for what is looked at."""
+                      budget: _Budget) -> tuple[TrainGroup | None, str | None]:
+        """``(group or None, offence or None)``; budgets are charged for what is looked at, anchoring included.
+
+        Our own anchors (a forward pass of the policy over every completion without usable behaviour
+        log-probs) are computed here, group by group, so their time counts against the step's and the peer's
+        time budgets: on a large model they, not scoring, are most of ingestion's cost. A group whose
+        re-scored rewards are all equal carries no signal without a baseline shift (every advantage kind then
+        gives it zero advantages and the node drops it before training), so it is not anchored unless ``anchor_flat_groups``."""
         cost = sum(max(len(r.completion_ids), 1) for r in rgroup.rollouts)
         if len(rgroup.rollouts) > budget.rollouts or cost > budget.tokens:
-            self._reject("over_budget", "group larger than what is left of the step's budget")
+            self.surplus["step_budget"] += 1  # larger than what is left of the step's budget
             return None, None
         budget.rollouts -= len(rgroup.rollouts)
         budget.tokens -= cost
@@ -235,8 +263,9 @@ class Ingestor:
                            prompt_ids=prompt_ids, completions=[], anchor_logprobs=[], rewards=[])
         texts: list[str] = []
         context = self.policy.context_length
+        our_prompt = str(self.policy.tokenizer.decode(prompt_ids, skip_special_tokens=True))  # as peers send theirs
         for rollout in rgroup.rollouts:
-            ids, lps, why = self._tokens(rollout)
+            ids, lps, why = self._tokens(rollout, our_prompt)
             if ids is not None and context is not None and len(prompt_ids) + len(ids) > context:
                 ids, lps, why = None, None, "too_long"  # more than our model takes (a peer's may take more)
             if why is not None or ids is None:
@@ -254,7 +283,8 @@ class Ingestor:
         if rewards is None:
             return None, offence
         group.rewards = rewards
-        pending.extend((group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps)
+        if len(set(rewards)) > 1 or self.anchor_flat_groups:
+            self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
         return group, None
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
@@ -270,28 +300,45 @@ class Ingestor:
             seeds.add(ref.seed)
         return None
 
-    def _tokens(self, rollout: Rollout) -> tuple[list[int] | None, list[float] | None, str | None]:
+    def _tokens(self, rollout: Rollout, our_prompt: str) -> tuple[list[int] | None, list[float] | None, str | None]:
         """``(ids, behaviour log-probs or None to compute our anchor, rejection reason or None)``."""
-        tok = self.policy.tokenizer
-        ends_with_eos = rollout.finish_reason == "eos"
         if rollout.tokenizer_fingerprint == self.policy.tokenizer_fingerprint:
-            ids = list(rollout.completion_ids)
-            if len(ids) > self.max_completion_tokens:
-                return None, None, "too_long"
-            if any(i >= self._vocab_size for i in ids):
-                return None, None, "bad_token_id"
-            if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
-                return None, None, "eos_mismatch"
-            body = ids[:-1] if ends_with_eos else ids
-            if any(i in self._special for i in body):
-                return None, None, "special_token"
-            # We score the text but train on the ids: they must say exactly the same thing.
-            if tok.decode(body, skip_special_tokens=False) != rollout.completion:
-                return None, None, "text_mismatch"
-            lps = list(rollout.behavior_logprobs)
-            if lps and min(lps) < self.limits.min_logprob:
-                return None, None, "bad_logprobs"
-            return (ids, lps, None) if ids else (None, None, "empty_completion")
+            return self._own_tokens(rollout, our_prompt)
+        return self._retokenize(rollout)
+
+    def _own_tokens(self, rollout: Rollout, our_prompt: str) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """A peer with our tokenizer: its ids, checked as ours would be.
+
+        Its behaviour log-probs are kept only when it prompted its model with the text we prompt ours with
+        (``our_prompt``): prompting is each node's own (system prompt, worked examples), and log-probs
+        computed under another prompt are not those of our policy's context."""
+        ends_with_eos = rollout.finish_reason == "eos"
+        ids = list(rollout.completion_ids)
+        if len(ids) > self.max_completion_tokens:
+            return None, None, "too_long"
+        if any(i >= self._vocab_size for i in ids):
+            return None, None, "bad_token_id"
+        if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
+            return None, None, "eos_mismatch"
+        body = ids[:-1] if ends_with_eos else ids
+        if any(i in self._special for i in body):
+            return None, None, "special_token"
+        # We score the text but train on the ids: they must say exactly the same thing.
+        if self.policy.tokenizer.decode(body, skip_special_tokens=False) != rollout.completion:
+            return None, None, "text_mismatch"
+        lps = list(rollout.behavior_logprobs)
+        if lps and min(lps) < self.limits.min_logprob:
+            return None, None, "bad_logprobs"
+        if not ids:
+            return None, None, "empty_completion"
+        if rollout.prompt != our_prompt:
+            self.reanchored += 1
+            return ids, None, None
+        return ids, lps, None
+
+    def _retokenize(self, rollout: Rollout) -> tuple[list[int] | None, list[float] | None, str | None]:
+        """A peer with another tokenizer: its text in our tokens; our own anchor is computed later."""
+        tok = self.policy.tokenizer
         if len(rollout.completion) > _CHARS_PER_TOKEN * self.max_peer_tokens:
             return None, None, "too_long"
         ids = list(tok(rollout.completion, add_special_tokens=False)["input_ids"])
@@ -301,7 +348,7 @@ class Ingestor:
             return None, None, "untokenizable"
         if any(i in self._special for i in ids):  # literal special-token text, e.g. our EOS mid-completion
             return None, None, "special_token"
-        if ends_with_eos and self._eos is not None:
+        if rollout.finish_reason == "eos" and self._eos is not None:
             ids.append(self._eos)
         if not ids:
             return None, None, "empty_completion"
@@ -334,25 +381,11 @@ class Ingestor:
     # -- anchors ----------------------------------------------------------------------------------------
 
     def _chunks(self, pending: list[tuple[TrainGroup, int]]) -> list[list[tuple[TrainGroup, int]]]:
-        """Micro-batches whose logits fit ``anchor_bytes`` (``rows x length x vocab`` float32, three copies:
-        the logits, their scaled slice and the log-softmax); a single longer row goes alone."""
+        """Micro-batches whose logits fit ``anchor_bytes`` (``generation.logit_micro_batches``)."""
         vocab = int(getattr(getattr(self.policy.model, "config", None), "vocab_size", 0) or self._vocab_size)
-        chunks: list[list[tuple[TrainGroup, int]]] = []
-        chunk: list[tuple[TrainGroup, int]] = []
-        width = 0
-        for item in pending:
-            group, i = item
-            length = len(group.prompt_ids) + len(group.completions[i])
-            wider = max(width, length)
-            if chunk and (len(chunk) >= self.micro_batch_size
-                          or (len(chunk) + 1) * wider * vocab * 12 > self.limits.anchor_bytes):
-                chunks.append(chunk)
-                chunk, wider = [], length
-            chunk.append(item)
-            width = wider
-        if chunk:
-            chunks.append(chunk)
-        return chunks
+        lengths = [len(group.completions[i]) for group, i in pending]
+        return [pending[r.start : r.stop] for r in logit_micro_batches(lengths, vocab, self.limits.anchor_bytes,
+                                                                        self.micro_batch_size)]
 
     @torch.no_grad()
     def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:
@@ -372,7 +405,9 @@ class Ingestor:
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
-                               "ingest_rejected": dict(self.rejected), "ingest_offences": dict(self.offences),
+                               "ingest_reanchored": self.reanchored,
+                               "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
+                               "ingest_offences": dict(self.offences),
                                "ingest_seconds": self.last_seconds}
         if self.scorer is not None:
             out.update(self.scorer.metrics())

@@ -10,31 +10,51 @@ Prometheus types follow what a value means: running totals (steps, batches, grou
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 PREFIX = "swarm_node_"
 COUNTERS = frozenset({
     "step", "batches_published", "batches_accepted", "batches_rejected", "ingest_groups_accepted",
-    "ingest_retokenized", "ingest_rejected",
+    "ingest_retokenized", "ingest_reanchored", "ingest_rejected", "ingest_surplus",
 })
 """Record keys that only ever grow over a run (Prometheus counters); every other number is a gauge."""
 _SKIPPED = frozenset({"time"})  # the wall clock of the row: served as swarm_node_last_step_timestamp_seconds
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far, in MiB (``getrusage``'s high-water mark)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / 2**20  # KiB on Linux, bytes on macOS
 
 
 class MetricsWriter:
     """Appends one line per step, flushed to disk as it is written.
 
     On resume, lines of steps after the restored checkpoint are dropped (they will be redone), so the file
-    never holds two lines for one step.
+    never holds two lines for one step. With ``max_bytes``, the file is compacted whenever it grows past
+    that size (``compact_rows``): the newest half of it is kept as written and the older rows are thinned
+    to a quarter of it, at a uniform stride over the steps (evaluation rows at their own stride), so the
+    file stays under ``max_bytes`` however long the run, with the whole run's history at a coarser
+    resolution.
     """
 
-    def __init__(self, path: str | Path, resume_step: int = 0) -> None:
+    def __init__(self, path: str | Path, resume_step: int = 0, max_bytes: int | None = None,
+                 eval_every: int = 1) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.eval_every = eval_every
+        self.compactions = 0
         self._truncate_after(resume_step)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
 
@@ -58,10 +78,65 @@ class MetricsWriter:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._fh.write(json.dumps(clean, sort_keys=False) + "\n")
         self._fh.flush()
+        if self.max_bytes is not None and self._fh.tell() > self.max_bytes:
+            self._compact()
         return clean
+
+    def _compact(self) -> None:
+        """Rewrite the file through a temporary file and a rename (a crash leaves the old or the new one)."""
+        self._fh.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        limit = self.max_bytes or 0
+        kept = compact_rows(lines, limit // 2, limit // 4, self.eval_every)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self.compactions += 1
+        logger.info("%s past %d bytes: compacted from %d to %d rows (older rows thinned)", self.path.name,
+                    self.max_bytes, len(lines), len(kept))
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
 
     def close(self) -> None:
         self._fh.close()
+
+
+def _size(lines: list[str]) -> int:
+    return sum(len(line) + 1 for line in lines)
+
+
+def _thinned(rows: list[tuple[int, str]], budget: int, key: int) -> list[tuple[int, str]]:
+    """``rows`` (step, line) whose ``step // key`` is a multiple of the smallest power of two that keeps
+    them within ``budget`` bytes: a uniform stride over the steps, so thinning again keeps a subset."""
+    stride = 1
+    while True:
+        kept = [(step, line) for step, line in rows if (step // key) % stride == 0]
+        if _size([line for _, line in kept]) <= budget or not kept:
+            return kept
+        stride *= 2
+
+
+def compact_rows(lines: list[str], recent_bytes: int, older_bytes: int, eval_every: int = 1) -> list[str]:
+    """``lines`` (one JSON row each, oldest first): the newest ``recent_bytes`` kept whole, the rows before
+    them thinned to at most ``older_bytes``: evaluation rows (every ``eval_every`` steps) to a quarter of it,
+    the others to the rest, each at a uniform stride over the steps. The run's first row stays."""
+    cut, size = len(lines), 0
+    while cut > 0 and size + len(lines[cut - 1]) + 1 <= recent_bytes:
+        cut -= 1
+        size += len(lines[cut]) + 1
+    if cut <= 1:
+        return lines
+    first, older, recent = lines[0], lines[1:cut], lines[cut:]
+    rows = []
+    for line in older:
+        try:
+            rows.append((int(json.loads(line)["step"]), line))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash
+    evals = _thinned([r for r in rows if '"eval_accuracy"' in r[1]], older_bytes // 4, max(1, eval_every))
+    budget = older_bytes - len(first) - 1 - _size([line for _, line in evals])
+    others = _thinned([r for r in rows if '"eval_accuracy"' not in r[1]], budget, 1)
+    kept = sorted(evals + others, key=lambda r: r[0])
+    return [first, *(line for _, line in kept), *recent]
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

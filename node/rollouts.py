@@ -147,16 +147,25 @@ def _merge_pool(parts: list[SampledGroup], n: int, rng: torch.Generator, positiv
     return SampledGroup(task=parts[0].task, group=group, texts=kept(texts), finish_reasons=kept(reasons))
 
 
+def score_tasks(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task],
+                settings: SamplingSettings, generator: torch.Generator | None = None) -> list[float]:
+    """The score of one completion per task (greedy or sampled, as ``settings`` say); a task whose prompt
+    does not fit the backend's context scores 0."""
+    prompts = [encode_prompt(policy, source.format_prompt(t, policy.tokenizer)) for t in tasks]
+    fit = [i for i, p in enumerate(prompts) if backend.max_len is None or len(p) < backend.max_len]
+    scores = [0.0] * len(tasks)
+    if fit:
+        out = backend.generate([prompts[i] for i in fit], settings, generator)
+        for row, i in enumerate(fit):
+            scores[i] = float(source.score(tasks[i], decode_completion(policy, out.row(row)[0])))
+    return scores
+
+
 def greedy_accuracy(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,
                     max_new_tokens: int) -> float:
     """Mean score of one greedy completion per task (the evaluation metric); a task whose prompt does not
     fit the backend's context scores 0."""
     if not tasks:
         return float("nan")
-    prompts = [encode_prompt(policy, source.format_prompt(t, policy.tokenizer)) for t in tasks]
-    fit = [i for i, p in enumerate(prompts) if backend.max_len is None or len(p) < backend.max_len]
-    if not fit:
-        return 0.0
-    out = backend.generate([prompts[i] for i in fit], SamplingSettings(max_new_tokens=max_new_tokens, greedy=True))
-    scores = [float(source.score(tasks[i], decode_completion(policy, out.row(row)[0]))) for row, i in enumerate(fit)]
+    scores = score_tasks(backend, policy, source, tasks, SamplingSettings(max_new_tokens=max_new_tokens, greedy=True))
     return sum(scores) / len(tasks)

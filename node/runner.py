@@ -20,8 +20,9 @@ import logging
 import os
 import random
 import signal
+import statistics
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,17 +39,19 @@ from node.errors import ConfigError, TaskError
 from node.exchange import BatchTransport, SwarmExchange
 from node.failpoints import crash_point
 from node.ingest import IngestLimits
-from node.metrics import MetricsWriter, read_metrics
+from node.metrics import MetricsWriter, peak_rss_mb, read_metrics
 from node.policy.model import Policy, build_policy, pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
-from node.rundir import prepare_run_dir
+from node.rundir import prepare_run_dir, say_config_changes
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
+from node.tracking import Trackers, build_trackers
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix, preference_weights
 from node.train.trainer import Trainer
 from protocol.errors import IdentityError
 from protocol.identity import Identity
+from swarm.peer_book import MAX_TRACKED_PEERS
 from swarm.settings import SwarmSettings
 
 if TYPE_CHECKING:
@@ -57,6 +60,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MAX_POOL_PER_J = 64  # peer groups held for selection, per external group trained on a step
+_RECENT_STEPS = 20  # the status API's speed is the median of this many recent steps
 
 TransportFactory = Callable[[SwarmSettings, Identity], BatchTransport]
 """Builds (and starts) the transport of a swarm node from its settings and identity."""
@@ -80,6 +84,7 @@ class Node:
         self.exchange: SwarmExchange | None = None
         self._transport_factory = transport
         self._external_pool: list[TrainGroup] = []
+        self._trained_by_peer: OrderedDict[str, int] = OrderedDict()  # peer groups trained on, by peer (most recent last)
         # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
         self._signal_history: deque[dict[str, list[int]]] = deque(maxlen=cfg.sapo.signal_window)
         self.board = StatusBoard()
@@ -87,6 +92,8 @@ class Node:
         self.api: ApiServer | None = None
         self._last_eval: tuple[int, float] | None = None
         self._warned_too_long = False
+        self._recent: deque[tuple[float, float]] = deque(maxlen=_RECENT_STEPS)  # (step seconds, tokens/s)
+        self.tracking = Trackers([], histogram_every=1)  # the configured ones are built in setup()
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
     # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it
@@ -95,7 +102,7 @@ class Node:
     # last, once there is a node to report on.
     def setup(self) -> None:
         prepare_run_dir(self.run_dir)
-        _write_atomic(self.run_dir / "config.yaml", _dump_yaml(self.cfg))
+        self._record_config()
         if self.cfg.generation.backend == "vllm":
             from node.engines.vllm_engine import require_vllm
 
@@ -107,9 +114,13 @@ class Node:
         self.task_rng = random.Random(self.cfg.seed)
         self.select_rng = random.Random(stream_seed(self.cfg.seed, "select"))
         self.sample_gen = torch.Generator(device=self.policy.device).manual_seed(self.cfg.seed)
-        self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints)
+        self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints,
+                                             keep_every=self.cfg.train.keep_every)
         self._restore()
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
+                                     max_bytes=int(self.cfg.tracking.metrics_max_mb * 1024 * 1024),
+                                     eval_every=self.cfg.train.eval_every)
+        self.tracking = build_trackers(self.cfg, self.run_dir, self.step)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
             self.exchange = self._build_exchange(self._transport_factory)
@@ -118,6 +129,20 @@ class Node:
         self.board.set_state("ready")
         if self.cfg.api.port is not None:
             self.api = self._build_api()
+
+    def _record_config(self) -> None:
+        """Write ``RUN_DIR/config.yaml``; when resuming a run whose settings changed, say what changed."""
+        import yaml
+
+        path, text = self.run_dir / "config.yaml", _dump_yaml(self.cfg)
+        if path.is_file() and CheckpointManager(self.run_dir, 1).latest() is not None:
+            try:
+                old = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                old = None
+            if isinstance(old, dict):
+                say_config_changes(old, yaml.safe_load(text), self.run_dir)
+        _write_atomic(path, text)
 
     def _node_info(self) -> NodeInfo:
         from importlib.metadata import PackageNotFoundError, version
@@ -163,7 +188,7 @@ class Node:
         t = self.cfg.tasks
         try:
             return build_task_source(t.source, list(t.datasets), t.weights, self.cfg.seed,
-                                     chat_template=self.cfg.model.chat_template)
+                                     **t.source_options(self.cfg.model.chat_template))
         except TaskError as exc:
             raise ConfigError(f"tasks: {exc}") from None
 
@@ -175,7 +200,7 @@ class Node:
             source = self.source
             if t.eval_datasets:
                 source = build_task_source(t.source, list(t.eval_datasets), None, self.cfg.seed,
-                                           chat_template=self.cfg.model.chat_template)
+                                           **t.source_options(self.cfg.model.chat_template))
             tasks = [source.task(r) for r in source.eval_refs(t.eval_size)]
             _, too_long = split_by_fit(self.policy, source, tasks, self.generator.max_len)
         except TaskError as exc:
@@ -200,7 +225,8 @@ class Node:
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
-                       gradient_checkpointing=tc.gradient_checkpointing)
+                       gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb,
+                       engine_is_cap=tc.engine_is_cap)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)
@@ -222,7 +248,8 @@ class Node:
         return SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
                              swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
                              max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
-                             ingest_limits=limits, scorer=self._build_scorer())
+                             ingest_limits=limits, scorer=self._build_scorer(),
+                             anchor_flat_groups=self.cfg.train.external_shift != 0)
 
     def _build_scorer(self) -> ScoringWorker | None:
         """A child process for peers' completions when the source's scorers may be slow (started lazily)."""
@@ -230,7 +257,7 @@ class Node:
             return None
         t = self.cfg.tasks
         spec = SourceSpec(t.source, tuple(t.datasets), tuple(t.weights) if t.weights is not None else None,
-                          self.cfg.seed, {"chat_template": self.cfg.model.chat_template})
+                          self.cfg.seed, t.source_options(self.cfg.model.chat_template))
         scorer = ScoringWorker(spec, timeout=self.cfg.ingest.score_timeout)
         scorer.start()  # imports its libraries while the node sets up and takes its first steps
         return scorer
@@ -264,26 +291,35 @@ class Node:
         signal.signal(signal.SIGTERM, handler)
 
     def run(self) -> int:
-        """Train until ``train.steps`` (or a stop signal); return the last completed step."""
+        """Train until ``train.steps`` (until a stop signal when it is None); return the last completed step."""
         total = self.cfg.train.steps
         bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
         self.board.set_state("training")
+        saved = self.step
         try:
-            while self.step < total and not self.stop_requested:
+            while (total is None or self.step < total) and not self.stop_requested:
                 record = self.train_step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
                                 **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
-                if self.step % self.cfg.train.checkpoint_every == 0 or self.step == total:
+                if self._checkpoint_due(total):
                     self.save_checkpoint()
+                    saved = self.step
             if self.stop_requested:
                 self.board.set_state("stopping")
-            if self.stop_requested and self.step % self.cfg.train.checkpoint_every != 0:
+            if self.stop_requested and saved != self.step:
                 self.save_checkpoint()
         finally:
             bar.close()
-            self.board.set_state("finished" if self.step >= total else "stopped")
+            self.board.set_state("finished" if total is not None and self.step >= total else "stopped")
         return self.step
+
+    def _checkpoint_due(self, total: int | None) -> bool:
+        """A checkpoint every ``train.checkpoint_every`` steps, at each milestone (``train.keep_every``) and
+        at the last step."""
+        tc = self.cfg.train
+        milestone = tc.keep_every is not None and self.step % tc.keep_every == 0
+        return self.step % tc.checkpoint_every == 0 or milestone or self.step == total
 
     def train_step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -313,9 +349,11 @@ class Node:
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch)
         t_exchange = time.perf_counter() - t_gen
+        self._count_trained(external)
         # I local groups with signal (all of them when no more were generated), then the J external ones.
         signal_groups = with_signal[: cfg.sapo.local_groups] + external
-        stats = self.trainer.step(signal_groups)
+        histograms = self.tracking.wants_histograms(self.step + 1)
+        stats = self.trainer.step(signal_groups, keep_distributions=histograms)
         sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
@@ -334,6 +372,7 @@ class Node:
             "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),
             "grad_norm": stats.get("grad_norm", 0.0),
             "tasks_too_long": len(too_long),
+            "peak_rss_mb": round(peak_rss_mb()),
         }
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
         record.update({f"gen/{k}": v for k, v in sync.items()})
@@ -346,8 +385,18 @@ class Node:
         if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
             record["eval_accuracy"] = self.evaluate()
             self._last_eval = (self.step, record["eval_accuracy"])
-        self._publish_status(self.metrics.write(record))
+        row = self.metrics.write(record)
+        self.tracking.log(self.step, row, self.trainer.distributions if histograms else None)
+        self._publish_status(row)
         return record
+
+    def _count_trained(self, external: list[TrainGroup]) -> None:
+        """Peer groups trained on, per peer (the status API's peers list), for as many peers as ingestion
+        tracks."""
+        for grp in external:
+            self._trained_by_peer[grp.peer_id] = self._trained_by_peer.pop(grp.peer_id, 0) + 1
+        while len(self._trained_by_peer) > MAX_TRACKED_PEERS:
+            self._trained_by_peer.popitem(last=False)
 
     def _report_too_long(self, tasks: list[Task]) -> None:
         """Tasks set aside because their prompt fills the model's context: counted in the metrics
@@ -398,9 +447,16 @@ class Node:
         """Hand the API an immutable picture of this step (a few small copies; no tensors)."""
         ex = self.exchange
         exchange: dict[str, Any] = {}
+        if isinstance(row.get("step_seconds"), float):
+            self._recent.append((row["step_seconds"], float(row.get("tokens_per_s") or 0.0)))
+        if self._recent:
+            exchange.update(recent_steps=len(self._recent),
+                            step_seconds_median=statistics.median(r[0] for r in self._recent),
+                            tokens_per_s_median=statistics.median(r[1] for r in self._recent))
         if ex is not None:
             exchange = {"published_batches": ex.seq, "published_groups": ex.groups_shared,
-                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected))
+                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected),
+                                                         groups_trained=self._trained_by_peer.get(peer, 0))
                                         for peer, (n, rejected) in ex.ingestor.by_peer.items()}}
         self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
                                         **exchange))
@@ -440,7 +496,8 @@ class Node:
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)
         rng["routing_gen"] = self.trainer.routing_generator.get_state()
-        extra = {"model": self.cfg.model.name_or_path, "signal_history": list(self._signal_history)}
+        extra = {"model": self.cfg.model.name_or_path, "mode": "silo" if self.exchange is None else "swarm",
+                 "signal_history": list(self._signal_history)}
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
                                               optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
 
@@ -453,6 +510,7 @@ class Node:
             self.generator.close()
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
+        self.tracking.close()
         if self.exchange is not None:
             self.exchange.close()
 

@@ -1,6 +1,6 @@
 """Generation throughput of the node's backends against transformers ``generate``, in one run, with ratios.
 
-Usage: python scripts/bench_generation.py [--models tiny,small,small-long,qwen0.5b] [--threads 2]
+Usage: python scripts/bench_generation.py [--models tiny,small,small-long,qwen0.5b,smollm2] [--threads 2]
                                           [--dtype float32] [--device cpu] [--reps 2] [--scale 1.0]
                                           [--no-vllm] [--compile]
        python scripts/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
@@ -9,9 +9,12 @@ Models: ``tiny`` (the embedded tiny-base), ``small`` (``small-base`` when this c
 random-init Llama of its shape: hidden 512, 8 layers, head dim 64, vocabulary 8,192, about 25 M
 parameters), ``small-long`` (small-base's shape and tokenizer with random weights, which seldom sample EOS:
 its completions run to the token limit, where the trained small-base answers in about 4 tokens) and
-``qwen0.5b`` (a random-init Qwen2 with Qwen2.5-0.5B's shape, built from a config here: no download). Every
-model gets the node's policy: a LoRA of rank 8 on all projections (no trained norms, so both vLLM sync modes
-apply).
+``qwen0.5b`` (a random-init Qwen2 with Qwen2.5-0.5B's shape, built from a config here: no download) and
+``smollm2`` (the pretrained smollm2-135m, fetched once: 64 sequences, 8 samples of 8 reasoning-gym
+``basic_arithmetic`` prompts formatted through its chat template, as the node trains it). Every model gets
+the node's policy: a LoRA of rank 8 on all projections (no trained norms, so both vLLM sync modes apply).
+Under each table: the process's resident memory after each contender and its peak (vLLM runs in the same
+process: its engine holds a second copy of the weights and its KV cache).
 
 Contenders, on the same prompts (one "step" = sequences x new tokens; tokens counted up to EOS):
 
@@ -62,12 +65,14 @@ from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402
 from node.engines.hf import HFBackend  # noqa: E402
 from node.errors import PolicyError  # noqa: E402
 from node.generation import Completions, left_pad, sequence_logprobs  # noqa: E402
+from node.metrics import peak_rss_mb  # noqa: E402
 from node.policy.embedded import embedded_model  # noqa: E402
 from node.policy.model import Policy, build_policy  # noqa: E402
 from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E402
 
 # sequences (tasks x group) and new tokens of one step, per model, at --scale 1
-WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "small-long": (256, 64), "qwen0.5b": (32, 32)}
+WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "small-long": (256, 64), "qwen0.5b": (32, 32), "smollm2": (64, 64)}
+TASKS = {"smollm2": ("reasoning_gym", ["basic_arithmetic"])}  # a model's prompts (default: arith addition, raw)
 NAIVE_PROMPTS = 8  # naive per-prompt generate is timed on this many prompts (its rate does not depend on it)
 
 
@@ -80,6 +85,7 @@ class Row:
     gap: float | None = None
     paired_hf: float | None = None  # node-hf tokens/s measured in the same reps (vLLM rows)
     notes: list[str] = field(default_factory=list)
+    rss_mb: float = field(default_factory=lambda: rss_mb())  # the process's resident memory when the row was made
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,6 +94,11 @@ class Row:
     @property
     def step_tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds + self.sync_seconds, 1e-9)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def random_model_folder(kind: str, root: Path, dtype: torch.dtype) -> str:
@@ -129,10 +140,15 @@ def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, 
             return policy, base_model_path(policy), "small-base", True
         except PolicyError:
             pass
-    if kind == "small-long":  # small-base's config and tokenizer (built if need be), fresh weights
+    if kind == "smollm2":
+        from node.engines.vllm_engine import base_model_path
+
+        policy = build_policy(ModelConfig(name_or_path="smollm2-135m", dtype=dtype, device=device), adapter, 0)
+        return policy, base_model_path(policy), "smollm2-135m (pretrained)", True
+    if kind == "small-long":  # small-base's config and tokenizer, fresh weights
         small_base = embedded_model("small-base")
         assert small_base is not None
-        folder = random_weights_copy(str(small_base.ensure()), root / kind, getattr(torch, dtype))
+        folder = random_weights_copy(str(small_base.path), root / kind, getattr(torch, dtype))
         policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
         return policy, folder, "small-base shape, random weights (long completions)", True
     folder = random_model_folder(kind, root, getattr(torch, dtype))
@@ -153,7 +169,7 @@ def random_weights_copy(source: str, folder: Path, dtype: torch.dtype) -> str:
     return str(folder)
 
 
-def step_prompts(policy: Policy, n: int, *, tasks: bool) -> list[list[int]]:
+def step_prompts(policy: Policy, n: int, *, tasks: bool, kind: str = "") -> list[list[int]]:
     """``n`` prompts, 8 copies each (a group): arithmetic tasks formatted for the model when its tokenizer
     can encode them (``tasks``), else random ids of 24 to 39 tokens (random-init models of a hub shape)."""
     distinct = max(1, n // 8)
@@ -163,7 +179,8 @@ def step_prompts(policy: Policy, n: int, *, tasks: bool) -> list[list[int]]:
         from node.rollouts import encode_prompt
         from node.tasks import build_task_source
 
-        source = build_task_source("arith", ["add"], None, 0, chat_template="auto")
+        name, datasets = TASKS.get(kind, ("arith", ["add"]))
+        source = build_task_source(name, datasets, None, 0, chat_template="auto")
         refs = source.sample(distinct, random.Random(0))
         prompts = [encode_prompt(policy, source.format_prompt(source.task(r), policy.tokenizer)) for r in refs]
     else:
@@ -330,6 +347,8 @@ def print_table(label: str, sequences: int, tokens: int, rows: list[Row],
                            if not r.name.startswith("generate"))
         print(f"torch.mm reference (the base model's linear layers alone, {sequences} rows a step): "
               f"{reference[0]:.0f} tok/s at {reference[1]:.0f} GFLOP/s; share reached: {shares}")
+    memory = ", ".join(f"{r.name} {r.rss_mb:,.0f}" for r in rows if r.rss_mb)
+    print(f"resident memory after each contender (MB): {memory}; peak {peak_rss_mb():,.0f} MB")
     print(f"node-hf / generate/batched: {base.tokens_per_s / batched.tokens_per_s:.2f}x; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
 
@@ -340,7 +359,7 @@ def run_bench(args: argparse.Namespace) -> None:
             policy, folder, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device)
             sequences, tokens = WORKLOADS[kind]
             sequences, tokens = max(1, int(sequences * args.scale)), max(1, int(tokens * args.scale))
-            prompts = step_prompts(policy, sequences, tasks=tasks)
+            prompts = step_prompts(policy, sequences, tasks=tasks, kind=kind)
             rows, hf = bench_hf(policy, prompts, tokens, args.reps)
             if not args.no_vllm:
                 for mode in ("merge", "lora"):
@@ -367,7 +386,7 @@ def run_training(args: argparse.Namespace) -> None:
         policy, folder, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device)
         sequences, tokens = WORKLOADS[kind]
         sequences, tokens = max(2, int(sequences * args.scale)), max(1, int(tokens * args.scale))
-        prompts = step_prompts(policy, sequences, tasks=tasks)
+        prompts = step_prompts(policy, sequences, tasks=tasks, kind=kind)
         group = 8 if sequences % 8 == 0 else 1
         trainer = Trainer(policy, lr=1e-5, norm_lr=1e-3, router_lr=1e-3, weight_decay=0.0, max_grad_norm=1.0,
                           loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,

@@ -1,13 +1,18 @@
-"""Build (or reuse) the embedded ``small-base`` model and print its measured reward.
+"""The embedded ``small-base`` model: its figures, a rebuild from the recipe, and the check of a rebuild.
 
-    python scripts/build_small_base.py                  # build once into the cache, or reuse it; print figures
-    python scripts/build_small_base.py --out DIR        # a fresh build into DIR (the cache untouched)
-    python scripts/build_small_base.py --measure 200    # reward of the cached model on 200 tasks a dataset
-    python scripts/build_small_base.py --where          # print the cache folder and exit
+    python scripts/build_small_base.py                     # the shipped model's figures (node/assets/small-base)
+    python scripts/build_small_base.py --out DIR           # rebuild from the recipe into DIR, then compare it
+                                                           # with the shipped model (exit 1 if outside margins)
+    python scripts/build_small_base.py --compare DIR       # compare an earlier rebuild in DIR
+    python scripts/build_small_base.py --measure 200       # reward of the shipped model on 200 tasks a dataset
+    python scripts/build_small_base.py --out DIR --seed 1  # a rebuild with another seed (how margins were measured)
 
-The node builds the same cached folder by itself the first time a config names ``small-base``; this
-script does it ahead of time and shows the figures. The recipe, the data and the training are in
-``node.policy.small_build``; the cache is ``~/.cache/swarm-node/`` (``$SWARM_NODE_CACHE`` moves it).
+Every node runs the shipped folder, so its figures hold on every machine. A rebuild follows the same recipe
+(``node.policy.small_recipe.FULL``), but only this machine reproduces the shipped bytes: other machines'
+kernels sum floats in other orders, and training turns that into another model of the same quality.
+``compare_builds`` (``node.policy.small_build``) says whether a rebuild is one, with margins measured across
+builds. To replace the shipped model, rebuild into an empty folder and copy its files over
+``node/assets/small-base`` (then update the README's figures from its ``build_info.json``).
 """
 
 from __future__ import annotations
@@ -16,45 +21,78 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 # Idle OpenMP threads sleep instead of spinning: on a shared, oversubscribed CPU spinning threads slow
 # every step several-fold. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from node.policy.small_build import build, ensure_built, measure, reward_table  # noqa: E402
-from node.policy.small_recipe import FULL, cached_path  # noqa: E402
+from node.policy.embedded import embedded_model  # noqa: E402
+from node.policy.small_build import build, compare_builds, measure, reward_table  # noqa: E402
+from node.policy.small_recipe import FULL  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, help="build into this folder (a fresh build, not the cache)")
-    parser.add_argument("--measure", type=int, metavar="N",
-                        help="measure the built model on N held-out tasks per dataset (no build if cached)")
-    parser.add_argument("--where", action="store_true", help="print the cache folder of the recipe and exit")
+    parser.add_argument("--out", type=Path, help="rebuild from the recipe into this (new or empty) folder")
+    parser.add_argument("--seed", type=int, help="with --out: the recipe with another seed (not comparable "
+                        "with the shipped model by its key; the figures are printed side by side)")
+    parser.add_argument("--compare", type=Path, metavar="DIR", help="compare an earlier rebuild with the shipped model")
+    parser.add_argument("--measure", type=int, metavar="N", help="measure the shipped model on N held-out tasks "
+                        "per dataset")
     return parser.parse_args(argv)
+
+
+def shipped_folder() -> Path:
+    model = embedded_model("small-base")
+    if model is None:
+        raise SystemExit("small-base is not an embedded model of this checkout")
+    return model.path
+
+
+def load_info(folder: Path) -> dict:
+    path = folder / "build_info.json"
+    if not path.is_file():
+        raise SystemExit(f"{folder} holds no build_info.json: not a finished build")
+    loaded: dict = json.loads(path.read_text())
+    return loaded
+
+
+def print_comparison(shipped: dict, rebuilt: dict) -> int:
+    print(f"{'':36s} {'shipped':>18s} {'rebuilt':>18s}")
+    for key in shipped["sampled_t1"]:
+        print(f"{key:36s} greedy {shipped['greedy'][key]['reward']:.3f}  T=1 {shipped['sampled_t1'][key]['reward']:.3f}"
+              f"   greedy {rebuilt['greedy'][key]['reward']:.3f}  T=1 {rebuilt['sampled_t1'][key]['reward']:.3f}")
+    print(f"{'final loss':36s} {shipped['final_loss']:18.4f} {rebuilt['final_loss']:18.4f}")
+    problems = compare_builds(shipped, rebuilt)
+    for line in problems:
+        print("OUTSIDE MARGIN: " + line)
+    if not problems:
+        print("the rebuild is within the margins of the shipped model")
+    return 1 if problems else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.where:
-        print(cached_path(FULL))
-        return 0
+    shipped_dir = shipped_folder()
+    shipped = load_info(shipped_dir)
     if args.out is not None:
         if args.out.exists() and any(args.out.iterdir()):
             print(f"--out {args.out} is not empty: give a new folder", file=sys.stderr)
             return 2
-        info = build(FULL, args.out)
-        path = args.out
-    else:
-        path = ensure_built(FULL)
-        info = json.loads((path / "build_info.json").read_text())
-        print(f"{FULL.name}: {path} ({info['parameters']:,} parameters, built in {info['total_seconds']}s, "
-              f"load average then {info['load_average_at_end']})")
-        for line in reward_table(info):
-            print(line)
+        recipe = FULL if args.seed is None else replace(FULL, seed=args.seed)
+        rebuilt = build(recipe, args.out)
+        return print_comparison(shipped, rebuilt)
+    if args.compare is not None:
+        return print_comparison(shipped, load_info(args.compare))
+    print(f"{FULL.name}: {shipped['parameters']:,} parameters, recipe {shipped['recipe_key']}, built with torch "
+          f"{shipped['torch_version']} ({shipped['cpu_capability']}) in {shipped['total_seconds']} s "
+          f"({shipped['cpu_seconds']} CPU-seconds, load average then {shipped['load_average_at_end']})")
+    for line in reward_table(shipped):
+        print(line)
     if args.measure:
-        measured = measure(path, FULL, args.measure)
+        measured = measure(shipped_dir, FULL, args.measure)
         print(f"measured on {args.measure} held-out tasks per dataset (os.getloadavg {os.getloadavg()}):")
         for line in reward_table(measured):
             print(line)

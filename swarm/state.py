@@ -48,6 +48,12 @@ class NetworkStatus:
     last_error: str
     """Why the network side last failed (a start failure or a loop that died); "" if it never did."""
 
+    @property
+    def connected(self) -> bool:
+        """The one meaning of "connected" everywhere a node reports it: at least one peer answered (the
+        network side is up with at least one DHT neighbour). A node that only listens is not connected."""
+        return self.up and bool(self.neighbours)
+
 
 def network_reason(
     *,
@@ -75,7 +81,7 @@ def network_reason(
         return "joining"
     if neighbours:
         return f"joined: {neighbours} DHT neighbour{'s' if neighbours != 1 else ''}"
-    return "up, no peers yet (first node: others join through its address)"
+    return "listening, no peer has answered yet (others join through this node's address)"
 
 
 @dataclass

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import get_args
 
 from node.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-_SECTIONS = "model|adapter|tasks|generation|sampling|train|sapo|ingest|metrics|swarm"
+_SECTIONS = "model|adapter|tasks|generation|sampling|train|sapo|ingest|metrics|swarm|tracking|api"
 
 
 def _config_key_exists(path: str) -> bool:
@@ -22,6 +23,8 @@ def _config_key_exists(path: str) -> bool:
         if fields is None or part not in fields:
             return False
         cls = fields[part].annotation
+        models = [a for a in get_args(cls) if hasattr(a, "model_fields")]  # an optional section: X | None
+        cls = models[0] if models else cls
     return True
 
 
@@ -60,3 +63,19 @@ def test_the_embedded_model_figures_are_the_ones_its_build_wrote() -> None:
     assert f"temperature 1 {info['sampled_add_accuracy_t1']}" in line
     assert f"sub {info['greedy_sub_accuracy']}, mul {info['greedy_mul_accuracy']}" in line
     assert "byte-identical" not in README
+
+
+def test_the_small_base_figures_are_the_shipped_model_s() -> None:
+    """small-base is shipped, so the README's figures must be those of the shipped build_info.json."""
+    info = json.loads((ROOT / "node" / "assets" / "small-base" / "build_info.json").read_text())
+    text = README[README.index("**small-base** (`python scripts/build_small_base.py`") :].split("\n\n")[0]
+    text = text.replace("\n", " ")
+    assert f"{info['parameters']:,} parameters" in text
+    for key, name in (("arith/add", "addition"), ("reasoning_gym/calendar_arithmetic", "calendar_arithmetic"),
+                      ("reasoning_gym/propositional_logic", "propositional_logic")):
+        assert f"{name} {info['greedy'][key]['reward']} / {info['sampled_t1'][key]['reward']}" in text, name
+    assert f"in {info['total_seconds']} s ({info['cpu_seconds']} CPU-seconds" in text
+    from node.policy.small_build import LOSS_CURVE_MARGIN, SAMPLED_REWARD_MARGIN
+
+    margins = README[README.index("A rebuild counts as the recipe's model") :][:300].replace("\n", " ")
+    assert f"within {LOSS_CURVE_MARGIN}" in margins and f"within {SAMPLED_REWARD_MARGIN}" in margins

@@ -27,7 +27,8 @@ class NodeInfo:
     model: str
     adapter: str
     run_dir: str
-    total_steps: int
+    total_steps: int | None
+    """None: the node trains until stopped."""
     started_at: float
 
 
@@ -37,6 +38,7 @@ class PeerIngest:
 
     groups_accepted: int
     groups_rejected: Mapping[str, int]
+    groups_trained: int = 0  # of those accepted, how many a step trained on
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class StepSnapshot:
     published_batches: int = 0
     published_groups: int = 0
     peer_ingest: Mapping[str, PeerIngest] = field(default_factory=dict)
+    recent_steps: int = 0
+    """How many recent steps the two medians below are over."""
+    step_seconds_median: float | None = None
+    tokens_per_s_median: float | None = None
     at: float = field(default_factory=time.time)
 
 

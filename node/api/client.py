@@ -1,8 +1,9 @@
 """``swarm-node status``: a one-screen summary of a running node, read from its status API.
 
 Standard library only (no torch, no aiohttp), so it answers in a blink on a server without a browser.
-Exit codes: 0 healthy, 1 reachable but unhealthy (no progress within ``api.stall_seconds``), 3 not
-reachable (or the token was refused).
+Exit codes: 0 healthy, 1 reachable but unhealthy (no progress within ``api.stall_seconds``), 2 a usage
+mistake (e.g. ``--run-dir`` names no run dir), 3 not reachable: the token was refused, nothing answers at
+the URL, or no node runs in the run dir (a stopped node removes its ``api_url``).
 """
 
 from __future__ import annotations
@@ -30,13 +31,21 @@ class Unreachable(Exception):
 
 
 def resolve_url(url: str | None, run_dir: str | None) -> str:
-    """``--url``, else the URL a node running in ``--run-dir`` wrote to ``RUN_DIR/api_url``, else the default."""
+    """``--url``, else the URL a node running in ``--run-dir`` wrote to ``RUN_DIR/api_url``, else the default.
+
+    ``ConfigError`` (exit 2) when ``--run-dir`` is not a run dir at all; ``Unreachable`` (exit 3) when it is
+    one but no node with an API runs there now."""
     if url:
         return url if url.endswith("/") else url + "/"
     if run_dir:
-        path = Path(run_dir) / "api_url"
+        folder = Path(run_dir)
+        if not (folder / "config.yaml").is_file():
+            raise ConfigError(f"--run-dir {run_dir!r} is not a run dir (no config.yaml); pass the --run-dir the "
+                              "node was started with")
+        path = folder / "api_url"
         if not path.is_file():
-            raise ConfigError(f"--run-dir {run_dir!r}: no api_url file; is a node with api.port set running there?")
+            raise Unreachable(f"no node is running in {run_dir} with its API on (no api_url: it stopped, or "
+                              "api.port is not set)")
         return path.read_text().strip()
     return DEFAULT_URL
 
@@ -80,18 +89,30 @@ def table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def _speed(s: dict[str, Any]) -> str:
+    """The median of the recent steps (one slow step, e.g. an evaluation, does not set it), and the last."""
+    recent = s.get("recent") or {}
+    n = recent.get("steps") or 0
+    if not n:
+        return f"{_num(s['tokens_per_s'], 0)} tokens/s · {_num(s['step_seconds'], 2)} s a step"
+    return (f"{_num(recent['tokens_per_s_median'], 0)} tokens/s · {_num(recent['step_seconds_median'], 2)} s a step "
+            f"(median of the last {n} steps; last step {_num(s['step_seconds'], 2)} s)")
+
+
 def render(url: str, status: dict[str, Any], peers: dict[str, Any], health: dict[str, Any]) -> str:
     s, net = status, status["network"]
     ev = s["last_eval"]
+    of_total = "" if s["total_steps"] is None else f" / {s['total_steps']}"
     summary = [
         ["node", f"{s['mode']} · {s['model']} ({s['adapter']}) · run {s['run_dir']} · v{s['version']}"],
-        ["state", f"{s['state']} · step {s['step']} / {s['total_steps']} · up {_duration(s['uptime_s'])}"],
+        ["state", f"{s['state']} · step {s['step']}{of_total} · up {_duration(s['uptime_s'])}"],
         ["health", ("ok" if health["ok"] else "STALLED") + f" · last progress {health['seconds_since_progress']:.1f} s ago"
          f" (limit {health['stall_seconds']:.0f} s)"],
         ["reward", f"{_num(s['last_reward'], 3)} last step · eval {_num(ev and ev['accuracy'], 3)}"
          + (f" at step {ev['step']}" if ev else "")],
-        ["speed", f"{_num(s['tokens_per_s'], 0)} tokens/s · {_num(s['step_seconds'], 2)} s a step"],
-        ["network", ("off" if s["mode"] == "silo" else "up" if net["up"] else "DOWN") + f" · {net['reason']}"
+        ["speed", _speed(s)],
+        ["network", ("off" if s["mode"] == "silo" else "connected" if net["connected"] else "NOT CONNECTED")
+         + f" · {net['reason']}"
          + (f" · {net['restarts']} restarts, last error: {net['last_error']}" if net["restarts"] else "")],
     ]
     if s["mode"] == "swarm":

@@ -223,10 +223,11 @@ class ApiServer:
             ok, health = health_doc(self.board, self.cfg.stall_seconds)
             gauges = {"healthy": float(ok), "seconds_since_progress": health["seconds_since_progress"]}
             if network is not None:
-                gauges.update({"network_up": float(network.up), "network_restarts": float(network.restarts),
+                gauges.update({"connected": float(network.connected), "network_restarts": float(network.restarts),
                                "dht_neighbours": float(len(network.neighbours))})
             record = dict(snap.record) if snap is not None else {}
-            record.pop("network_up", None)  # the live value above, not the one of the last step
+            for live in ("connected", "dht_neighbours"):  # the live values above, not those of the last step
+                record.pop(live, None)
             return render_prometheus(record, gauges)
 
         return web.Response(body=self._cached("prometheus", build),

@@ -33,9 +33,10 @@ def health_doc(board: StatusBoard, stall_seconds: float) -> tuple[bool, dict[str
 
 
 def network_doc(network: NetworkStatus | None) -> dict[str, Any]:
+    """``connected`` is ``NetworkStatus.connected``: at least one peer answered."""
     if network is None:
-        return {"up": False, "reason": SILO_REASON, "neighbours": [], "restarts": 0, "last_error": ""}
-    return {"up": network.up, "reason": network.reason, "neighbours": list(network.neighbours),
+        return {"connected": False, "reason": SILO_REASON, "neighbours": [], "restarts": 0, "last_error": ""}
+    return {"connected": network.connected, "reason": network.reason, "neighbours": list(network.neighbours),
             "restarts": network.restarts, "last_error": network.last_error}
 
 
@@ -62,6 +63,9 @@ def status_doc(board: StatusBoard, network: NetworkStatus | None, stall_seconds:
         {"step": snap.last_eval[0], "accuracy": snap.last_eval[1]},
         "tokens_per_s": _number(record, "tokens_per_s"),
         "step_seconds": _number(record, "step_seconds"),
+        "recent": {"steps": snap.recent_steps if snap else 0,
+                   "step_seconds_median": snap.step_seconds_median if snap else None,
+                   "tokens_per_s_median": snap.tokens_per_s_median if snap else None},
         "groups_trained": {"own": record.get("n_local_groups"), "peers": record.get("n_peer_groups")},
         "network": network_doc(network),
         "published": {"batches": snap.published_batches if snap else 0,
@@ -93,6 +97,7 @@ def peers_doc(board: StatusBoard, rows: list[PeerRow], network: NetworkStatus | 
             "rejected": dict(row.rejected),
             "groups_ingested": mine.groups_accepted if mine else 0,
             "ingest_rejected": dict(mine.groups_rejected) if mine else {},
+            "groups_trained": mine.groups_trained if mine else 0,
             "bytes_in": row.bytes_in,
             "bytes_out": row.bytes_out,
             "last_seen": round(row.last_seen, 3),

@@ -2,12 +2,11 @@
 node loads that model's folder through ``AutoModelForCausalLM`` / ``AutoTokenizer``, the same path that
 serves a hub model or a local folder.
 
-``tiny-base`` (1.7 MB) is shipped in the package (``node/assets/tiny-base/``). ``small-base`` (about 10 MB)
-is not: it is built deterministically on this machine the first time it is named (minutes on a CPU, by
-``node.policy.small_build``, which ``scripts/build_small_base.py`` also runs) and cached under
-``~/.cache/swarm-node/`` (``$SWARM_NODE_CACHE`` to move it); later runs reuse the cached folder. Each
-folder holds a ``build_info.json`` of what its build measured. ``node.policy.locate`` maps names to folders.
-This module is light (no torch): the CLI reads it before the heavy imports.
+Both are shipped in the package, so every machine runs the same weights: ``tiny-base`` (1.7 MB,
+``node/assets/tiny-base/``) and ``small-base`` (about 10.5 MB, ``node/assets/small-base/``). Each folder
+holds a ``build_info.json`` of what its build measured; the script named beside each rebuilds it.
+``node.policy.locate`` maps names to folders. This module is light (no torch): the CLI reads it before the
+heavy imports.
 """
 
 from __future__ import annotations
@@ -26,27 +25,10 @@ class EmbeddedModel:
     aliases: tuple[str, ...]
     build_script: str
     summary: str
-    shipped: bool = True  # False: built on first use and cached (``node.policy.small_build``)
 
     @property
     def path(self) -> Path:
-        """Where the model's folder is (a cached model's folder may not be built yet)."""
-        if self.shipped:
-            return ASSETS_DIR / self.name
-        from node.policy.small_recipe import cached_path  # light: no torch
-
-        return cached_path()
-
-    def is_built(self) -> bool:
-        return (self.path / "build_info.json").is_file()
-
-    def ensure(self) -> Path:
-        """The model's folder, built first if it is a cached model not built on this machine yet."""
-        if self.shipped:
-            return self.path
-        from node.policy.small_build import ensure_built
-
-        return ensure_built()
+        return ASSETS_DIR / self.name
 
 
 EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
@@ -61,7 +43,6 @@ EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
         aliases=(),
         build_script="scripts/build_small_base.py",
         summary="5M-parameter Llama, byte-level BPE tokenizer and ChatML template, arith and reasoning-gym",
-        shipped=False,
     ),
 )
 

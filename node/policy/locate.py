@@ -1,9 +1,12 @@
-"""Where the base model comes from: an embedded folder, a local folder, or the local Hugging Face cache.
+"""Where the base model comes from: an embedded folder, a model fetched from the package registry
+(``smollm2-135m``), a local GGUF file, a local folder, or the local Hugging Face cache.
 
 This module is light (no torch, no transformers), so the CLI checks ``model.name_or_path`` before the
-heavy imports. Nothing is downloaded at run time: a hub name that is not in the local cache fails at once
-with a hint, instead of after about a minute of retries against a hub that may be unreachable; a hub
-name that is in the cache is loaded with ``local_files_only``, so the hub is never asked.
+heavy imports. Nothing is downloaded from a model hub: a hub name that is not in the local cache fails at
+once with a hint, instead of after about a minute of retries against a hub that may be unreachable; a hub
+name that is in the cache is loaded with ``local_files_only``, so the hub is never asked. A registry model
+not fetched yet, or a GGUF not converted yet, comes back with a ``build`` that makes its cached folder
+(``node.policy.fetched``) when the node loads it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,15 @@ from pathlib import Path
 
 from node.errors import PolicyError
 from node.policy.embedded import embedded_model, embedded_names
+from node.policy.fetched import (
+    convert_local_gguf,
+    fetch,
+    gguf_cache_key,
+    gguf_file_of,
+    registry_model,
+    registry_names,
+)
+from node.policy.model_cache import cached_folder, is_complete
 
 __all__ = ["EMBEDDED_ALIASES", "TINY_BASE_NAME", "ModelLocation", "locate_model", "resolve_model_path",
            "tiny_base_path"]
@@ -30,8 +42,7 @@ def tiny_base_path() -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map an embedded model's name (``node.policy.embedded``) to its folder, which for a model built on
-    first use (``small-base``) may not exist yet; return anything else unchanged."""
+    """Map an embedded model's name (``node.policy.embedded``) to its folder; return anything else unchanged."""
     model = embedded_model(name_or_path)
     return str(model.path) if model is not None else name_or_path
 
@@ -63,21 +74,28 @@ def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:
     return bool(commit) and (repo / "snapshots" / commit / "config.json").is_file()
 
 
-def locate_model(name_or_path: str, cache_dir: str | None = None) -> ModelLocation:
-    """Find the model ``model.name_or_path`` names, or raise a one-line ``PolicyError`` saying what to do.
+def locate_model(name_or_path: str, cache_dir: str | None = None, gguf_file: str | None = None) -> ModelLocation:
+    """Find the model ``model.name_or_path`` (and ``model.gguf_file``) names, or raise a one-line
+    ``PolicyError`` saying what to do.
 
     ``cache_dir`` is the Hugging Face hub cache (default: ``HF_HUB_CACHE``, i.e. ``~/.cache/huggingface/hub``).
     """
-    embedded = embedded_model(name_or_path)
-    if embedded is not None and not embedded.shipped and not embedded.is_built():
-        return ModelLocation(str(embedded.path), local_files_only=False, build=embedded.ensure)
+    fetched = registry_model(name_or_path)
+    if fetched is not None:
+        return ModelLocation(str(fetched.path), local_files_only=True,
+                             build=None if fetched.is_fetched() else lambda: fetch(fetched))
+    gguf = gguf_file_of(name_or_path, gguf_file)
+    if gguf is not None:
+        folder = cached_folder(gguf_cache_key(gguf))
+        return ModelLocation(str(folder), local_files_only=True,
+                             build=None if is_complete(folder) else lambda: convert_local_gguf(gguf))
     resolved = resolve_model_path(name_or_path)
     if Path(resolved).expanduser().is_dir():
         return ModelLocation(str(Path(resolved).expanduser()), local_files_only=False)
     if Path(resolved).expanduser().exists() or not _REPO_ID.fullmatch(resolved):
         raise PolicyError(
             f"model.name_or_path={name_or_path!r} is not a folder; give a folder written by save_pretrained, "
-            f"a hub name in the local Hugging Face cache, or one of {embedded_names()}"
+            f"a .gguf file, a hub name in the local Hugging Face cache, or one of {embedded_names() + registry_names()}"
         )
     if _in_hf_cache(resolved, cache_dir):
         return ModelLocation(resolved, local_files_only=True)

@@ -56,9 +56,9 @@ def model_fingerprint(name_or_path: str, model: PreTrainedModel) -> str:
 
 def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the base model and tokenizer by name or path; the model comes back frozen, in eval mode."""
-    where = locate_model(cfg.name_or_path)  # a hub name not in the local cache fails here, at once
+    where = locate_model(cfg.name_or_path, gguf_file=cfg.gguf_file)  # a hub name not in the cache fails here
     if where.build is not None:
-        where.build()  # an embedded model this machine has not built yet (small-base): built and cached once
+        where.build()  # a model made once on this machine and cached (e.g. fetched and converted)
     options: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code, "local_files_only": where.local_files_only}
     try:
         tokenizer = AutoTokenizer.from_pretrained(where.path, **options)

@@ -1,22 +1,18 @@
-"""The recipe of the embedded ``small-base`` model and where its build is cached (light: no torch).
+"""The recipe of the embedded ``small-base`` model (light: no torch).
 
-The build itself is ``node.policy.small_build``; a recipe's cached folder is named by a hash of all its
-fields, so changing any setting builds a new folder instead of reusing a stale one.
+The build itself is ``node.policy.small_build``; the shipped folder ``node/assets/small-base`` was built
+from ``FULL`` and records the recipe and its key (a hash of every field) in its ``build_info.json``, so a
+rebuild can tell whether it followed the same recipe.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-# Bump when the build changes in a way the recipe fields do not show: cached builds of older recipes are
-# then not reused.
+# Bump when the build changes in a way the recipe fields do not show (the key then changes with it).
 RECIPE_VERSION = 2
-CACHE_ENV = "SWARM_NODE_CACHE"
-DONE_FILE = "build_info.json"  # written last: a folder without it is an interrupted build
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ class Recipe:
     version: int = field(default=RECIPE_VERSION)
 
     def key(self) -> str:
-        """Names the cached folder: a hash of every field."""
+        """Names the recipe: a hash of every field."""
         blob = json.dumps(asdict(self), sort_keys=True).encode()
         return f"{self.name}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
@@ -60,19 +56,3 @@ class Recipe:
 
 # The model ``small-base`` names.
 FULL = Recipe(name="small-base", steps=1200)
-
-
-def cache_root() -> Path:
-    """``$SWARM_NODE_CACHE``, else ``$XDG_CACHE_HOME/swarm-node``, else ``~/.cache/swarm-node``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "swarm-node"
-
-
-def cached_path(recipe: Recipe = FULL) -> Path:
-    return cache_root() / recipe.key()
-
-
-def is_built(path: Path) -> bool:
-    return (path / DONE_FILE).is_file()

@@ -4,8 +4,9 @@
   format the prompt).
 - ``registry``: the sources by name and ``build_task_source``.
 - ``arith``: the built-in two-digit ``add``/``sub``/``mul`` source (text format in ``arith_format``).
-- ``reasoning_gym``: the nine reasoning-gym datasets of the SAPO paper, scored by reasoning-gym itself.
-- ``prompting``: chat-template or plain prompt formatting, and final-answer extraction.
+- ``reasoning_gym``: reasoning-gym datasets (SAPO's nine and easier ones), scored by reasoning-gym itself.
+- ``prompting``: chat-template or plain prompt formatting (system prompt, worked examples), and final-answer
+  extraction.
 - ``cache``: the LRU cache for regenerated tasks.
 """
 

@@ -9,6 +9,13 @@ by a sha256 of (seed, dataset, a, b). Three-digit datasets have a million proble
 problem drawn from a sha256 of (seed, dataset, i). Which problems are held out for evaluation depends on
 the problem alone (``content_key``: operation and operands), not on the seed, the index or the width.
 
+Prompts are raw (``07+35=``) under ``model.chat_template`` ``auto`` and ``never``: tiny-base and small-base
+were pretrained on them. Under ``always`` a chat model takes part (e.g. smollm2 beside tiny-base in one
+swarm): the prompt goes through its chat template with a system prompt (``ARITH_SYSTEM_PROMPT`` unless
+configured) and worked examples (unless configured, one of the task's own dataset: ``08+45=`` answered
+``053``, ``default_example``), because the scorer is strict: the completion must be exactly the zero-padded
+answer, nothing before or after it. The example problems are training problems, never held out.
+
 Building one two-digit order costs tens of milliseconds (10,000 hashes and a sort), so orders are cached
 compactly (two bytes a problem, about 20 KB an order) for the 256 most recent (seed, dataset) pairs; how
 many distinct seeds a peer may bring is capped at ingestion (``node.ingest``).
@@ -19,12 +26,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from array import array
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from node.modes import ChatTemplateMode
 from node.tasks.arith_format import DATASETS, make_problem
 from node.tasks.base import Task, TaskSource
 from node.tasks.cache import LRUCache
+from node.tasks.prompting import Example, check_examples, format_for_model
 from protocol.taskref import TaskRef
 
 logger = logging.getLogger(__name__)
@@ -32,6 +41,18 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 2
 ORDER_CACHE_SIZE = 256
 _ORDERED_DIGITS = 2  # datasets of at most this many digits use a full permutation of their problems
+ARITH_SYSTEM_PROMPT = (
+    "Compute the result. Reply with the result only: its digits, zero-padded to the width the example shows, "
+    "and nothing else."
+)
+# The operands of the built-in worked example, by operand digits (in the training split of every dataset).
+_EXAMPLE_OPERANDS = {2: (8, 45), 3: (107, 835)}
+
+
+def default_example(dataset: str) -> Example:
+    """The built-in worked example of ``dataset`` for chat prompts, e.g. ``08+45=`` answered ``053``."""
+    _, digits = DATASETS[dataset]
+    return Example(*make_problem(dataset, *_EXAMPLE_OPERANDS[digits]))
 
 
 def _problems(dataset: str) -> list[tuple[int, int]]:
@@ -65,7 +86,9 @@ def score_digits(answer: str, completion: str) -> float:
 
 
 class ArithTaskSource(TaskSource):
-    """Source ``arith``: datasets ``add``, ``sub``, ``mul``; the prompt is shown to the model as is."""
+    """Source ``arith``: datasets ``add``, ``sub``, ``mul``, ``add3``, ``sub3``; the prompt is shown to the model
+    as is, or chat-formatted under ``chat_template="always"`` with ``system_prompt`` and ``examples`` (None:
+    ``default_example`` of the task's dataset)."""
 
     name = "arith"
     known_datasets = tuple(DATASETS)
@@ -76,9 +99,14 @@ class ArithTaskSource(TaskSource):
         weights: list[float] | None,
         seed: int,
         chat_template: ChatTemplateMode = "auto",
+        system_prompt: str | None = ARITH_SYSTEM_PROMPT,
+        examples: Iterable[Any] | None = None,
+        dataset_configs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        # chat_template is accepted so every source takes the same options; arith prompts stay raw.
         super().__init__(datasets, weights, seed, chat_template)
+        self.check_dataset_configs(dataset_configs)
+        self.system_prompt = system_prompt
+        self.examples = None if examples is None else check_examples(examples)
         self._orders: LRUCache[tuple[int, str], array[int]] = LRUCache(ORDER_CACHE_SIZE)
 
     def _settings(self) -> dict[str, Any]:
@@ -111,7 +139,11 @@ class ArithTaskSource(TaskSource):
         return score_digits(answer, completion) if answer is not None else 0.0
 
     def format_prompt(self, task: Task, tokenizer: Any) -> str:
-        return task.prompt
+        """Raw, unless ``chat_template`` is ``always``: then through the chat template (see the module)."""
+        if self.chat_template != "always":
+            return task.prompt
+        examples = self.examples if self.examples is not None else (default_example(task.ref.dataset),)
+        return format_for_model(task.prompt, tokenizer, "always", self.system_prompt, examples)
 
     def content_key(self, task: Task) -> str:
         """The problem itself: ``add/7/35`` is held out (or not) in ``add`` and ``add3`` alike."""

@@ -19,7 +19,7 @@ import logging
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -125,6 +125,14 @@ class TaskSource(ABC):
         if self._config_hash is None:
             self._config_hash = settings_hash({"source": self.name, "split": _SPLIT_RULE, **self._settings()})
         return self._config_hash
+
+    @classmethod
+    def check_dataset_configs(cls, configs: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+        """Per-dataset settings (``tasks.dataset_configs``) checked; a source without settings takes none."""
+        if configs:
+            raise TaskError(f"source {cls.name!r} takes no dataset_configs (got {sorted(configs)}); remove them, "
+                            "or use source 'reasoning_gym'")
+        return {}
 
     # ----------------------------------------------------------------------------------- subclass API
 

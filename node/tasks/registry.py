@@ -15,7 +15,7 @@ from node.tasks.arith import ArithTaskSource
 from node.tasks.base import TaskSource
 from node.tasks.reasoning_gym import ReasoningGymTaskSource
 
-__all__ = ["SOURCES", "build_task_source", "check_datasets"]
+__all__ = ["SOURCES", "build_task_source", "check_dataset_configs", "check_datasets"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,12 @@ def check_datasets(source: str, datasets: list[str]) -> None:
     unknown = [d for d in datasets if d not in known]
     if unknown:
         raise TaskError(f"unknown dataset(s) {unknown} for source {source!r}; choose from {list(known)}")
+
+
+def check_dataset_configs(source: str, configs: dict[str, dict[str, Any]]) -> None:
+    """Raise ``TaskError`` if ``source`` does not take ``configs`` (a reasoning-gym source builds each dataset
+    once with its settings: it imports reasoning-gym, a few seconds)."""
+    _source_class(source).check_dataset_configs(configs)
 
 
 def build_task_source(

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from node.generation import left_pad, right_pad, sequence_logprobs
+from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
-from node.train.losses import logprob_gap, policy_loss, sequence_values
+from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,8 @@ class Trainer:
     def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
                  micro_batch_size: int, temperature: float, routings: int = 2,
-                 off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False) -> None:
+                 off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
+                 logits_memory_mb: int = 1024, engine_is_cap: float | None = None) -> None:
         self.policy = policy
         if gradient_checkpointing:  # only in train mode: generation and evaluation run without it
             policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
@@ -44,18 +45,29 @@ class Trainer:
         self.loss_kind = loss
         self.loss_kwargs: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
         self.micro_batch_size = micro_batch_size
+        self.logits_budget_bytes = logits_memory_mb * 1024 * 1024
+        self.engine_is_cap = engine_is_cap
+        self.routings_per_row = routings if policy.remix is not None else 1  # ReMix repeats each row M times
         self.temperature = temperature
         self.routings = routings
         self.off_policy_correction = off_policy_correction
         self.routing_generator = torch.Generator(device=policy.device).manual_seed(seed)  # ReMix routings sampled in training
         self._gap = [0.0, 0.0, 0]  # |diff| sum, k3 sum, tokens of this step's own samples
         self.skipped_steps = 0
+        self.distributions: dict[str, torch.Tensor] = {}
+        self._keep = False
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def step(self, groups: list[TrainGroup]) -> dict[str, float]:
-        """One optimizer step over every completion of ``groups`` (advantages already assigned)."""
+    def step(self, groups: list[TrainGroup], keep_distributions: bool = False) -> dict[str, float]:
+        """One optimizer step over every completion of ``groups`` (advantages already assigned).
+
+        With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
+        sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
+        histograms."""
+        self.distributions = {}
+        self._keep = keep_distributions
         rows: list[_Row] = [
             (g.prompt_ids, ids, lps, float(a), g.is_local)
             for g in groups
@@ -71,8 +83,11 @@ class Trainer:
         total, sums = len(rows), {"loss": 0.0}
         n_tokens = 0
         self._gap = [0.0, 0.0, 0]
-        for start in range(0, total, self.micro_batch_size):
-            chunk = rows[start : start + self.micro_batch_size]
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(self.policy.tokenizer))
+        lengths = [len(r[1]) for r in rows]
+        for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
+                                         self.micro_batch_size):
+            chunk = rows[batch.start : batch.stop]
             stats = self._micro_step(chunk, weight=len(chunk) / total)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
@@ -109,14 +124,30 @@ class Trainer:
             own = torch.tensor([r[4] for r in rows], device=device)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
+            if self._keep:
+                self._collect(advantages, (logprobs.detach().float() - anchor)[(completion_mask != 0) & own[:, None]])
+            token_weights = None
+            if self.engine_is_cap is not None and self.off_policy_correction:
+                # The engine's own samples: truncated importance weights on the trainer/engine ratio correct
+                # the engine's numerical mismatch, and the loss then treats them as on-policy (no taper).
+                own_rows = own[:, None]
+                token_weights = torch.where(own_rows, engine_mismatch_weights(logprobs, anchor, completion_mask,
+                                                                              self.engine_is_cap), 1.0)
+                anchor = torch.where(own_rows, logprobs.detach(), anchor)
             if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
                 anchor = logprobs.detach()
             loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
-                                      **self.loss_kwargs)
+                                      token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
                                       weight)
+
+    def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
+        for key, values in (("advantages", advantages), ("logprob_gap", gaps)):
+            values = values.detach().float().cpu()
+            self.distributions[key] = torch.cat([self.distributions[key], values]) if key in self.distributions \
+                else values
 
     def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,

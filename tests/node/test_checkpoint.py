@@ -59,3 +59,24 @@ def test_every_checkpoint_damaged_is_an_error_that_moves_nothing(tmp_path):
 
 def test_no_checkpoint_is_a_fresh_start(tmp_path):
     assert CheckpointManager(tmp_path, keep=3).load_latest() is None
+
+
+def test_milestones_are_kept_beside_the_last_few(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2, keep_every=4)
+    for step in range(1, 11):
+        _save(manager, step)
+    assert manager.steps() == [4, 8, 9, 10]  # every 4th for good, and the last 2
+    assert CheckpointManager(tmp_path, keep=2).load_latest()[1].step == 10
+
+
+def test_a_run_writes_a_checkpoint_at_each_milestone(fast_config):
+    from node.runner import Node
+
+    node = Node(fast_config("train.steps=7", "train.checkpoint_every=5", "train.keep_checkpoints=1",
+                            "train.keep_every=3"), show_progress=False)
+    node.setup()
+    try:
+        node.run()
+    finally:
+        node.close()
+    assert node.checkpoints.steps() == [3, 6, 7]  # milestones 3 and 6; step 5 pruned; the last step

@@ -101,10 +101,17 @@ def test_task_and_prompt_mistakes_are_one_line_errors(tmp_path, capsys):
 def _check_task_mistakes(tmp_path, capsys):
     assert main(["silo", "--run-dir", str(tmp_path / "a"), "--no-progress", "tasks.datasets=[nope]"]) == 2
     assert "tasks:" in capsys.readouterr().err
-    rc = main(["silo", "--run-dir", str(tmp_path / "b"), "--no-progress", "tasks.source=reasoning_gym",
+    rc = main(["silo", "--run-dir", str(tmp_path / "new" / "b"), "--no-progress", "tasks.source=reasoning_gym",
                "tasks.datasets=[basic_arithmetic]", "model.chat_template=always", "tasks.eval_size=2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "model.chat_template" in err[-1]
+    assert not (tmp_path / "new").exists()  # the failed invocation left no run dir (nor the parent it made)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main(["silo", "--run-dir", str(kept), "--no-progress", "tasks.source=reasoning_gym",
+                 "tasks.datasets=[basic_arithmetic]", "model.chat_template=always", "tasks.eval_size=2"]) == 2
+    assert (kept / "notes.txt").read_text() == "mine"  # a run dir that was there before is left alone
 
 
 def _one_error_line(err: str) -> str:
@@ -211,3 +218,34 @@ def test_summarize_run_on_a_missing_run_dir_is_a_one_line_error(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no run dir" in proc.stderr
+
+
+def test_keygen_to_an_unwritable_path_is_a_one_line_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["keygen", "--out", str(blocker / "keys" / "id.pem")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "--out" in line and "cannot be written" in line and "writable path" in line
+
+
+def test_resuming_with_changed_settings_says_what_changed_and_logs_to_node_log(tmp_path, capsys, caplog):
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    run = tmp_path / "run"
+    common = ["silo", "-c", "configs/tiny-silo.yaml", "--run-dir", str(run), "--no-progress", "sapo.local_groups=2",
+              "generation.group_size=2", "tasks.eval_size=4", "train.checkpoint_every=1", "tracking.log_max_mb=0.0005",
+              "tracking.log_backups=1"]
+    try:
+        assert main([*common, "train.steps=2"]) == 0
+        caplog.clear()
+        assert main([*common, "train.steps=3", "train.lr=0.002"]) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    changed = [r.getMessage() for r in caplog.records if "changed settings" in r.getMessage()]
+    assert changed == ["resuming run with changed settings: train.lr 0.001 -> 0.002; train.steps 2 -> 3"]
+    logs = sorted(p.name for p in run.glob("node.log*"))
+    assert logs == ["node.log", "node.log.1"]  # rotated past tracking.log_max_mb, one backup kept
+    assert all(p.stat().st_size <= 1024 for p in run.glob("node.log*"))
+    assert "checkpoint written" in (run / "node.log").read_text() + (run / "node.log.1").read_text()

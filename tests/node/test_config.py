@@ -102,3 +102,82 @@ def test_cli_remix_with_vllm_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "set generation.backend=hf or adapter.kind=lora" in lines[0], proc.stderr
+
+
+RG = ["tasks.source=reasoning_gym", "tasks.datasets=[gcd, syllogism]"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["tasks.dataset_configs={gcd: {max_value: 0}}"], "tasks: dataset_configs.gcd is invalid: AssertionError("),
+        (["tasks.dataset_configs={gcd: {max_val: 50}}"], "dataset_configs.gcd has unknown setting(s) ['max_val']"),
+        (["tasks.dataset_configs={gcd: {seed: 1}}"], "dataset_configs.gcd must not set ['seed']"),
+        (["tasks.dataset_configs={gsm8k: {}}"], "dataset_configs names unknown dataset 'gsm8k'"),
+        (["tasks.dataset_configs={gcd: 50}"], "tasks.dataset_configs.gcd"),
+        (["tasks.source=arith", "tasks.datasets=[add]", "tasks.dataset_configs={add: {}}"],
+         "source 'arith' takes no dataset_configs"),
+        (["tasks.prompt.examples=[{user: a}]"], "tasks.prompt.examples: example 0: assistant: Field required"),
+        (["tasks.prompt.examples=sometimes"], "tasks.prompt.examples: must be 'default', [] (none) or a list"),
+        (["tasks.prompt.system=[a]"], "tasks.prompt.system"),
+        (["tasks.source=arith", "tasks.datasets=[add]", "tasks.prompt.answer_instruction=null"],
+         "tasks: prompt.answer_instruction applies to source reasoning_gym"),
+    ],
+)
+def test_task_settings_errors_are_one_line_naming_the_field(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [*RG, *overrides])
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_task_source_options_follow_the_config():
+    cfg = load_config(None, [*RG, "tasks.dataset_configs={gcd: {max_value: 50}}"])
+    assert cfg.tasks.source_options("auto") == {"chat_template": "auto", "dataset_configs": {"gcd": {"max_value": 50}}}
+    cfg = load_config(None, [*RG, "tasks.prompt.system=null", "tasks.prompt.examples=[{user: Q, assistant: A}]",
+                             "tasks.prompt.answer_instruction=null"])
+    assert cfg.tasks.source_options("always") == {"chat_template": "always", "system_prompt": None,
+                                                  "examples": [("Q", "A")], "answer_instruction": None}
+    assert load_config(None, ["tasks.prompt.examples=[]"]).tasks.source_options("never") == {
+        "chat_template": "never", "examples": []}
+
+
+def test_the_node_builds_its_sources_and_scoring_child_with_the_task_settings(tmp_path):
+    from node.runner import Node
+    from node.tasks.prompting import DEFAULT_SYSTEM_PROMPT
+
+    overrides = [*RG, "tasks.eval_datasets=[gcd]", "tasks.dataset_configs={gcd: {max_value: 20}}",
+                 "tasks.prompt.examples=[{user: 'What is 3 + 4?', assistant: '<answer>7</answer>'}]"]
+    node = Node(load_config(None, overrides), tmp_path, show_progress=False)
+    node.source = node._build_task_source()
+    assert node.source.dataset_configs == {"gcd": {"max_value": 20}}  # type: ignore[attr-defined]
+    assert node.source.system_prompt == DEFAULT_SYSTEM_PROMPT  # type: ignore[attr-defined]
+    assert [(e.user, e.assistant) for e in node.source.examples] == [  # type: ignore[attr-defined]
+        ("What is 3 + 4?", "<answer>7</answer>")]
+    ref = node.source.eval_refs(1)[0]
+    task = node.source.task(ref)
+    assert max(task.metadata["numbers"]) <= 20
+    scorer = node._build_scorer()  # the child rebuilds the source: the same settings, so the same config hash
+    assert scorer is not None
+    try:
+        outcomes = scorer.score([(ref, f"<answer>{task.answer}</answer>"), (ref, "<answer>x</answer>")], wait=60)
+    finally:
+        scorer.close()
+    assert [(o.status, o.reward) for o in outcomes] == [("ok", 1.0), ("ok", 0.0)]
+
+
+@pytest.mark.parametrize("path", ["configs/smollm2-silo.yaml", "configs/smollm2-swarm.yaml"])
+def test_smollm2_configs_name_admitted_datasets_and_prompt_with_an_example(path):
+    from node.tasks import build_task_source
+    from node.tasks.reasoning_gym import ADMITTED_DATASETS, EASY_DATASETS
+    from tests.node.test_tasks import CHAT_TEMPLATE, _tiny_tokenizer
+
+    cfg = load_config(path)
+    t = cfg.tasks
+    assert cfg.model.name_or_path == "smollm2-135m" and t.source == "reasoning_gym"
+    assert set(t.datasets) <= set(ADMITTED_DATASETS) and set(t.datasets) & set(EASY_DATASETS)
+    assert set(t.dataset_configs) <= set(t.datasets)
+    source = build_task_source(t.source, list(t.datasets), t.weights, 0, **t.source_options(cfg.model.chat_template))
+    task = source.task(source.eval_refs(1)[0])
+    text = source.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE))
+    assert "<|assistant|>3 + 4 = 7.\n<answer>7</answer>" in text and "e.g. <answer>42</answer>" not in text
+    assert text.endswith("Give your final answer inside <answer></answer> tags.\n<|assistant|>")

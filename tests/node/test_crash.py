@@ -188,7 +188,7 @@ def test_killed_p2pd_is_restarted_while_training_goes_on(tmp_path: Path) -> None
         assert new, "no new p2pd after the old one was killed"
         steps_during = [r for r in read_metrics(run / "metrics.jsonl") if r["time"] > killed_at]
         # Training never waited for the network: it stepped on while p2pd was down or restarting.
-        while not any(r["network_up"] for r in steps_during if r["time"] > killed_at + 1):
+        while not any(r["network_running"] for r in steps_during if r["time"] > killed_at + 1):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.5)
             steps_during = [r for r in read_metrics(run / "metrics.jsonl") if r["time"] > killed_at]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -60,16 +62,89 @@ def _stop(proc: subprocess.Popen) -> int:
     return rc
 
 
-def test_node_with_unreachable_bootstrap_peers_keeps_training(tmp_path):
-    dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+def _lines_until(proc: subprocess.Popen, marker: str, timeout: float = 120.0) -> list[str]:
+    """The node's output up to and including the first line with ``marker``."""
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if marker in line or time.monotonic() > deadline:
+            break
+    assert any(marker in line for line in lines), "\n".join(lines[-40:])
+    return lines
+
+
+def test_a_node_whose_bootstrap_peer_is_dead_says_not_connected_everywhere(tmp_path):
+    """One meaning of "connected" (at least one peer answered): a client-mode node, as
+    configs/public-swarm.yaml runs, whose one bootstrap peer does not answer trains on, and its output, its
+    log, metrics.jsonl, the status API, Prometheus, the dashboard and `swarm-node status` all say it is not
+    connected, and why; none claims the network is up or that others can join through it."""
+    from node.api.client import EXIT_OK
+    from tests.swarm.conftest import free_port
+
+    dead = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
     run = tmp_path / "lonely"
-    proc = _start(run, "train.steps=3", "--initial-peers", dead)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out[-3000:]
+    proc = _start(run, "swarm.client_mode=true", "api.port=0", "--initial-peers", dead)
+    try:
+        out = _lines_until(proc, "status API at")
+        metrics = run / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while len(read_metrics(metrics) if metrics.exists() else []) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the node did not train"
+            time.sleep(0.5)
+        url = (run / "api_url").read_text().strip()
+        status = json.loads(urllib.request.urlopen(url + "api/status", timeout=10).read())
+        prometheus = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
+        shown = subprocess.run([sys.executable, "-m", "node.cli", "status", "--run-dir", str(run)],
+                               capture_output=True, text=True, timeout=60, env=ENV)
+        dashboard = _dashboard_network(url)
+    finally:
+        rc = _stop(proc)
+        rest = proc.stdout.read() if proc.stdout is not None else ""
+    assert rc == 0, rest[-3000:]
+    said = "\n".join(out)
+    assert "swarm-node: not connected yet (joining" in said and "none of 1 initial peers answered" in said
+    assert "client mode: dials out only, nobody can join through this node" in said
+    assert "others can join" not in said and "network up" not in said
     rows = read_metrics(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["n_peer_groups"] == 0 and r["n_local_groups"] > 0 for r in rows)
-    assert "locally" in out  # the node says it trains alone while it retries
+    assert len(rows) >= 3 and all(r["connected"] is False and r["dht_neighbours"] == 0 for r in rows)
+    assert all(r["n_peer_groups"] == 0 for r in rows) and sum(r["n_local_groups"] for r in rows) > 0  # alone
+    assert "network_up" not in rows[-1]
+    network = status["network"]
+    assert network["connected"] is False and network["neighbours"] == []
+    assert network["reason"].startswith("joining: none of 1 initial peers answered")
+    assert "swarm_node_connected 0.0" in prometheus
+    assert shown.returncode == EXIT_OK, shown.stderr
+    assert "network  NOT CONNECTED · joining: none of 1 initial peers answered" in shown.stdout
+    if dashboard is not None:
+        assert dashboard == "not connected"
+    log = (run / "node.log").read_text()
+    assert "none of 1 initial peers answered" in log and "not connected yet: joining" in log
+    assert "others can join" not in log and "node.exchange: connected:" not in log
+    assert "network side started in client mode (dials out only; not connected until a peer answers)" in log
+
+
+def _dashboard_network(url: str) -> str | None:
+    """The dashboard's network tile, read by headless Chromium (None where Chromium is missing, outside CI)."""
+    import asyncio
+
+    from tests.chromium import Chromium, find_chromium
+
+    exe = find_chromium()
+    if exe is None:
+        if os.environ.get("SWARM_NODE_REQUIRE_CHROMIUM"):
+            raise AssertionError("Chromium is required here (SWARM_NODE_REQUIRE_CHROMIUM) but not installed")
+        return None
+
+    async def look() -> str:
+        async with Chromium(exe) as browser:
+            page = await browser.open(url, 1000, 800)
+            await page.wait_for("document.getElementById('network').dataset.value !== undefined && "
+                                "document.getElementById('network').textContent !== '-'")
+            return str(await page.evaluate("document.getElementById('network').textContent"))
+
+    return asyncio.run(look())
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +240,25 @@ def test_ctrl_c_at_the_terminal_stops_the_node_cleanly(tmp_path):
         assert sign not in out, out[-3000:]
     steps = [r["step"] for r in read_metrics(tmp_path / "n" / "metrics.jsonl")]
     assert (tmp_path / "n" / "checkpoints" / f"step_{steps[-1]:06d}").is_dir()
+
+
+def test_what_the_daemon_prints_about_its_network_follows_one_definition():
+    from node.config import load_config
+    from node.daemon import connection_lines
+    from swarm.state import NetworkStatus
+
+    first = load_config("configs/tiny-swarm.yaml")
+    joiner = load_config("configs/tiny-swarm.yaml", ["swarm.initial_peers=[/ip4/127.0.0.1/tcp/1/p2p/"
+                                                      "12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk]"])
+    addr = "/ip4/127.0.0.1/tcp/5/p2p/12D3KooWA"
+    alone = NetworkStatus(True, "listening, no peer has answered yet", (), 0, "")
+    joined = NetworkStatus(True, "joined: 1 DHT neighbour", ("12D3KooWB",), 0, "")
+    dead = NetworkStatus(False, "joining: none of 1 initial peers answered (1 attempts failed)", (), 0, "")
+    assert connection_lines(first, alone, [addr]) == [
+        "swarm-node: not connected yet: no initial peers (the first node of a swarm); training locally until "
+        "others join through its address", f"swarm-node: others can join with --initial-peers {addr}"]
+    assert connection_lines(joiner, joined, [addr])[0] == \
+        "swarm-node: connected: 1 peer(s) answered (joined: 1 DHT neighbour)"
+    lines = connection_lines(joiner, dead, [addr])
+    assert lines[0].startswith("swarm-node: not connected yet (joining: none of 1 initial peers answered")
+    assert connection_lines(joiner, joined, [])[1].startswith("swarm-node: no address to share yet")

@@ -155,12 +155,12 @@ def test_a_dead_transport_is_restarted_with_backoff_and_training_goes_on(tmp_pat
 
     transport.restart = counting_restart
     rec = a.train_step()  # restarts it, then publishes
-    assert calls == [1] and transport.is_alive() and rec["network_up"]
+    assert calls == [1] and transport.is_alive() and rec["network_running"] and rec["connected"] is False
     transport.close()
     transport.restart = lambda: calls.append(1)  # a restart that fails to bring it back
     rec = a.train_step()
     rec = a.train_step()  # within the backoff: no second attempt, still trains locally
-    assert calls == [1, 1] and not rec["network_up"] and rec["n_local_groups"] > 0
+    assert calls == [1, 1] and not rec["network_running"] and rec["n_local_groups"] > 0
     a.close()
 
 

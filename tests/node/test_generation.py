@@ -8,7 +8,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.generation import generate, left_pad, right_pad, sample_rows, sequence_logprobs, top_p_filter
+from node.generation import (
+    LOGIT_BYTES,
+    generate,
+    left_pad,
+    logit_micro_batches,
+    right_pad,
+    sample_rows,
+    sequence_logprobs,
+    top_p_filter,
+)
 from node.policy.tiny import build_char_tokenizer
 
 
@@ -207,3 +216,18 @@ def test_a_prompt_shared_by_a_group_is_computed_once(model_and_tokenizer):
         lps = sequence_logprobs(model, p_ids, p_mask, sampled.completion_ids, sampled.completion_mask)
     m = sampled.completion_mask
     assert torch.allclose(lps[m], sampled.behavior_logprobs[m], atol=1e-4)
+
+
+def test_logit_micro_batches_keep_the_logits_within_the_budget() -> None:
+    # vocab 100, 12 bytes an entry: a row of completion length L costs (L + 1) * 1200 bytes at the batch's width.
+    lengths = [3, 3, 9, 1, 1, 1, 40]
+    assert logit_micro_batches(lengths, 100, 4 * 4 * 1200, 8) == [range(0, 2), range(2, 3), range(3, 6), range(6, 7)]
+    # rows 0-1: 2 x 4 x 1200 fits 19,200, a third at width 10 would not; row 6 alone exceeds it and goes alone
+    assert logit_micro_batches(lengths, 100, 10**9, 3) == [range(0, 3), range(3, 6), range(6, 7)]  # max_rows
+    assert logit_micro_batches([], 100, 10, 3) == []
+    for budget in (1, 5000, 20000, 10**6):
+        batches = logit_micro_batches(lengths, 100, budget, 4)
+        assert [i for b in batches for i in b] == list(range(len(lengths)))
+        for b in batches:
+            width = max(lengths[i] for i in b) + 1
+            assert len(b) == 1 or len(b) * width * 100 * LOGIT_BYTES <= budget

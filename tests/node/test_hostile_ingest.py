@@ -39,9 +39,9 @@ class Victim:
         self.trained: list[list[tuple[TrainGroup, torch.Tensor]]] = []
         real_step = node.trainer.step
 
-        def spy(groups: list[TrainGroup]) -> dict[str, float]:
+        def spy(groups: list[TrainGroup], **options: Any) -> dict[str, float]:
             self.trained.append([(g, g.advantages.clone()) for g in groups if g.advantages is not None])
-            return real_step(groups)
+            return real_step(groups, **options)
 
         node.trainer.step = spy  # type: ignore[method-assign]
 

@@ -4,6 +4,7 @@ end-to-end path is in ``test_heterogeneous``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,14 +29,14 @@ def _ingestor(tokenizer: Any) -> Ingestor:
 
 def _ids(tokenizer: Any, text: str, finish_reason: str = "eos") -> list[int] | None:
     """What a node with ``tokenizer`` makes of a peer's ``text``: our ids, or None with the reason checked."""
-    ids, lps, why = _ingestor(tokenizer)._tokens(_rollout(text, finish_reason))
+    ids, lps, why = _ingestor(tokenizer)._tokens(_rollout(text, finish_reason), "07+35=")
     assert lps is None  # the peer's log-probs are of other tokens: our own anchor is computed instead
     assert (ids is None) == (why is not None)
     return ids
 
 
 def _why(tokenizer: Any, text: str) -> str | None:
-    return _ingestor(tokenizer)._tokens(_rollout(text))[2]
+    return _ingestor(tokenizer)._tokens(_rollout(text), "07+35=")[2]
 
 
 def _rollout(text: str, finish_reason: str = "eos") -> Rollout:
@@ -116,3 +117,104 @@ def test_a_completion_that_with_our_prompt_exceeds_our_models_context_is_rejecte
     groups = ingestor.ingest(batch)
     assert [len(c) for g in groups for c in g.completions] == [room]
     assert ingestor.rejected["too_long"] == 1 and not ingestor.offences
+
+
+def test_groups_past_the_budgets_are_surplus_not_rejections():
+    """A peer that sends more than a step can use is not at fault: what is left unread is counted as
+    ``ingest_surplus`` by reason, and ``ingest_rejected`` stays empty."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.ingest import IngestLimits
+    from node.policy.model import build_policy
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+    tok = policy.tokenizer
+
+    def group(i: int) -> RolloutGroup:
+        ref = SOURCE.make_ref("add", i)
+        if SOURCE.is_held_out(SOURCE.task(ref)):
+            return group(i + 1000)
+        text = SOURCE.task(ref).answer
+        ids = (*tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id)
+        rollout = Rollout(ref, "", text, ids, policy.tokenizer_fingerprint, (-0.5,) * len(ids),
+                          SamplingParams(1.0, 1.0), "peer", 0, "eos")
+        return RolloutGroup(ref, (rollout,))
+
+    def batch(groups: tuple[RolloutGroup, ...]) -> RolloutBatch:
+        return RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, groups)
+
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=8,
+                        limits=IngestLimits(max_groups_per_peer=3))
+    got = ingestor.ingest_batches([batch(tuple(group(i) for i in range(10)))], max_groups=8)
+    assert len(got) == 3 and ingestor.surplus == {"peer_budget": 7} and not ingestor.rejected
+    got = ingestor.ingest_batches([batch(tuple(group(i) for i in range(3))) for _ in range(3)], max_groups=4)
+    assert len(got) == 4 and ingestor.surplus == {"peer_budget": 7, "not_needed": 5} and not ingestor.rejected
+    metrics = ingestor.metrics()
+    assert metrics["ingest_surplus"] == {"peer_budget": 7, "not_needed": 5} and metrics["ingest_rejected"] == {}
+
+
+def test_every_rejection_reason_in_the_code_is_declared():
+    """``REJECT_REASONS`` (which the README names one by one) holds every reason ``node/ingest.py`` counts."""
+    import re
+    from pathlib import Path
+
+    from node.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
+
+    src = (Path(__file__).resolve().parents[2] / "node" / "ingest.py").read_text()
+    used = set(re.findall(r'_reject\("(\w+)"', src)) | set(re.findall(r'return (?:None, None, )?"(\w+)"$', src, re.M))
+    used |= set(re.findall(r'rejected\["(\w+)"\]', src)) | set(re.findall(r'_drop\(.*?"(\w+)"\)', src))
+    assert used and used <= REJECT_REASONS, used - REJECT_REASONS
+    assert OFFENCES <= REJECT_REASONS and not SURPLUS_REASONS & REJECT_REASONS
+    assert set(re.findall(r'surplus\["(\w+)"\]', src)) | set(re.findall(r'_leave\(.*?"(\w+)"\)', src)) | {
+        "not_needed"} == SURPLUS_REASONS  # not_needed: the leftover's other name, chosen in one expression
+
+
+def test_a_peer_with_our_tokenizer_keeps_its_log_probs_only_when_it_prompted_as_we_do(char_tok: Any) -> None:
+    """Prompting is each node's own: behaviour log-probs computed under another prompt are not our policy's
+    in our context, so such a completion gets our own anchor (counted as re-anchored), as re-tokenized
+    text does."""
+    ingestor = _ingestor(char_tok)
+    ids = char_tok("042", add_special_tokens=False)["input_ids"] + [char_tok.eos_token_id]
+    ours = dataclasses.replace(_rollout("042"), completion_ids=tuple(ids),
+                               tokenizer_fingerprint=tokenizer_fingerprint(char_tok),
+                               behavior_logprobs=(-0.5, -0.1, -0.2, -0.3))
+    kept_ids, lps, why = ingestor._tokens(ours, "07+35=")
+    assert (kept_ids, why) == (ids, None) and lps == pytest.approx([-0.5, -0.1, -0.2, -0.3])
+    assert ingestor.reanchored == 0
+    assert ingestor._tokens(ours, "Question: 07+35=\nAnswer:") == (ids, None, None)
+    assert ingestor.reanchored == 1 and ingestor.retokenized == 0
+
+
+@pytest.mark.parametrize("anchor_flat", [False, True])
+def test_a_flat_group_is_anchored_only_when_a_baseline_shift_can_give_it_signal(anchor_flat: bool) -> None:
+    """Our own anchor is a forward pass per completion (most of ingestion's cost on a large model). A group
+    whose re-scored rewards are all equal has zero advantage without ``train.external_shift``, so the node
+    leaves it unanchored then; a group with signal is always anchored, with finite log-probs."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.policy.model import build_policy
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+    refs = [SOURCE.make_ref("add", i) for i in range(40)]
+    refs = [r for r in refs if not SOURCE.is_held_out(SOURCE.task(r))][:2]
+
+    def group(ref: Any, texts: list[str]) -> RolloutGroup:
+        return RolloutGroup(ref, tuple(dataclasses.replace(_rollout(t), task=ref) for t in texts))
+
+    right = SOURCE.task(refs[0]).answer
+    signal, flat = group(refs[0], [right, "1", right]), group(refs[1], ["1", "2"])
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,
+                        anchor_flat_groups=anchor_flat)
+    batch = RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (signal, flat))
+    got = {g.key: g for g in ingestor.ingest(batch)}
+    assert got[refs[0].key()].rewards == [1.0, 0.0, 1.0] and len(set(got[refs[1].key()].rewards)) == 1
+    anchors = got[refs[0].key()].anchor_logprobs
+    assert [len(a) for a in anchors] == [len(c) for c in got[refs[0].key()].completions]
+    assert all(lp < 0 for a in anchors for lp in a)
+    flat_anchors = got[refs[1].key()].anchor_logprobs
+    if anchor_flat:
+        assert [len(a) for a in flat_anchors] == [len(c) for c in got[refs[1].key()].completions]
+    else:
+        assert flat_anchors == [[], []]

@@ -9,6 +9,7 @@ import torch
 
 from node.train.losses import (
     MAX_LOG_RATIO,
+    engine_mismatch_weights,
     masked_mean,
     policy_loss,
     sequence_surrogate,
@@ -308,3 +309,24 @@ def test_every_loss_stays_finite_whatever_the_behaviour_logprobs(kind: str, anch
         assert math.isfinite(float(loss)) and bool(torch.isfinite(grad).all())
         assert all(math.isfinite(v) for v in stats.values())
         assert stats["ratio_max"] <= math.exp(MAX_LOG_RATIO) * (1 + 1e-6)
+
+
+def test_engine_mismatch_weights_by_hand() -> None:
+    logp = leaf([[-1.0, -2.0, -0.1], [-3.0, NEG_INF, NEG_INF]])
+    behaviour = torch.tensor([[-1.5, -1.0, -1.5], [-3.0, -9.0, NEG_INF]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    w = engine_mismatch_weights(logp, behaviour, mask, cap=2.0)
+    # d = logp - behaviour: [0.5, -1.0, 1.4] -> exp [1.6487, 0.3679, 4.055 -> capped 2]; row 2: [0 -> 1, pads 1]
+    expected = torch.tensor([[math.exp(0.5), math.exp(-1.0), 2.0], [1.0, 1.0, 1.0]])
+    assert torch.allclose(w, expected, atol=1e-6) and not w.requires_grad
+
+
+def test_token_weights_scale_each_token_s_surrogate_by_hand() -> None:
+    logp = leaf([[-1.0, -3.0]])
+    weights = torch.tensor([[2.0, 0.5]])
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.tensor([[1, 1]]), "reinforce",
+                          token_weights=weights)
+    # -A * mean_t(w_t * logp_t) = -(2 * -1 + 0.5 * -3) / 2 = 1.75
+    assert loss.item() == pytest.approx(1.75)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -0.25]]))  # d/dlogp: -A * w_t / 2

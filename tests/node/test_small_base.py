@@ -1,8 +1,8 @@
-"""The embedded small-base model: built once by recipe and cached, deterministic, loads like a hub model,
-has a byte-level BPE tokenizer with a ChatML template the node's prompt formatting uses, and earns some
-(not all) reward on arith and two reasoning-gym datasets.
-
-The fixture ``small_base`` builds the cached model the first time (minutes on 2 idle cores, once per cache)."""
+"""The embedded small-base model: shipped in the package (the same weights on every machine), built by the
+recipe in the code, loads like a hub model, has a byte-level BPE tokenizer with a ChatML template the node's
+prompt formatting uses, and earns some (not all) reward on arith and two reasoning-gym datasets. The build is
+deterministic on one machine (a shrunk recipe built twice); the full recipe, rebuilt, stays within the
+measured margins of the shipped model (slow)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,11 @@ from node.policy.embedded import embedded_model, embedded_names
 from node.policy.locate import locate_model, resolve_model_path
 from node.policy.model import load_base
 from node.policy.small import CHAT_TEMPLATE, template_tokenizer, train_bpe_tokenizer
-from node.policy.small_build import build, ensure_built
-from node.policy.small_recipe import FULL, cached_path
+from node.policy.small_build import build, compare_builds
+from node.policy.small_recipe import FULL
 from node.tasks import build_task_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MIN_SAMPLED_REWARD = 0.03  # measured at build time: add 0.05, calendar 0.215, propositional 0.254
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +47,25 @@ def model(small_base: Path) -> Any:
     return loaded
 
 
-def test_registry_names_the_cached_folder_and_reuses_it(small_base: Path) -> None:
-    assert embedded_names() == ["tiny-base", "small-base"]
+def test_registry_names_the_shipped_folder(small_base: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    assert embedded_names()[:2] == ["tiny-base", "small-base"]
     small = embedded_model("small-base")
-    assert small is not None and not small.shipped and small.path == cached_path(FULL) == small_base
+    assert small is not None and small.path == REPO_ROOT / "node" / "assets" / "small-base" == small_base
+    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path))  # nothing is built or cached on a fresh machine
     assert resolve_model_path("small-base") == str(small_base)
     where = locate_model("small-base")
-    assert (where.path, where.build) == (str(small_base), None)  # built: reused, not rebuilt
+    assert (where.path, where.build) == (str(small_base), None)
+    assert list(tmp_path.iterdir()) == []
     assert resolve_model_path("tiny-base") == resolve_model_path("embedded") != str(small_base)
     assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert (REPO_ROOT / small.build_script).is_file()
 
 
-def test_locating_an_unbuilt_model_builds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI locates the model before the heavy imports; the build happens when the node loads it."""
-    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path))
-    where = locate_model("small-base")
-    assert where.path == str(tmp_path / FULL.key()) and where.build is not None
-    assert list(tmp_path.iterdir()) == []
+def test_shipped_model_follows_the_recipe_in_the_code(info: dict[str, Any]) -> None:
+    """Editing the recipe without rebuilding and shipping the model fails here, not silently."""
+    assert info["recipe_key"] == FULL.key() and info["recipe"]["steps"] == FULL.steps
+    assert len(info["loss_curve"]) == 20 and info["loss_curve"][0] > 2 * info["loss_curve"][-1]
 
 
 def test_built_folder_is_a_small_bf16_llama(small_base: Path, model: Any, info: dict[str, Any]) -> None:
@@ -74,7 +74,6 @@ def test_built_folder_is_a_small_bf16_llama(small_base: Path, model: Any, info: 
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params == info["parameters"] and 5_000_000 <= n_params <= 30_000_000
     assert model.config.model_type == "llama" and model.config.tie_word_embeddings is True
-    assert info["recipe_key"] == FULL.key() and info["recipe"]["steps"] == FULL.steps
 
 
 def test_tokenizer_is_byte_level_bpe_without_bos(tokenizer: Any, info: dict[str, Any]) -> None:
@@ -140,18 +139,16 @@ def test_greedy_addition_is_well_formed(model: Any, tokenizer: Any, info: dict[s
     assert reward == pytest.approx(info["greedy"]["arith/add"]["reward"], abs=0.2)  # 64 of the same tasks
 
 
-def _check_reward(info: dict[str, Any], low: float) -> None:
-    """Measured by the build on the node's held-out tasks, sampled at temperature 1 (as the node trains):
-    at least ``low`` on arith and two reasoning-gym datasets, and short of mastery greedy."""
+def test_shipped_model_earns_some_reward_short_of_mastery(info: dict[str, Any]) -> None:
+    """The shipped model's figures (its build measured them on the node's 100 held-out tasks per dataset,
+    generating and scoring as the node does; the same on every machine, since every machine runs these
+    weights): sampled at temperature 1, as the node trains, it earns reward on arith and both reasoning-gym
+    datasets, so RL has signal, and it is short of mastery."""
     rg = [k for k in info["sampled_t1"] if k.startswith("reasoning_gym/")]
     assert "arith/add" in info["sampled_t1"] and len(rg) >= 2
     for key in ["arith/add", *rg]:
-        assert low <= info["sampled_t1"][key]["reward"] <= 0.9, key
+        assert 0 < info["sampled_t1"][key]["reward"] <= 0.9, key
         assert info["greedy"][key]["reward"] < 0.95, key
-
-
-def test_reward_is_clearly_above_zero_and_short_of_mastery(info: dict[str, Any]) -> None:
-    _check_reward(info, low=MIN_SAMPLED_REWARD)
 
 
 @pytest.mark.parametrize("config", ["configs/small-silo.yaml", "configs/small-swarm.yaml"])
@@ -170,17 +167,22 @@ MICRO = replace(FULL, name="small-base-micro", steps=6, pool_size=60, eval_tasks
                 mix=(("reasoning_gym/calendar_arithmetic", 0.5), ("reasoning_gym/propositional_logic", 0.5)))
 
 
-def test_build_is_deterministic_and_cached_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fresh build equals the cached one byte for byte; asking for the cached one again builds nothing."""
-    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path / "cache"))
-    lines: list[str] = []
-    cached = ensure_built(MICRO, echo=lines.append)
-    assert cached == tmp_path / "cache" / MICRO.key() and any("step 6/6" in line for line in lines)
-    assert ensure_built(MICRO, echo=lines.append) == cached and not any("building" in x for x in lines[1:])
-    fresh = build(MICRO, tmp_path / "fresh", echo=lambda _line: None)
+def test_build_is_deterministic_on_one_machine(tmp_path: Path) -> None:
+    """Two builds of a recipe in one environment write the same bytes and measure the same figures."""
+    first = build(MICRO, tmp_path / "first", echo=lambda _line: None)
+    second = build(MICRO, tmp_path / "second", echo=lambda _line: None)
     for name in BUILT_FILES:
-        assert (tmp_path / "fresh" / name).read_bytes() == (cached / name).read_bytes(), name
-    first = json.loads((cached / "build_info.json").read_text())
-    assert (first["greedy"], first["sampled_t1"], first["final_loss"]) == (
-        fresh["greedy"], fresh["sampled_t1"], fresh["final_loss"])
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [MICRO.key(), f"{MICRO.key()}.lock"]
+        assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes(), name
+    for field in ("greedy", "sampled_t1", "final_loss", "loss_curve"):
+        assert first[field] == second[field], field
+    assert len(first["loss_curve"]) == MICRO.steps  # fewer steps than windows: one step a window
+
+
+@pytest.mark.slow
+def test_rebuild_from_the_recipe_is_the_shipped_model_within_measured_margins(tmp_path: Path,
+                                                                               info: dict[str, Any]) -> None:
+    """The recipe has not rotted: rebuilt here (about 7 minutes on 2 cores), its loss curve and sampled
+    reward fall within the margins measured across builds (``small_build.compare_builds``)."""
+    rebuilt = build(FULL, tmp_path / "rebuilt", echo=lambda _line: None)
+    assert compare_builds(info, rebuilt) == []
+    assert compare_builds(info, {**rebuilt, "loss_curve": [x + 0.5 for x in rebuilt["loss_curve"]]})  # can fail

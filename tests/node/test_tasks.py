@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -12,10 +13,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from node.tasks import Task, TaskError, build_task_source
-from node.tasks.arith import ArithTaskSource, problem_order, score_digits
+from node.tasks.arith import (
+    ARITH_SYSTEM_PROMPT,
+    ArithTaskSource,
+    default_example,
+    problem_order,
+    score_digits,
+)
+from node.tasks.arith_format import DATASETS
 from node.tasks.base import HELD_OUT_BUCKETS, settings_hash
 from node.tasks.cache import LRUCache
-from node.tasks.prompting import extract_answer, format_for_model
+from node.tasks.prompting import Example, check_examples, extract_answer, format_for_model
 
 ARITH_DATASETS = ["add", "sub", "mul"]
 CHAT_TEMPLATE = (
@@ -189,6 +197,45 @@ def test_arith_format_prompt_is_raw_even_with_chat_template() -> None:
     task = source.task(source.eval_refs(1)[0])
     assert source.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE)) == task.prompt
     assert source.format_prompt(task, None) == task.prompt
+    never = build_task_source("arith", ARITH_DATASETS, None, 7, chat_template="never", examples=[("1+1=", "2")])
+    assert never.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE)) == task.prompt
+
+
+def test_arith_under_always_is_chat_formatted_with_an_example_of_its_dataset() -> None:
+    source = build_task_source("arith", ARITH_DATASETS, None, 7, chat_template="always")
+    tokenizer = _tiny_tokenizer(CHAT_TEMPLATE)
+    for dataset, example in [("add", "08+45=|053"), ("sub", "45-08=|37"), ("mul", "08*45=|0360")]:
+        task = source.task(source.eval_refs(3)[ARITH_DATASETS.index(dataset)])
+        user, assistant = example.split("|")
+        assert source.format_prompt(task, tokenizer) == (
+            f"<|system|>{ARITH_SYSTEM_PROMPT}\n<|user|>{user}\n<|assistant|>{assistant}\n"
+            f"<|user|>{task.prompt}\n<|assistant|>")
+    custom = build_task_source("arith", ["add"], None, 7, chat_template="always", system_prompt=None,
+                               examples=[])
+    task = custom.task(custom.eval_refs(1)[0])
+    assert custom.format_prompt(task, tokenizer) == f"<|user|>{task.prompt}\n<|assistant|>"
+    assert custom.config_hash == _arith().config_hash  # chat formatting still shares tasks with raw nodes
+    with pytest.raises(TaskError, match="always"):
+        custom.format_prompt(task, _tiny_tokenizer(None))
+
+
+def test_arith_default_examples_are_training_problems() -> None:
+    source = build_task_source("arith", list(DATASETS), None, 0)
+    for dataset in DATASETS:
+        example = default_example(dataset)
+        op, digits = DATASETS[dataset]
+        operands = re.fullmatch(r"(\d+)\D(\d+)=", example.user)
+        assert operands is not None
+        a, b = int(operands[1]), int(operands[2])
+        task = Task(source.make_ref(dataset, 0), example.user, example.assistant, {"op": op, "a": a, "b": b})
+        assert not source.is_held_out(task), dataset
+        assert len(example.user) == 2 * digits + 2 and example.assistant.isdigit()
+
+
+def test_arith_takes_no_dataset_configs() -> None:
+    with pytest.raises(TaskError, match="takes no dataset_configs"):
+        build_task_source("arith", ["add"], None, 0, dataset_configs={"add": {"digits": 3}})
+    assert build_task_source("arith", ["add"], None, 0, dataset_configs={}).config_hash == _arith().config_hash
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -267,6 +314,28 @@ def test_chat_template_formatting() -> None:
 def test_template_without_system_role_gets_it_merged() -> None:
     tokenizer = _tiny_tokenizer(NO_SYSTEM_TEMPLATE)
     assert format_for_model("Q?", tokenizer, "auto", "S.") == "[S.\n\nQ?]"
+    shots = [Example("1+1?", "2")]
+    assert format_for_model("Q?", tokenizer, "auto", "S.", shots) == "[S.\n\n1+1?][2][Q?]"
+
+
+def test_examples_come_before_the_question_in_chat_and_plain_prompts() -> None:
+    shots = check_examples([("What is 3 + 4?", "3 + 4 = 7.\n<answer>7</answer>"), {"user": "U", "assistant": "A"}])
+    chat = format_for_model("Q?", _tiny_tokenizer(CHAT_TEMPLATE), "auto", None, shots)
+    assert chat == ("<|user|>What is 3 + 4?\n<|assistant|>3 + 4 = 7.\n<answer>7</answer>\n<|user|>U\n<|assistant|>A\n"
+                    "<|user|>Q?\n<|assistant|>")
+    plain = format_for_model("Q?", _tiny_tokenizer(None), "auto", "S", shots)
+    assert plain == ("Question: What is 3 + 4?\nAnswer: 3 + 4 = 7.\n<answer>7</answer>\n\nQuestion: U\nAnswer: A\n\n"
+                     "Question: Q?\nAnswer:")
+    for bad in (["just text"], [("q",)], [("q", 1)], [{"user": "q"}], [(" ", "a")]):
+        with pytest.raises(TaskError, match="prompt example 0"):
+            check_examples(bad)
+
+
+def test_a_template_that_rejects_assistant_turns_names_the_examples() -> None:
+    only_users = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no') }}{% endif %}"
+                  "{{ m['content'] }}{% endfor %}")
+    with pytest.raises(TaskError, match="tasks.prompt.examples"):
+        format_for_model("Q?", _tiny_tokenizer(only_users), "auto", None, [Example("U", "A")])
 
 
 def test_plain_formatting_without_chat_template() -> None:

@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from node.policy.build_env import environment_differences
 from node.policy.locate import resolve_model_path
 from node.policy.tiny import CHAR_VOCAB, TINY_BASE_NAME, build_char_tokenizer, tiny_base_path
 from node.tasks.arith_format import make_problem
@@ -162,22 +161,21 @@ SHIPPED_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json",
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_build_script_rebuilds_byte_identical_files(tmp_path: Path) -> None:
-    """Same build environment as the shipped build: its exact bytes. Otherwise (other CPU kernels or
-    library versions round differently) two rebuilds here must at least equal each other."""
+def test_build_script_rebuilds_deterministically_to_the_shipped_quality(tmp_path: Path) -> None:
+    """Two rebuilds on one machine write the same bytes. The shipped bytes are not reproduced elsewhere, even
+    with the same library versions (another machine's kernels round differently: the README's rebuild on
+    this project's machine took 250 steps, not 300), so a rebuild is held to the shipped quality instead:
+    the same target reached, greedy accuracy within the target's band."""
     shipped = json.loads((tiny_base_path() / "build_info.json").read_text())
     info = _rebuild(tmp_path / "a", shipped)
-    assert info["reached_target"] is True and 0.5 <= info["greedy_add_accuracy"] <= 0.8
+    again = _rebuild(tmp_path / "b", shipped)
+    for name in SHIPPED_FILES:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert (info["steps"], info["greedy_add_accuracy"]) == (again["steps"], again["greedy_add_accuracy"])
+    assert info["reached_target"] is True and shipped["target_acc"] <= info["greedy_add_accuracy"] <= 0.8
     assert info["sampled_add_accuracy_t1"] < info["greedy_add_accuracy"]
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
     assert sum(p.numel() for p in reloaded.parameters()) == shipped["parameters"]
-    if environment_differences(shipped):
-        reference, expected = tmp_path / "b", _rebuild(tmp_path / "b", shipped)
-    else:
-        reference, expected = tiny_base_path(), shipped
-    for name in SHIPPED_FILES:
-        assert (tmp_path / "a" / name).read_bytes() == (reference / name).read_bytes(), name
-    assert (info["steps"], info["greedy_add_accuracy"]) == (expected["steps"], expected["greedy_add_accuracy"])
 
 
 def _build_script() -> Any:

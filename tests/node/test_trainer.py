@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from node.train.groups import TrainGroup, assign_advantages
@@ -82,3 +85,65 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
     assert not trainer.optimizer.state  # not even the optimizer's moments
     assert trainer.step([_peer_group(-1.0)])["skipped_steps"] == 1.0  # the next step is applied
     assert any(not torch.equal(before[k], v) for k, v in policy.trainable_state().items())
+
+
+def _own_group(policy, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> TrainGroup:
+    """The node's own group whose behaviour log-probs are the trainer's own plus ``behaviour_shift`` a token
+    (what an engine that rounds differently reports)."""
+    from node.generation import left_pad, right_pad, sequence_logprobs
+
+    completions = [[6, 7, 2], [8, 2], [9, 10, 11, 2]][: len(rewards)]
+    prompt = [1, 4, 5]
+    p_ids, p_mask = left_pad([prompt] * len(completions), 0)
+    c_ids, c_mask = right_pad(completions, 0, torch.long)
+    with torch.no_grad():
+        lps = sequence_logprobs(policy.model, p_ids, p_mask, c_ids, c_mask)
+    behaviour = [[float(x) + behaviour_shift for x in lps[i, : len(c)]] for i, c in enumerate(completions)]
+    g = TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=completions,
+                   anchor_logprobs=behaviour, rewards=list(rewards))
+    (kept,) = assign_advantages([g], "rloo")
+    return kept
+
+
+def test_the_engine_mismatch_correction_weights_own_tokens_by_the_capped_trainer_engine_ratio():
+    """``train.engine_is_cap``: an engine that puts every sampled token at a quarter of the trainer's
+    probability gives a ratio of 4 a token, capped at 2, so a positives-only TOPR loss doubles; an engine
+    that agrees with the trainer changes nothing; a peer's group is left as it was."""
+    from node.train.trainer import Trainer
+
+    def loss_of(cap: float | None, shift: float, peer: str = "") -> float:
+        policy, _ = _tiny_trainer("topr")
+        trainer = Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
+                          loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
+                          temperature=1.0, engine_is_cap=cap)
+        group = _own_group(policy, shift, rewards=(1.0, 0.0))
+        group.peer_id = peer
+        group.advantages = torch.tensor([1.0, 0.5])  # positives only: TOPR's weight is 1 without correction
+        return trainer.step([group])["loss"]
+
+    plain = loss_of(None, -1.3862943611198906)  # log(1/4)
+    assert loss_of(2.0, -1.3862943611198906) == pytest.approx(2 * plain, rel=1e-5)
+    assert loss_of(8.0, -1.3862943611198906) == pytest.approx(4 * plain, rel=1e-5)
+    assert loss_of(2.0, 0.0) == pytest.approx(loss_of(None, 0.0), rel=1e-6)
+    assert loss_of(2.0, -1.3862943611198906, peer="p") == pytest.approx(plain, rel=1e-6)
+
+
+def test_with_the_correction_an_own_negative_is_not_tapered_by_the_engine_gap():
+    """Without it, an engine that gives a sampled negative more probability than the trainer does shrinks
+    its TOPR weight exp(sum(log pi - log mu)) below 1; with it, the ratio to the trainer's own log-probs
+    is 1 and only the capped per-token weight (here exp(-0.5) a token) applies."""
+    from node.train.trainer import Trainer
+
+    def loss_of(cap: float | None) -> float:
+        policy, _ = _tiny_trainer("topr")
+        trainer = Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
+                          loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
+                          temperature=1.0, engine_is_cap=cap)
+        group = _own_group(policy, 0.5, rewards=(1.0, 0.0))
+        group.advantages = torch.tensor([0.0, -1.0])  # one negative of two tokens
+        return trainer.step([group])["loss"]
+
+    # The negative's surrogate: -w * A * mean_t(logp_t) with A = -1. Uncorrected, w = exp(2 x -0.5) = e^-1
+    # (a sequence-level taper); corrected, each token's weight is e^-0.5: the same mean over two tokens
+    # times e^-0.5 instead of e^-1.
+    assert loss_of(2.0) == pytest.approx(loss_of(None) * math.exp(0.5), rel=1e-5)

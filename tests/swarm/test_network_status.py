@@ -24,4 +24,15 @@ def test_each_state_has_its_reason() -> None:
         "joining: none of 2 initial peers answered (3 attempts failed)"
     assert reason(neighbours=1) == "joined: 1 DHT neighbour"
     assert reason(neighbours=3) == "joined: 3 DHT neighbours"
-    assert reason().startswith("up, no peers yet")
+    assert reason().startswith("listening, no peer has answered yet")
+
+
+def test_connected_means_at_least_one_peer_answered() -> None:
+    from swarm.state import NetworkStatus
+
+    def status(up: bool, neighbours: tuple[str, ...]) -> NetworkStatus:
+        return NetworkStatus(up=up, reason="", neighbours=neighbours, restarts=0, last_error="")
+
+    assert status(True, ("12D3KooWA",)).connected
+    assert not status(True, ()).connected  # listening, or joining: nobody answered yet
+    assert not status(False, ()).connected

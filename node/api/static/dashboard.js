@@ -75,16 +75,20 @@ function renderStatus(s) {
   $("identity").textContent = [s.mode, s.model + " (" + s.adapter + ")", s.swarm_id ? "swarm " + s.swarm_id : null,
     s.peer_id ? "peer " + s.peer_id : null, "run " + s.run_dir, "v" + s.version].filter(Boolean).join(" · ");
   setValue("step", s.step, String(s.step));
-  setValue("total-steps", s.total_steps, String(s.total_steps));
+  setValue("total-steps", s.total_steps, s.total_steps === null ? "" : " / " + s.total_steps);
+  $("steps-note").textContent = s.total_steps === null ? "until stopped" : "";
   setValue("reward", s.last_reward, fmt(s.last_reward, 3));
   setValue("eval", s.last_eval ? s.last_eval.accuracy : null, s.last_eval ? fmt(s.last_eval.accuracy, 3) : "-");
   $("eval-step").textContent = s.last_eval ? "at step " + s.last_eval.step : "not evaluated yet";
   setValue("tokens", s.tokens_per_s, s.tokens_per_s === null ? "-" : Math.round(s.tokens_per_s).toLocaleString("en-US"));
-  $("step-seconds").textContent = s.step_seconds === null ? "" : fmt(s.step_seconds, 2) + " s a step";
+  const median = s.recent && s.recent.steps ? s.recent.step_seconds_median : null;
+  $("step-seconds").textContent = median !== null ? fmt(median, 2) + " s a step (median of " + s.recent.steps + ")"
+    : s.step_seconds === null ? "" : fmt(s.step_seconds, 2) + " s a step";
   const net = $("network");
   const silo = s.mode === "silo";
-  setValue("network", s.network.up, silo ? "off" : s.network.up ? "up" : "down");
-  net.className = "value " + (silo ? "" : s.network.up ? "up" : "down");
+  // connected: at least one peer answered (the definition the status API and `swarm-node status` use)
+  setValue("network", s.network.connected, silo ? "off" : s.network.connected ? "connected" : "not connected");
+  net.className = "value " + (silo ? "" : s.network.connected ? "up" : "down");
   setValue("network-reason", s.network.reason, s.network.reason +
     (s.network.restarts ? " · " + s.network.restarts + " restarts, last: " + s.network.last_error : ""));
   $("published").textContent = s.mode === "swarm" ?

@@ -1,0 +1,174 @@
+"""``swarm-node export``: a checkpoint of a run as folders other tools load.
+
+- default: a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, peft's own key
+  names, written by peft's ``save_pretrained``) that ``PeftModel.from_pretrained(base, DIR)`` loads. Trained
+  norms travel as peft ``modules_to_save``; vLLM's ``LoRARequest`` rejects such an adapter, so the export
+  says so and points at ``--merged``.
+- ``--merged``: a complete Hugging Face model folder (LoRA deltas and trained norms merged into the base
+  weights, the tokenizer with its chat template, the generation config) for ``AutoModelForCausalLM`` and
+  vLLM.
+- ReMix: its routing picks LoRAs per token, so there is no PEFT form and nothing to merge; the adapter is
+  written in the node's own format (``remix_adapter.safetensors`` + ``remix_config.json``).
+
+Every folder gets a model card (``README.md``): base model, datasets, steps, swarm or silo, the node's
+held-out accuracy and the command that made it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from node.errors import ConfigError
+from node.policy.embedded import embedded_model
+from node.policy.locate import locate_model
+from node.runs import RunStep, eval_at, load_policy
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ExportResult", "base_reference", "export_run"]
+
+ExportDtype = Literal["fp32", "bf16"]
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    kind: Literal["adapter", "merged", "remix"]
+    notes: list[str] = field(default_factory=list)
+    """One line each, for the user: what a loader can and cannot do with this folder."""
+
+
+def base_reference(name_or_path: str) -> str:
+    """What ``base_model_name_or_path`` records: a hub name as it is, an embedded model or a local folder
+    as its absolute folder (so ``AutoPeftModelForCausalLM`` finds it on this machine)."""
+    if embedded_model(name_or_path) is not None or Path(name_or_path).expanduser().exists():
+        return str(Path(locate_model(name_or_path).path).expanduser().resolve())
+    return name_or_path
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not force:
+            raise ConfigError(f"--out {str(out)!r} exists and is not empty; choose another folder or pass --force")
+        if out.is_dir():
+            shutil.rmtree(out)
+        else:
+            out.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {str(out)!r} cannot be created ({exc.strerror}); choose a writable folder") from None
+
+
+def export_run(run: RunStep, out: Path, *, merged: bool = False, dtype: ExportDtype = "fp32", force: bool = False,
+               command: str = "") -> ExportResult:
+    """Write ``run``'s checkpoint to ``out`` (see the module docstring); returns what was written."""
+    if merged and run.cfg.adapter.kind == "remix":
+        raise ConfigError("--merged: a ReMix adapter cannot be merged into the base weights (its routing picks "
+                          "LoRAs per token); export it without --merged")
+    _prepare_out(out, force)
+    policy = load_policy(run)  # float32 on the CPU: merging and casting happen from exact weights
+    if run.cfg.adapter.kind == "remix":
+        result = _export_remix(run, policy, out, dtype)
+    elif merged:
+        result = _export_merged(policy, out, dtype)
+    else:
+        result = _export_adapter(run, policy, out, dtype)
+    (out / "README.md").write_text(model_card(run, result, dtype, command))
+    return result
+
+
+def _export_adapter(run: RunStep, policy: object, out: Path, dtype: ExportDtype) -> ExportResult:
+    from safetensors.torch import load_file, save_file
+
+    model = policy.model  # type: ignore[attr-defined]
+    config = model.peft_config["default"]
+    config.base_model_name_or_path = base_reference(run.cfg.model.name_or_path)
+    model.save_pretrained(str(out))
+    weights = out / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({k: v.to(_TORCH_DTYPES[dtype]).contiguous() for k, v in tensors.items()}, str(weights),
+              metadata={"format": "pt"})
+    result = ExportResult(out, "adapter")
+    norms = sorted(config.modules_to_save or [])
+    if norms:
+        result.notes.append(f"this adapter has trained norms ({', '.join(norms)}, as peft modules_to_save): peft "
+                            "loads it, vLLM's LoRARequest does not; for vLLM export with --merged")
+    return result
+
+
+def _export_merged(policy: object, out: Path, dtype: ExportDtype) -> ExportResult:
+    model = policy.model.merge_and_unload()  # type: ignore[attr-defined]  # trained norms replace the originals
+    model.to(_TORCH_DTYPES[dtype])
+    tokenizer = policy.tokenizer  # type: ignore[attr-defined]
+    generation = model.generation_config
+    if generation.eos_token_id is None:
+        generation.eos_token_id = tokenizer.eos_token_id
+    if generation.pad_token_id is None:
+        generation.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return ExportResult(out, "merged")
+
+
+def _export_remix(run: RunStep, policy: object, out: Path, dtype: ExportDtype) -> ExportResult:
+    from safetensors.torch import save_file
+
+    state = policy.trainable_state()  # type: ignore[attr-defined]
+    save_file({k: v.to(_TORCH_DTYPES[dtype]).contiguous() for k, v in state.items()},
+              str(out / "remix_adapter.safetensors"), metadata={"format": "pt"})
+    info = {"format": "swarm-node-remix", "base_model_name_or_path": base_reference(run.cfg.model.name_or_path),
+            "adapter": run.cfg.adapter.model_dump(mode="json"), "step": run.step}
+    (out / "remix_config.json").write_text(json.dumps(info, indent=1) + "\n")
+    return ExportResult(out, "remix", ["ReMix: the adapter is written in swarm-node's own format (remix_adapter."
+                                       "safetensors, remix_config.json), loadable by swarm-node only; no PEFT "
+                                       "folder and no --merged, since its routing picks LoRAs per token"])
+
+
+def model_card(run: RunStep, result: ExportResult, dtype: ExportDtype, command: str) -> str:
+    """The folder's ``README.md``: what it is, what it was trained on, how well it did, how it was made."""
+    cfg = run.cfg
+    base = cfg.model.name_or_path
+    evaluated = eval_at(run.run_dir, run.step)
+    accuracy = ("not evaluated" if evaluated is None else
+                f"{evaluated[1]:.3f} greedy at step {evaluated[0]} on the node's {cfg.tasks.eval_size} held-out "
+                "tasks (one in eight, chosen by a hash of each task's content)")
+    datasets = ", ".join(f"{cfg.tasks.source}/{d}" for d in cfg.tasks.datasets)
+    what = {"adapter": "a PEFT LoRA adapter", "merged": "a full model (adapter and trained norms merged)",
+            "remix": "a ReMix adapter in swarm-node's format"}[result.kind]
+    front = ["---", f"base_model: {base_reference(base)}" if result.kind != "merged" else f"base_model: {base}",
+             f"library_name: {'peft' if result.kind == 'adapter' else 'transformers'}",
+             "tags: [swarm-node, reinforcement-learning, lora]", "---"]
+    load = {
+        "adapter": ["from peft import PeftModel", "from transformers import AutoModelForCausalLM",
+                    f"base = AutoModelForCausalLM.from_pretrained({base_reference(base)!r})",
+                    f"model = PeftModel.from_pretrained(base, {str(result.out)!r})"],
+        "merged": ["from transformers import AutoModelForCausalLM",
+                   f"model = AutoModelForCausalLM.from_pretrained({str(result.out)!r})"],
+        "remix": ["# swarm-node only: swarm-node eval --run-dir (the run this came from)"],
+    }[result.kind]
+    lines = [
+        *front, "", f"# {run.run_dir.resolve().name}, step {run.step}", "",
+        f"{what[0].upper() + what[1:]}, trained by a swarm-node {run.mode} node with reinforcement learning on verifiable "
+        f"tasks ({cfg.train.loss.upper()} loss, {cfg.train.advantage} advantages).", "",
+        f"- base model: `{base}`",
+        f"- adapter: {cfg.adapter.kind}, rank {cfg.adapter.rank}, alpha {cfg.adapter.alpha:g}, "
+        f"targets {', '.join(cfg.adapter.target_modules)}" + (", trained norms" if cfg.adapter.train_norms else ""),
+        f"- datasets: {datasets}",
+        f"- steps: {run.step}",
+        f"- mode: {run.mode}" + (f" (swarm {cfg.swarm.swarm_id})" if run.mode == "swarm" else ""),
+        f"- held-out accuracy: {accuracy}",
+        f"- dtype: {dtype}",
+        f"- made by: `{command}`" if command else "- made by: swarm-node export",
+        *(f"- note: {note}" for note in result.notes),
+        "", "```python", *load, "```", "",
+    ]
+    return "\n".join(lines)

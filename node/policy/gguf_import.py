@@ -1,0 +1,140 @@
+"""A GGUF file into a plain Hugging Face folder the node (and vLLM) loads: de-quantized weights in float32
+safetensors, the tokenizer with its chat template, the generation config, and ``build_info.json``.
+
+transformers reads a GGUF with ``from_pretrained(folder, gguf_file=...)`` (the ``gguf`` package de-quantizes
+it), but a model loaded that way refuses ``save_pretrained``; a plain model built from its config takes its
+state dict, key for key, and saves normally. Before that, the file's header is read (cheap, memory-mapped)
+so an architecture or a quantization that cannot be de-quantized is a one-line error naming what can.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.errors import PolicyError
+from node.policy.hf_folder import save_tokenizer
+from node.policy.model_cache import DONE_FILE, echo_stderr
+
+# GGUF architectures transformers maps to its own model classes that are decoder-only language models
+# (the mapping also covers encoder-decoders, which the node cannot train).
+_NOT_CAUSAL = frozenset({"general", "tokenizer", "t5", "umt5"})
+_PLAIN_TYPES = frozenset({"F32", "F16", "BF16"})
+
+
+def supported_architectures() -> list[str]:
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return sorted(set(GGUF_CONFIG_MAPPING) - _NOT_CAUSAL)
+
+
+def supported_quantizations() -> list[str]:
+    from gguf import quants
+
+    return sorted(_PLAIN_TYPES | {t.name for t in quants._type_traits})
+
+
+def read_header(path: Path) -> tuple[str, dict[str, int]]:
+    """The GGUF's architecture and its tensors' storage types with counts; ``PolicyError`` if unreadable."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path)
+        field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode("utf-8")
+    except ImportError:
+        raise PolicyError("reading a GGUF file needs the gguf package: pip install gguf") from None
+    except (KeyError, ValueError, OSError) as exc:
+        raise PolicyError(f"{path.name} is not a readable GGUF file ({exc})") from None
+    types: dict[str, int] = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    return architecture, types
+
+
+def check_supported(path: Path) -> tuple[str, dict[str, int]]:
+    """Raise a one-line ``PolicyError`` when ``path``'s architecture or quantization cannot be converted."""
+    architecture, types = read_header(path)
+    archs = supported_architectures()
+    if architecture not in archs:
+        raise PolicyError(f"{path.name}: GGUF architecture {architecture!r} cannot be converted (transformers "
+                          f"de-quantizes decoder-only {', '.join(archs)})")
+    quants = supported_quantizations()
+    unknown = sorted(set(types) - set(quants))
+    if unknown:
+        raise PolicyError(f"{path.name}: tensor types {unknown} cannot be de-quantized (the gguf package "
+                          f"handles {', '.join(quants)})")
+    return architecture, types
+
+
+def load_from_gguf(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """The tokenizer and model transformers builds from the GGUF (model in eval mode)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    model.eval()
+    return tokenizer, model
+
+
+def plain_copy(loaded: Any, dtype: torch.dtype = torch.float32) -> Any:
+    """A model of the same class without the GGUF quantization record, holding ``loaded``'s weights."""
+    from transformers import AutoModelForCausalLM
+
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    plain.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    plain.tie_weights()
+    plain.generation_config = loaded.generation_config
+    plain.eval()
+    return plain
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    return {pkg: md.version(pkg) for pkg in ("transformers", "gguf", "torch", "tokenizers", "safetensors")}
+
+
+def convert_gguf(path: Path, out: Path, *, name: str, source: dict[str, Any], gguf_sha256: str,
+                 echo: Callable[[str], None] = echo_stderr) -> dict[str, Any]:
+    """Convert the GGUF at ``path`` into the folder ``out`` (``build_info.json`` last); return that record."""
+    started = time.perf_counter()
+    architecture, types = check_supported(path)
+    echo(f"{name}: de-quantizing {sum(types.values())} tensors ({', '.join(f'{n} {t}' for t, n in sorted(types.items()))}) "
+         f"of a {architecture} GGUF to float32")
+    tokenizer, loaded = load_from_gguf(path)
+    model = plain_copy(loaded)
+    del loaded
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(tokenizer, out, model_max_length=getattr(model.config, "max_position_embeddings", None))
+    for file in out.iterdir():
+        file.chmod(0o644)  # safetensors writes 0600; the cache is the user's, readable like any model folder
+    info = {
+        "name": name,
+        "source": source,
+        "gguf_sha256": gguf_sha256,
+        "gguf_bytes": path.stat().st_size,
+        "architecture": architecture,
+        "gguf_tensor_types": types,
+        "model_type": model.config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "dtype": "float32",
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "versions": _versions(),
+        "convert_seconds": round(time.perf_counter() - started, 1),
+    }
+    (out / DONE_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    echo(f"{name}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,}, converted in "
+         f"{info['convert_seconds']} s")
+    return info
