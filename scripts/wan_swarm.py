@@ -134,14 +134,16 @@ class NodeRun:
         return m.group(1) if m else None
 
     def address(self, timeout: float) -> str:
-        """The multiaddr this node printed for others (its namespace's address when it has one)."""
+        """The multiaddr this node printed for others (its namespace's address when it has one): the daemon's
+        ``--initial-peers`` line, or the network side's log line once it listens (the daemon prints its
+        address only if it had one within a few seconds of starting)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log.read_text(errors="replace") if self.log.exists() else ""
-            m = re.search(r"--initial-peers (\S+)", text)
+            m = re.search(r"(?:--initial-peers |others can join with: )(/\S+(?:[ ,]/\S+)*)", text)
             up = self._probe_events("up") if self.kind == "probe" else []
             if m or up:
-                maddrs = [str(a) for a in up[0]["maddrs"]] if up else m.group(1).split(",")  # type: ignore[union-attr]
+                maddrs = [str(a) for a in up[0]["maddrs"]] if up else re.split(r"[ ,]", m.group(1))  # type: ignore[union-attr]
                 wanted = [a for a in maddrs if self.host is None or f"/{self.host.ip}/" in a]
                 return (wanted or maddrs)[0]
             if self.proc.poll() is not None:
