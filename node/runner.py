@@ -236,6 +236,8 @@ class Node:
         if settings.p2p_identity_path and not Path(settings.p2p_identity_path).is_absolute():
             # Relative to the run dir, like swarm.identity_path: a restarted node keeps its libp2p id.
             settings = settings.model_copy(update={"p2p_identity_path": str(self.run_dir / settings.p2p_identity_path)})
+        if settings.trace_path and not Path(settings.trace_path).is_absolute():
+            settings = settings.model_copy(update={"trace_path": str(self.run_dir / settings.trace_path)})
         identity = self._build_identity()
         g, ic = self.cfg.generation, self.cfg.ingest
         limits = IngestLimits(max_groups_per_peer=ic.max_groups_per_peer_step, max_rollouts=ic.max_rollouts_per_step,

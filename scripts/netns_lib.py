@@ -14,20 +14,30 @@ veth pair on its own /30, with the router as default gateway.
 
 ``partition(a, b)`` drops all forwarded packets between two groups of hosts (established connections
 included) until ``heal()``. Only documentation address ranges are used, and nothing leaves the namespaces.
+
+Wide-area links: ``add_host(link=PROFILES["intercontinental"])`` joins the host to the router through the
+user-space link emulator (``scripts/linkem.py``, one process per lab, started with the first such host)
+instead of a veth pair: two TUN devices, with the profile's delay, jitter, loss and rate applied to what
+the host sends (as ``tc netem`` on the host's interface would; the kernel here has no netem). So the
+round trip between two emulated hosts is the sum of their delays. A profile with ``nat`` puts the host
+behind the router's NAT. ``link_stats()`` reads the emulator's counters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-__all__ = ["Host", "NetLab", "netns_unavailable_reason"]
+__all__ = ["PROFILES", "Host", "LinkProfile", "NetLab", "netns_unavailable_reason"]
 
 _PUBLIC_NET = "203.0.113"
 _NAT_NET = "192.0.2"
@@ -57,6 +67,36 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class LinkProfile:
+    """A host's access link, applied to every packet the host sends (``netem``-like, see linkem.py)."""
+
+    name: str
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss: float = 0.0
+    rate_mbit: float | None = None
+    nat: bool = False
+    """The host sits behind the lab router's NAT (client mode: nobody can dial it)."""
+
+    def emulated(self) -> dict[str, object]:
+        """The emulator's profile for the host's sending direction."""
+        fields = asdict(self)
+        return {k: fields[k] for k in ("delay_ms", "jitter_ms", "loss", "rate_mbit")}
+
+
+PROFILES = {
+    # Through the emulator with nothing added: what the emulator itself costs against a plain veth.
+    "lan": LinkProfile("lan"),
+    "continental": LinkProfile("continental", delay_ms=40, jitter_ms=10, loss=0.005, rate_mbit=50),
+    "intercontinental": LinkProfile("intercontinental", delay_ms=150, jitter_ms=40, loss=0.01, rate_mbit=20),
+    "bad-home": LinkProfile("bad-home", delay_ms=250, jitter_ms=80, loss=0.03, rate_mbit=5, nat=True),
+}
+"""The wide-area profiles of ``scripts/wan_swarm.py`` (issue: lan, continental, intercontinental, bad-home)."""
+
+LINKEM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "linkem.py")
+
+
 @dataclass(eq=False)
 class Host:
     """One namespace with one address."""
@@ -66,6 +106,8 @@ class Host:
     ip: str
     nat: bool
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    link: LinkProfile | None = None
+    """The emulated access link, or None for a plain veth (no delay)."""
 
     def command(self, *args: str) -> list[str]:
         """``args`` run inside this host's namespace."""
@@ -89,6 +131,8 @@ class NetLab:
         self._n_public = 0
         self._n_nat = 0
         self._links: dict[str, str] = {}  # host name -> router-side interface
+        self._emulator: subprocess.Popen[str] | None = None
+        self._emulator_lock = threading.Lock()
         _run("ip", "netns", "add", self.router)
         self._made.append(self.router)
         self._in_router("ip", "link", "set", "lo", "up")
@@ -125,8 +169,10 @@ class NetLab:
     def _nft(self, script: str) -> None:
         _run("ip", "netns", "exec", self.router, "nft", "-f", "-", stdin=script)
 
-    def add_host(self, *, nat: bool = False, name: str | None = None) -> Host:
-        """A new host namespace, public or behind the NAT, linked to the router."""
+    def add_host(self, *, nat: bool = False, name: str | None = None, link: LinkProfile | None = None) -> Host:
+        """A new host namespace, public or behind the NAT, linked to the router: by a veth pair, or with
+        ``link`` through the link emulator (behind the NAT too if the profile says so)."""
+        nat = nat or (link is not None and link.nat)
         if nat:
             index, net = self._n_nat, _NAT_NET
             self._n_nat += 1
@@ -141,10 +187,16 @@ class NetLab:
         gateway, ip = f"{net}.{4 * index + 1}", f"{net}.{4 * index + 2}"
         _run("ip", "netns", "add", netns)
         self._made.append(netns)
-        _run("ip", "link", "add", router_if, "netns", self.router, "type", "veth", "peer", "eth0", "netns", netns)
+        if link is None:
+            _run("ip", "link", "add", router_if, "netns", self.router, "type", "veth", "peer", "eth0", "netns", netns)
+        else:
+            self._emulate(label, netns, router_if, link)
+            # A TUN link carries no link-local IPv6 chatter (router solicitations) through the emulator.
+            self._in_router("sysctl", "-qw", f"net.ipv6.conf.{router_if}.disable_ipv6=1")
+            _run("ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=1")
         self._in_router("ip", "addr", "add", f"{gateway}/30", "dev", router_if)
         self._in_router("ip", "link", "set", router_if, "up")
-        host = Host(name=label, netns=netns, ip=ip, nat=nat)
+        host = Host(name=label, netns=netns, ip=ip, nat=nat, link=link)
         for args in (
             ("ip", "link", "set", "lo", "up"),
             ("ip", "addr", "add", f"{ip}/30", "dev", "eth0"),
@@ -155,6 +207,40 @@ class NetLab:
         self.hosts.append(host)
         self._links[label] = router_if
         return host
+
+    def _emulator_call(self, request: dict[str, object]) -> dict[str, object]:
+        """One request to the link emulator (started on first use) and its answer."""
+        with self._emulator_lock:
+            if self._emulator is None:
+                self._emulator = subprocess.Popen([sys.executable, LINKEM, str(secrets.randbits(32))], text=True,
+                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                self._emulator_answer()  # {"ready": pid}
+            assert self._emulator.stdin is not None
+            self._emulator.stdin.write(json.dumps(request) + "\n")
+            self._emulator.stdin.flush()
+            answer = self._emulator_answer()
+        if "error" in answer:
+            raise RuntimeError(f"link emulator: {answer['error']}")
+        return answer
+
+    def _emulator_answer(self) -> dict[str, object]:
+        assert self._emulator is not None and self._emulator.stdout is not None
+        line = self._emulator.stdout.readline()
+        if not line:
+            raise RuntimeError(f"link emulator exited ({self._emulator.poll()})")
+        answer: dict[str, object] = json.loads(line)
+        return answer
+
+    def _emulate(self, label: str, netns: str, router_if: str, link: LinkProfile) -> None:
+        self._emulator_call({"cmd": "add", "link": label, "host_ns": netns, "host_if": "eth0",
+                             "router_ns": self.router, "router_if": router_if, "up": link.emulated(), "down": {}})
+
+    def link_stats(self) -> dict[str, object]:
+        """The emulator's counters per link and direction (``up``: what the host sent), its CPU seconds and
+        the time; empty when no host is emulated."""
+        if self._emulator is None:
+            return {}
+        return self._emulator_call({"cmd": "stats"})
 
     def partition(self, group_a: list[Host], group_b: list[Host]) -> None:
         """Drop every packet between the two groups (both ways) until ``heal()``."""
@@ -190,6 +276,11 @@ class NetLab:
             for proc in host.procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=5)
+        if self._emulator is not None:  # its TUN devices go with it
+            self._emulator.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._emulator.wait(timeout=5)
+            self._emulator = None
         for netns in reversed(self._made):
             with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
                 _run("ip", "netns", "del", netns)
@@ -317,3 +408,80 @@ def delivery(probes: list[Probe]) -> tuple[list[float], int]:
             if key in sent:
                 latencies.append(float(event["t"]) - sent[key])  # type: ignore[arg-type]
     return latencies, len(sent) * (len(probes) - 1)
+
+
+_SERVER = """
+import socket, sys
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen(4); print("ready", flush=True)
+while True:
+    conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    mode = conn.recv(1)
+    if mode == b"r":
+        size = int(conn.recv(32).decode()); block = b"z" * 65536; sent = 0
+        while sent < size:
+            conn.sendall(block[: size - sent]); sent += min(len(block), size - sent)
+        conn.close(); continue
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            break
+        if mode == b"e":
+            conn.sendall(data)
+    if mode == b"s":
+        pass
+    conn.close()
+"""
+
+_CLIENT = """
+import json, socket, sys, time
+host, port, mode, n, size = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+t0 = time.monotonic()
+conn = socket.create_connection((host, port), timeout=60); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+connect = time.monotonic() - t0
+out = {"connect_s": connect}
+if mode == "e":
+    conn.sendall(b"e"); rtts = []
+    for _ in range(n):
+        t = time.monotonic(); conn.sendall(b"x" * size); got = 0
+        while got < size:
+            got += len(conn.recv(65536))
+        rtts.append(time.monotonic() - t)
+        time.sleep(0.05)
+    out["rtts"] = rtts
+elif mode == "r":
+    conn.sendall(b"r" + str(size).encode()); t = time.monotonic(); got = 0
+    while got < size:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        got += len(chunk)
+    out["seconds"] = time.monotonic() - t; out["bytes"] = got
+else:
+    conn.sendall(b"s"); block = b"y" * 65536; t = time.monotonic(); sent = 0
+    while sent < size:
+        conn.sendall(block); sent += len(block)
+    conn.shutdown(socket.SHUT_WR); conn.recv(1)
+    out["seconds"] = time.monotonic() - t; out["bytes"] = sent
+print(json.dumps(out))
+"""
+
+
+def tcp_check(src: Host, dst: Host, *, mode: str, n: int = 20, size: int = 64, port: int = 40001,
+              timeout: float = 300) -> dict[str, object]:
+    """A TCP exchange from ``src`` to ``dst`` over the lab: ``mode="e"``: ``n`` ping-pongs of ``size`` bytes
+    (round-trip times in ``rtts``); ``mode="s"``: ``size`` bytes sent one way (``seconds``, ``bytes``);
+    ``mode="r"``: ``size`` bytes sent back by ``dst`` (a NATed ``src`` can only receive this way)."""
+    server = dst.popen([sys.executable, "-c", _SERVER, dst.ip, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()
+        proc = subprocess.run(src.command(sys.executable, "-c", _CLIENT, dst.ip, str(port), mode, str(n), str(size)),
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"tcp check {src.name} -> {dst.name} failed: {proc.stderr.strip()[-500:]}")
+        result: dict[str, object] = json.loads(proc.stdout)
+        return result
+    finally:
+        server.kill()
+        server.wait(timeout=10)

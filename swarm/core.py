@@ -50,6 +50,7 @@ from protocol.limits import Limits
 from protocol.records import Manifest
 from swarm.handoff import HandoffStatus, HandoffStore
 from swarm.hivemind_compat import (
+    count_dht_requests,
     dht_neighbours,
     dial,
     disconnect,
@@ -69,7 +70,7 @@ from swarm.intake import (
     screen,
     settle,
 )
-from swarm.keys import KEY_SHARDS, epoch_at, epochs_to_read, manifest_key
+from swarm.keys import epoch_at, epochs_to_read, manifest_key, shards_to_read
 from swarm.peer_book import RejectReason
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
@@ -85,7 +86,11 @@ _LEN_BYTES = 8  # big-endian length prefix of a served batch; 0 means "not held 
 _HEALTH_PERIOD = 1.0
 _MADDR_REFRESH_TICKS = 5  # health ticks between two refreshes of this node's visible addresses
 _MAX_PULL_SOURCES = 4  # listed peers tried for one pull
-_MAX_HANDOFFS_IN_FLIGHT = 2  # hand-offs being received and verified at once; more are refused (busy)
+# Hand-offs being received and verified at once; more are refused (busy). Over a lossy home link one takes
+# seconds, and 6 NATed nodes handing off to 2 holders had a quarter of theirs refused at 2 (wan_swarm.py).
+_MAX_HANDOFFS_IN_FLIGHT = 8
+_CHUNK = 64 * 1024  # bytes read at a time from a batch stream
+_PUBLISH_EWMA = 0.3  # weight of the latest publish's duration in the running estimate
 _CIRCUIT = "/p2p-circuit"
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
 
@@ -112,6 +117,8 @@ class PublishItem:
     expires_at: float
     holders: tuple[str, ...] = ()
     """Full multiaddrs of the peers to hand the batch to before its manifest is stored (NAT hand-off)."""
+    created_at: float = 0.0
+    """The batch's ``created_at`` (DHT time), for the trace."""
 
 
 @dataclass
@@ -121,6 +128,8 @@ class _PullProgress:
     reading_author: bool = False  # a stream to the author's address is open
     stalled: bool = False  # the author's address took a stream and did not deliver
     peer: PeerID | None = None  # the listed peer last read from
+    source: str = ""  # where the bytes came from: "local" (held here), "listed" (a listed address), "neighbour"
+    error: str = ""  # why the last source failed (dial, open, not_held, read, pace, bound), for the trace
 
 
 class _NetworkDiedError(Exception):
@@ -203,6 +212,7 @@ class SwarmCore:
         self._bad_entries: dict[tuple[int, int, str, str], int] = {}  # unreadable DHT entries -> epoch
         self._digests: dict[bytes, int] = {}  # content hash of every accepted group -> epoch
         self._pulls: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # hand-off copies still going after the first landed
         self._running_pulls: Counter[str] = Counter()  # author -> pulls in progress
         self._newcomer_pulls = 0
         self._decode_slot = asyncio.Semaphore(1)
@@ -247,8 +257,14 @@ class SwarmCore:
                 record_validator=validator,
                 wait_timeout=settings.request_timeout,
                 ensure_bootstrap_success=False,
+                # Only the replicas a manifest was stored at answer with it. Each node caching what it
+                # reads (hivemind's default) makes every node near a key answer every lookup of it with
+                # the key's whole dictionary of manifests: up to 20 copies a key a poll (docs/scaling.md).
+                cache_locally=False,
+                cache_nearest=0,
             )
             self = cls(settings, identity, limits, shared, validator, p2p, dht, watchdog)
+            count_dht_requests(dht, shared.add)
             await p2p.add_binary_stream_handler(self._handler, self.rpc_get_batch)
             if settings.accept_handoffs and not settings.client_mode:
                 await p2p.add_binary_stream_handler(self._put_handler, self.rpc_put_batch)
@@ -288,9 +304,9 @@ class SwarmCore:
                     logger.error("swarm network loop %s failed: %r", task.get_name(), exc)
                     self.shared.set_error(describe_error(exc))
         finally:
-            for task in [*loops, stopper, *self._pulls]:
+            for task in [*loops, stopper, *self._pulls, *self._background]:
                 task.cancel()
-            await asyncio.gather(*loops, stopper, *self._pulls, return_exceptions=True)
+            await asyncio.gather(*loops, stopper, *self._pulls, *self._background, return_exceptions=True)
 
     async def shutdown(self) -> None:
         """Stop the DHT node and p2pd (bounded); kill p2pd if it does not exit."""
@@ -309,8 +325,12 @@ class SwarmCore:
         warned = False
         initial_ids = {p[0].to_base58() for p in map(_parse_peer_maddr, self.settings.initial_peers) if p is not None}
         rejoin_delay, next_rejoin = self.settings.join_retry_seconds, 0.0
+        joined = False
         while True:
             neighbours = self._neighbours()
+            if neighbours and not joined:
+                joined = True
+                self.shared.trace.event("up", neighbours=len(neighbours))
             if neighbours or not self.settings.initial_peers:
                 self.shared.set_network(up=True, dht_peers=neighbours)
                 delay, warned = self.settings.join_retry_seconds, False
@@ -366,6 +386,35 @@ class SwarmCore:
             return False
         return await self.dht.protocol.call_ping(peer_id) is not None
 
+    # -- transfers ------------------------------------------------------------------------------------
+
+    def transfer_seconds(self, nbytes: int) -> float:
+        """The longest a transfer of ``nbytes`` batch bytes may take: ``pull_timeout`` to get going, then
+        at least ``pull_min_rate`` bytes a second."""
+        return self.settings.pull_timeout + nbytes / self.settings.pull_min_rate
+
+    async def _read_paced(self, reader: asyncio.StreamReader, size: int, started: float) -> bytes:
+        """``size`` bytes of a batch transfer that began at ``started`` (the loop's clock).
+
+        No read may wait longer than ``request_timeout`` (no progress at all: a stall), and the transfer
+        must keep its pace: by ``started + pull_timeout + k / pull_min_rate`` it has delivered ``k`` bytes.
+        So a large batch over a slow link gets the time it needs, while a peer that trickles bytes to hold
+        a pull slot is cut off about ``pull_timeout`` after the stream opened. Raises ``TimeoutError`` or
+        ``IncompleteReadError``.
+        """
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        buf = bytearray()
+        while len(buf) < size:
+            wait = min(s.request_timeout, started + s.pull_timeout + (len(buf) + 1) / s.pull_min_rate - loop.time())
+            if wait <= 0:
+                raise asyncio.TimeoutError(f"transfer below {s.pull_min_rate:.0f} B/s after {len(buf)} bytes")
+            chunk = await asyncio.wait_for(reader.read(min(_CHUNK, size - len(buf))), wait)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(buf), size)
+            buf += chunk
+        return bytes(buf)
+
     # -- publish ------------------------------------------------------------------------------------
 
     def hold(self, bid: str, data: bytes) -> None:
@@ -389,36 +438,72 @@ class SwarmCore:
     async def _publish_loop(self) -> None:
         while True:
             item = await self.publish_queue.get()
-            if item.holders:  # hand the batch over first, so it can be pulled once the manifest is seen
-                await self._hand_off(item)
-            try:
-                ok = await asyncio.wait_for(
-                    self.dht.store(item.key, item.manifest_data, item.expires_at, subkey=item.subkey),
-                    self.settings.publish_timeout,
-                )
-            except _NETWORK_ERRORS as exc:
-                logger.debug("storing manifest of %s failed: %r", item.batch_id[:12], exc)
-                ok = False
+            started = time.monotonic()
+            # Behind NAT the batch goes to its holders first, so it can be pulled once announced. A batch no
+            # holder took is not announced: pullers would find it nowhere and count its author unreachable.
+            held = await self._hand_off(item) if item.holders else 0
+            stored = time.monotonic()
+            ok = False
+            if held or not item.holders:
+                try:
+                    ok = await asyncio.wait_for(
+                        self.dht.store(item.key, item.manifest_data, item.expires_at, subkey=item.subkey),
+                        self.settings.publish_timeout,
+                    )
+                except _NETWORK_ERRORS as exc:
+                    logger.debug("storing manifest of %s failed: %r", item.batch_id[:12], exc)
             self.shared.add("batches_published" if ok else "publish_failed")
+            self.shared.note_publish_seconds(time.monotonic() - started, _PUBLISH_EWMA)
+            self.shared.trace.event("pub", id=item.batch_id[:16], created=round(item.created_at, 4),
+                                    bytes=len(item.data), ok=bool(ok), handoffs=held,
+                                    handoff_s=round(stored - started, 4), store_s=round(time.monotonic() - stored, 4))
 
     async def _hand_off(self, item: PublishItem) -> int:
-        """Push ``item`` to its listed holders until ``handoff_copies`` of them hold it; returns how many."""
+        """Push ``item`` to ``handoff_copies`` of its listed holders at once (the spare replaces one that
+        refuses or fails). Returns as soon as one holds it (1), so the manifest can go out, or when all
+        failed (0); the other copies go on in the background. On a lossy link each TCP connection is
+        slow on its own, so copies in parallel take about as long as one."""
+        first = asyncio.Event()
+        task = asyncio.create_task(self._copy_to_holders(item, first))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        await first.wait()
+        return 1 if task.done() is False or task.result() > 0 else 0
+
+    async def _copy_to_holders(self, item: PublishItem, first: asyncio.Event) -> int:
+        """Hand ``item`` to its holders, ``handoff_copies`` at a time; ``first`` is set once one holds it
+        (or none can). Returns how many hold it."""
+        waiting = [parsed for parsed in map(_parse_peer_maddr, item.holders) if parsed is not None]
+        running: set[asyncio.Task[bool]] = set()
         held = 0
-        for maddr in item.holders:
-            if held >= self.settings.handoff_copies:
-                break
-            parsed = _parse_peer_maddr(maddr)
-            if parsed is None or not await self._dial(parsed[0], [parsed[1]]):
-                continue
-            status = await self._put_to(parsed[0], item)
-            if status in (HandoffStatus.OK, HandoffStatus.HAVE):
-                held += 1
-            else:
-                logger.debug("holder %s refused %s: %s", parsed[0], item.batch_id[:12], status)
+        try:
+            while waiting or running:
+                while waiting and held + len(running) < self.settings.handoff_copies:
+                    running.add(asyncio.create_task(self._put_one(*waiting.pop(0), item)))
+                if not running:
+                    break
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                held += sum(1 for task in done if task.result())
+                if held:
+                    first.set()
+        finally:
+            for task in running:
+                task.cancel()
+            first.set()
         self.shared.add("handoffs_sent", held)
         if held == 0:
             self.shared.add("handoff_failed")
         return held
+
+    async def _put_one(self, peer_id: PeerID, addr: Multiaddr, item: PublishItem) -> bool:
+        """Dial one holder and hand ``item`` over; whether it holds it now."""
+        if not await self._dial(peer_id, [addr]):
+            return False
+        status = await self._put_to(peer_id, item)
+        if status not in (HandoffStatus.OK, HandoffStatus.HAVE):
+            logger.debug("holder %s refused %s: %s", peer_id, item.batch_id[:12], status)
+            return False
+        return True
 
     async def _put_to(self, peer_id: PeerID, item: PublishItem) -> int | None:
         """One hand-off (see ``swarm.handoff`` for the exchange): the holder's status, or None."""
@@ -436,9 +521,11 @@ class SwarmCore:
             status = int((await asyncio.wait_for(reader.readexactly(1), timeout))[0])
             if status != HandoffStatus.GO:
                 return status
+            # The holder reads at its pace (``_read_paced``), then verifies: allow the transfer's time.
+            transfer = self.transfer_seconds(len(item.data)) + timeout
             writer.write(item.data)
-            await asyncio.wait_for(writer.drain(), timeout)
-            return int((await asyncio.wait_for(reader.readexactly(1), timeout))[0])
+            await asyncio.wait_for(writer.drain(), transfer)
+            return int((await asyncio.wait_for(reader.readexactly(1), transfer))[0])
         except _NETWORK_ERRORS as exc:
             logger.debug("hand-off of %s to %s failed: %r", item.batch_id[:12], peer_id, exc)
             return None
@@ -466,7 +553,7 @@ class SwarmCore:
             await asyncio.wait_for(writer.drain(), timeout)
             if status != HandoffStatus.GO:
                 return
-            data = await asyncio.wait_for(reader.readexactly(size), timeout)
+            data = await self._read_paced(reader, size, asyncio.get_running_loop().time())
             status = await self._take_handoff(bid, data)
             self._count_handoff(status)
             writer.write(bytes([status]))
@@ -522,13 +609,19 @@ class SwarmCore:
         Every entry read is re-validated here: hivemind validates what peers send, not what it reads
         from its own storage.
         """
+        started = time.monotonic()
         current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
         where = {
             manifest_key(self.settings.swarm_id, epoch, shard): (epoch, shard)
             for epoch in epochs_to_read(current, self.settings.read_epochs)
-            for shard in range(KEY_SHARDS)
+            for shard in shards_to_read(self.identity.peer_id, epoch, self.settings.key_shards,
+                                        self.settings.read_shards)
         }
-        for key, result in (await self._lookup(list(where))).items():
+        found = await self._lookup(list(where))
+        with self.shared.lock:
+            self.shared.counters["polls"] += 1
+            self.shared.counters["poll_ms"] += int(1000 * (time.monotonic() - started))
+        for key, result in found.items():
             if result is None or not isinstance(result.value, dict):
                 continue
             epoch, shard = where[key]
@@ -632,6 +725,7 @@ class SwarmCore:
                 self._newcomer_pulls -= 1
 
     async def _pull_and_verify(self, manifest: Manifest, author: str) -> None:
+        started = time.monotonic()
         for attempt in range(2):
             progress = _PullProgress()
             data, from_author = await self._bounded_fetch(manifest, progress)
@@ -654,12 +748,19 @@ class SwarmCore:
                 retry = book.pull_failed(author, manifest.batch_id, manifest.epoch, manifest.byte_size,
                                          stalled=progress.stalled, now=time.monotonic())
             self.shared.add("pulls_stalled" if progress.stalled else "pulls_failed")
+            self.shared.trace.event("fail", author=author[:16], id=manifest.batch_id[:16], stalled=progress.stalled,
+                                    retry=retry, why=progress.error, pull_s=round(time.monotonic() - started, 4))
             logger.debug("pull of %s from %s failed (stalled: %s, retry: %s)", manifest.batch_id[:12],
                          author[:12], progress.stalled, retry)
             if retry:
                 self._forget_manifest(manifest)
             return
+        pulled = time.monotonic() - started
         reason, offence, groups = await self._verify(manifest, author, data, from_author)
+        self.shared.trace.event(
+            "acc" if reason is None else "rej", author=author[:16], id=manifest.batch_id[:16], seq=manifest.seq,
+            epoch=manifest.epoch, created=round(manifest.created_at, 4), bytes=len(data), pull_s=round(pulled, 4),
+            src=progress.source, **({} if reason is None else {"reason": reason, "offence": offence}))
         with self.shared.lock:
             self.shared.counters["bytes_in"] += len(data)  # pulled, whatever the checks say of it
             book.received(author, len(data), time.monotonic())
@@ -668,11 +769,15 @@ class SwarmCore:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
 
     async def _bounded_fetch(self, manifest: Manifest, progress: _PullProgress) -> tuple[bytes | None, bool]:
-        """``_fetch`` within one bound on the whole pull, however the peer paces its bytes."""
+        """``_fetch`` within one bound on the whole pull (every source), however the peers pace their bytes:
+        the time one transfer of the announced size may take (``transfer_seconds``) and ``pull_timeout``
+        more for dialing the sources."""
+        bound = self.transfer_seconds(min(manifest.byte_size, self.limits.max_compressed_bytes)) + self.settings.pull_timeout
         try:
-            return await asyncio.wait_for(self._fetch(manifest, progress), self.settings.pull_timeout)
+            return await asyncio.wait_for(self._fetch(manifest, progress), bound)
         except asyncio.TimeoutError:
             progress.stalled = progress.stalled or progress.reading_author
+            progress.error = "bound"
             return None, False
 
     def _forget_manifest(self, manifest: Manifest) -> None:
@@ -727,20 +832,25 @@ class SwarmCore:
         """
         local = self._local(manifest.batch_id)
         if local is not None:
+            progress.source = "local"
             return local, True
         limit = min(manifest.byte_size, self.limits.max_compressed_bytes)
         listed = _by_peer(manifest.address)
         for peer_id, addrs in list(listed.items())[:_MAX_PULL_SOURCES]:
-            if await self._dial(peer_id, addrs):
-                data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
-                if data is not None:
-                    return data, True
-                if progress.stalled:
-                    return None, False
+            if not await self._dial(peer_id, addrs):
+                progress.error = "dial"
+                continue
+            data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
+            if data is not None:
+                progress.source = "listed"
+                return data, True
+            if progress.stalled:
+                return None, False
         others = [p for p in dht_neighbours(self.dht) if p not in listed]
         for peer_id in random.sample(others, min(2, len(others))):
             data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=False)
             if data is not None:
+                progress.source = "neighbour"
                 return data, False
         return None, False
 
@@ -748,12 +858,14 @@ class SwarmCore:
         self, peer_id: PeerID, bid: str, limit: int, progress: _PullProgress, *, author: bool
     ) -> bytes | None:
         timeout = self.settings.request_timeout
+        started = asyncio.get_running_loop().time()
         try:
             _, reader, writer = await asyncio.wait_for(
                 self.p2p.call_binary_stream_handler(peer_id, self._handler), timeout
             )
         except _NETWORK_ERRORS as exc:
             logger.debug("could not open a stream to %s: %r", peer_id, exc)
+            progress.error = "open"
             return None
         progress.reading_author = author
         if author:
@@ -763,12 +875,14 @@ class SwarmCore:
             await asyncio.wait_for(writer.drain(), timeout)
             size = int.from_bytes(await asyncio.wait_for(reader.readexactly(_LEN_BYTES), timeout), "big")
             if size == 0:
+                progress.error = "not_held"
                 return None
             size = min(size, limit + 1)  # more than announced is read just far enough to be rejected
-            return await asyncio.wait_for(reader.readexactly(size), timeout)
+            return await self._read_paced(reader, size, started)
         except _NETWORK_ERRORS as exc:
             # The author's address took the stream and then did not deliver: a stall, whatever the cause.
             progress.stalled = progress.stalled or author
+            progress.error = "pace" if "transfer below" in str(exc) else "read"
             logger.debug("pull of %s from %s failed: %r", bid[:12], peer_id, exc)
             return None
         finally:
@@ -798,7 +912,7 @@ class SwarmCore:
             data = self._local(raw.decode("ascii", errors="replace")) or b""
             writer.write(len(data).to_bytes(_LEN_BYTES, "big"))
             writer.write(data)
-            await asyncio.wait_for(writer.drain(), timeout)
+            await asyncio.wait_for(writer.drain(), self.transfer_seconds(len(data)) if data else timeout)
             if data:
                 with self.shared.lock:
                     self.shared.counters["bytes_out"] += len(data)

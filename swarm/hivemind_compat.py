@@ -9,7 +9,9 @@ hivemind's public API lacks four things a node needs:
   its step and shut it down; the node stops p2pd itself (and its watchdog does if the node dies);
 * dialing a peer at a given address (``P2P._client.connect``): ``P2P`` only dials through the DHT; and
   dropping the connections to a peer (``P2P._client.disconnect``), to tell whether it can still be dialed;
-* the current DHT neighbours (``DHTNode.protocol.routing_table.peer_id_to_uid``).
+* the current DHT neighbours (``DHTNode.protocol.routing_table.peer_id_to_uid``);
+* counting the DHT's outgoing requests (``DHTNode.protocol.call_find`` and ``call_store``, wrapped on the
+  instance), for the node's statistics.
 
 Each accessor checks that the attribute is still there and raises ``HivemindCompatError`` naming it
 otherwise, so a hivemind upgrade that renames one fails loudly (``tests/swarm/test_hivemind_compat.py``
@@ -23,7 +25,7 @@ the same test file checks that it agrees with ``hivemind.utils.multiaddr``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hivemind
@@ -33,8 +35,8 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import SwarmError
 
-__all__ = ["HivemindCompatError", "dht_neighbours", "dial", "disconnect", "own_session_p2pd", "p2pd_pid",
-           "p2pd_process"]
+__all__ = ["HivemindCompatError", "count_dht_requests", "dht_neighbours", "dial", "disconnect", "own_session_p2pd",
+           "p2pd_pid", "p2pd_process"]
 
 TESTED_VERSIONS = ("1.1.10", "1.1.11", "1.1.12")
 """hivemind releases these accessors were checked against (``pyproject.toml`` pins ``<1.2``)."""
@@ -116,6 +118,26 @@ async def disconnect(p2p: P2P, peer_id: PeerID) -> None:
     """Close ``p2p``'s connections to ``peer_id`` (raises hivemind's network errors on failure)."""
     client = _attribute(p2p, "_client")
     await client.disconnect(peer_id)
+
+
+def count_dht_requests(dht: DHTNode, add: Callable[[str, int], None]) -> None:
+    """Count every find and store request ``dht`` sends: ``add("dht_find_requests", 1)`` and
+    ``add("dht_find_keys", keys)`` per find, likewise ``dht_store_requests`` / ``dht_store_keys``."""
+    protocol = _attribute(dht, "protocol")
+    call_find, call_store = _attribute(protocol, "call_find"), _attribute(protocol, "call_store")
+
+    async def counted_find(peer: PeerID, keys: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        add("dht_find_requests", 1)
+        add("dht_find_keys", len(keys))
+        return await call_find(peer, keys, *args, **kwargs)
+
+    async def counted_store(peer: PeerID, keys: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        add("dht_store_requests", 1)
+        add("dht_store_keys", len(keys))
+        return await call_store(peer, keys, *args, **kwargs)
+
+    protocol.call_find = counted_find
+    protocol.call_store = counted_store
 
 
 def dht_neighbours(dht: DHTNode) -> list[PeerID]:

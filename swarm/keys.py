@@ -5,16 +5,21 @@ and the subkey ``<p>/<seq mod SLOTS_PER_AUTHOR>``. hivemind returns everything u
 reply of at most about 4 MiB, so both factors are bounded here, the same on every node:
 
 * each author holds at most ``SLOTS_PER_AUTHOR`` subkeys per key (a later batch reuses a slot);
-* authors are spread over ``KEY_SHARDS`` keys per epoch by a hash of their peer id.
+* authors are spread over ``shards`` keys per epoch by a hash of their peer id (``KEY_SHARDS`` = 4 unless
+  the swarm sets ``swarm.key_shards``; every member must use the swarm's value).
 
-With manifests of at most 8 KiB, a key's reply stays under 4 MiB up to 64 authors per shard (256 per
-epoch) even if every manifest were of maximal size; real manifests are well under 1 KiB.
+With manifests of at most 8 KiB, a key's reply stays under 4 MiB up to 64 authors per shard even if every
+manifest were of maximal size; real manifests are about 350 bytes (a key's reply under 4 MiB up to about
+1,500 authors per shard). A large swarm uses more shards, and its members read a few of them
+(``shards_to_read``): what one node reads, and what the nodes holding a key serve, then stays bounded
+whatever the swarm's size (``docs/scaling.md``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import random
 
 __all__ = [
     "KEY_SHARDS",
@@ -24,6 +29,7 @@ __all__ = [
     "manifest_key",
     "manifest_subkey",
     "shard_of",
+    "shards_to_read",
     "split_subkey",
 ]
 
@@ -41,10 +47,19 @@ def epochs_to_read(current: int, read_epochs: int) -> list[int]:
     return [e for e in range(current, current - read_epochs, -1) if e >= 0]
 
 
-def shard_of(peer_id: str) -> int:
-    """The key shard an author's manifests go to."""
+def shard_of(peer_id: str, shards: int = KEY_SHARDS) -> int:
+    """The key shard (of ``shards``) an author's manifests go to."""
     digest = hashlib.sha256(peer_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % KEY_SHARDS
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def shards_to_read(reader: str, epoch: int, shards: int, read_shards: int) -> list[int]:
+    """The shards of ``epoch`` that node ``reader`` reads: all of them when ``read_shards`` is 0 or at
+    least ``shards``, else ``read_shards`` of them drawn at random, the same ones for the whole epoch (a
+    seed of reader and epoch), other ones the next epoch and at other readers."""
+    if read_shards <= 0 or read_shards >= shards:
+        return list(range(shards))
+    return sorted(random.Random(f"{reader}/{epoch}").sample(range(shards), read_shards))
 
 
 def manifest_key(swarm_id: str, epoch: int, shard: int) -> str:

@@ -300,7 +300,9 @@ class PeerBook:
         ``pull_timeout`` once, and banning it would cut the swarm off from its batches. A forgiven stall
         counts as a failed attempt. Newcomers get no grace, so identities made to stall cost a ban each.
         An unreachable author is retried until ``max_pull_attempts`` failures, then rejected as
-        unreachable, an offence too. Either way the quota is given back.
+        unreachable, an offence too, except that the same grace forgives it to an established author (a
+        machine so loaded that its pulls time out, a link that drops for a while: ``scripts/wan_swarm.py``
+        saw both). Either way the quota is given back.
         """
         self._release(batch_id, author, epoch, byte_size)
         if stalled and not self._forgive_stall(author, now):
@@ -314,7 +316,8 @@ class PeerBook:
             self._attempts.pop((author, batch_id), None)
             self.rejected[RejectReason.UNREACHABLE] += 1
             self._stat(author, now).rejected[RejectReason.UNREACHABLE] += 1
-            self.punish(author, now, RejectReason.UNREACHABLE)
+            if not self._forgive_stall(author, now):
+                self.punish(author, now, RejectReason.UNREACHABLE)
             return False
         self._attempts[(author, batch_id)] = (failures, epoch)
         return True

@@ -114,6 +114,14 @@ class SwarmSettings(BaseModel):
     startup_timeout: float = Field(default=60.0, gt=0)
     """How long p2pd may take to start, and how long ``start(wait=True)`` waits for the DHT."""
     epoch_seconds: float = Field(default=60.0, gt=0)
+    key_shards: int = Field(default=4, ge=1, le=4096)
+    """DHT keys an epoch's manifests are spread over, by a hash of the author (``swarm.keys``). Swarm-wide,
+    like ``epoch_seconds``: every member must use the swarm's value. 4 suits a swarm of tens of nodes;
+    a large one uses about one shard per few tens of authors (``docs/scaling.md``)."""
+    read_shards: int = Field(default=0, ge=0)
+    """How many of the ``key_shards`` this node reads each epoch (drawn at random per epoch); 0 reads them
+    all. With all shards read, every node pulls every batch of the swarm, which bounds the swarm's size
+    (``docs/scaling.md``); a few shards bound what a node reads and pulls, whatever the size."""
     read_epochs: int = Field(default=2, ge=1, le=16)
     """How many epochs of manifests are read and accepted: the current one and ``read_epochs - 1``
     before it. (How old a received group may be when it is trained on is the node's own setting.)"""
@@ -151,12 +159,19 @@ class SwarmSettings(BaseModel):
     join_retry_seconds: float = Field(default=1.0, gt=0)
     join_retry_max_seconds: float = Field(default=30.0, gt=0)
     pull_timeout: float = Field(default=10.0, gt=0)
-    """Bound on one whole pull (every address tried, every read): a peer that trickles bytes or stalls
-    a stream holds a pull slot at most this long, and is banned for it (past ``stall_grace``)."""
+    """How long a batch transfer (a pull, a hand-off, serving one) may take to get going; after that it
+    must keep ``pull_min_rate``. A transfer of ``n`` bytes therefore takes at most ``pull_timeout + n /
+    pull_min_rate``, and a peer that trickles bytes or stalls a stream holds a pull slot about
+    ``pull_timeout`` and is banned for it (past ``stall_grace``)."""
+    pull_min_rate: float = Field(default=16 * 1024, gt=0)
+    """Bytes a second a batch transfer must keep once ``pull_timeout`` has passed: by ``pull_timeout +
+    k / pull_min_rate`` seconds it has moved ``k`` bytes. Far below what a lossy home link carries (see
+    the README's wide-area figures), far above what a peer that holds a slot on purpose sends."""
     stall_grace: int = Field(default=2, ge=0)
     """Stalled pulls forgiven to an established peer (one with an accepted batch) per ``max_ban_seconds``:
-    retried instead of banned, so an honest peer on an overloaded machine is not cut off. Newcomers get
-    none; 0 bans every stall at once."""
+    retried instead of banned, so an honest peer on an overloaded machine is not cut off; the same grace
+    covers a batch given up as unreachable after ``max_pull_attempts``. Newcomers get none; 0 bans every
+    stall at once."""
     max_concurrent_pulls: int = Field(default=8, ge=1)
     max_pulls_per_author: int = Field(default=2, ge=1)
     max_pull_attempts: int = Field(default=3, ge=1)
@@ -173,6 +188,10 @@ class SwarmSettings(BaseModel):
     """DHT records this node stores or caches for others, all keys together (accounted by the validator)."""
     max_foreign_dht_bytes: int = Field(default=4 * _MIB, ge=1)
     """Of which records under keys outside this swarm's recent manifest keys."""
+    trace_path: str | None = None
+    """Optional file (JSON lines, appended) of the network side's events: batches published, accepted,
+    rejected and failed, with times (``swarm.trace``); for benchmarks and debugging. Relative to the run
+    dir when the node resolves it."""
 
     @field_validator("swarm_id")
     @classmethod

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from protocol.records import RolloutBatch
 from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
+from swarm.trace import TraceLog
 
 __all__ = ["NetworkStatus", "SharedState", "network_reason", "peer_book_for"]
 
@@ -102,11 +103,15 @@ class SharedState:
     last_error: str = ""
     """The most recent failure, kept after recovery (for status pages)."""
     up_event: threading.Event = field(default_factory=threading.Event)
+    publish_seconds: float = 0.0
+    """Running estimate of how long publishing one batch takes (hand-offs included); 0 before the first."""
+    trace: TraceLog = field(default_factory=lambda: TraceLog(None))
+    """Optional JSON-lines event record (``swarm.trace_path``), written by the network thread."""
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SharedState:
         return cls(peer_book=peer_book_for(settings), max_inbox=settings.max_inbox_batches,
-                   max_inbox_bytes=settings.max_inbox_bytes)
+                   max_inbox_bytes=settings.max_inbox_bytes, trace=TraceLog(settings.trace_path))
 
     def push_batch(self, batch: RolloutBatch, nbytes: int) -> None:
         """Queue a verified batch (``nbytes``: its estimated memory) for ``collect()``.
@@ -145,6 +150,12 @@ class SharedState:
     def clear_error(self) -> None:
         with self.lock:
             self.error = ""
+
+    def note_publish_seconds(self, seconds: float, weight: float) -> None:
+        """One more batch went out (hand-offs and DHT store) in ``seconds``: update the running estimate."""
+        with self.lock:
+            previous = self.publish_seconds
+            self.publish_seconds = seconds if previous <= 0 else (1 - weight) * previous + weight * seconds
 
     def add(self, name: str, n: int = 1) -> None:
         with self.lock:

@@ -61,6 +61,7 @@ class SwarmTransport:
             limits=limits,
             max_store_bytes=settings.max_dht_store_bytes,
             max_foreign_bytes=settings.max_foreign_dht_bytes,
+            shards=settings.key_shards,
         )
         self._lifecycle = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -116,6 +117,7 @@ class SwarmTransport:
     def close(self) -> None:
         """Shut the DHT node and p2pd down and stop the thread (bounded; idempotent)."""
         self._stop_network()
+        self._shared.trace.close()
 
     def _stop_network(self) -> None:
         with self._lifecycle:
@@ -209,9 +211,14 @@ class SwarmTransport:
     def min_publish_interval(self) -> float:
         """Seconds to leave between two batches so that no honest batch is refused: peers accept at most
         ``max_batches_per_peer_epoch`` batches of an author per epoch, and an author's manifests share
-        ``SLOTS_PER_AUTHOR`` DHT subkeys (a faster author overwrites manifests before peers read them)."""
+        ``SLOTS_PER_AUTHOR`` DHT subkeys (a faster author overwrites manifests before peers read them).
+
+        Also no less than publishing a batch takes here (hand-offs from behind NAT on a slow uplink can
+        take longer than that): the caller then sends fewer, larger batches instead of a growing queue."""
         s = self.settings
-        return s.epoch_seconds / min(s.max_batches_per_peer_epoch, SLOTS_PER_AUTHOR)
+        with self._shared.lock:
+            busy = self._shared.publish_seconds
+        return max(s.epoch_seconds / min(s.max_batches_per_peer_epoch, SLOTS_PER_AUTHOR), busy)
 
     def publish(self, batch: RolloutBatch) -> str | None:
         """Sign and share a batch of this node's rollouts; returns its batch id without waiting.
@@ -264,10 +271,11 @@ class SwarmTransport:
             batch_id=manifest.batch_id,
             data=data,
             manifest_data=manifest_data,
-            key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id)),
+            key=manifest_key(self.settings.swarm_id, batch.epoch, shard_of(self.identity.peer_id, self.settings.key_shards)),
             subkey=manifest_subkey(self.identity.peer_id, seq),
             expires_at=manifest.expires_at,
             holders=tuple(holders),
+            created_at=now,
         )
 
     def _holders(self, seq: int) -> list[str]:
@@ -387,6 +395,11 @@ class SwarmTransport:
                 "poll_failed": counters["poll_failed"],
                 "poll_key_timeouts": counters["poll_key_timeouts"],
                 "poll_key_failures": counters["poll_key_failures"],
+                "polls": counters["polls"],
+                "poll_ms": counters["poll_ms"],
+                "dht_find_requests": counters["dht_find_requests"],
+                "dht_find_keys": counters["dht_find_keys"],
+                "dht_store_requests": counters["dht_store_requests"],
                 "duplicate_groups": counters["duplicate_groups"],
                 "dht_store_bytes": self._validator.stored_bytes,
                 "join_attempts": counters["join_attempts"],

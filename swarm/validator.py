@@ -23,6 +23,12 @@ The design that follows from it:
   outside the namespace may hold at most ``max_foreign_bytes`` of it and all records
   ``max_store_bytes`` ("record_store_full" beyond). Reads are accounted too (hivemind caches what it
   finds), and re-reading a record replaces its entry rather than adding one.
+* **A record read again is not checked again.** Every lookup returns the whole dictionary of manifests
+  of a key, from every peer holding a copy, so a node reads each manifest many times (tens of times a
+  poll in a swarm of 20). A record identical to one accepted before (same key, subkey, expiration and
+  value digest, remembered with its storage entry until it expires) passes without being decoded and its
+  signature verified again: what it was checked against (the key's epoch and shard, the author's slot)
+  does not change, and the checks that depend on the clock only get easier as time passes.
 * **Validation on read.** The collector re-checks every entry it reads (``read_entry``), because local
   storage is read without a call to ``validate``; and ``strip_value`` replaces a value that is not
   msgpack by msgpack ``nil``, so one malformed value cannot make hivemind's lookup raise (which would
@@ -33,6 +39,7 @@ Rejections are counted by reason (read them with ``snapshot()``; thread-safe).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import math
@@ -76,8 +83,10 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         max_record_bytes: int | None = None,
         max_store_bytes: int = 64 * _MIB,
         max_foreign_bytes: int = 4 * _MIB,
+        shards: int = KEY_SHARDS,
     ) -> None:
         self.swarm_id = swarm_id
+        self.shards = shards
         self.epoch_seconds = epoch_seconds
         self.max_ttl = max_ttl
         self.limits = limits
@@ -91,8 +100,9 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         self._rejected: Counter[str] = Counter()
         self._key_ids: dict[bytes, tuple[int, int]] = {}  # DHT id -> (epoch, shard), for the window
         self._window: tuple[int, int] = (0, -1)  # epochs whose ids are in _key_ids, inclusive
-        # Storage accounting: (key id, subkey) -> (bytes, expiration, foreign); a heap of expirations.
-        self._stored: dict[tuple[bytes, bytes], tuple[int, float, bool]] = {}
+        # Storage accounting: (key id, subkey) -> (bytes, expiration, foreign, value digest); a heap of
+        # expirations. The digest lets a record read again skip the checks it passed (see above).
+        self._stored: dict[tuple[bytes, bytes], tuple[int, float, bool, bytes]] = {}
         self._expiries: list[tuple[float, bytes, bytes]] = []
         self.stored_bytes = 0
         self.foreign_bytes = 0
@@ -109,14 +119,18 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
 
     def validate(self, record: DHTRecord) -> bool:
         now = self.clock()
+        digest = hashlib.blake2b(record.value, digest_size=16).digest()
         with self._lock:
             reason = self._generic_reason(record, now)
             key_info = None if reason is not None else self._key_info(record.key, now)
-        if reason is None and key_info is not None:
+            seen = self._stored.get((record.key, record.subkey or b""))
+            # Accepted before under this swarm's checks (not as a foreign record): skip them this time.
+            again = seen is not None and not seen[2] and seen[1] == record.expiration_time >= now and seen[3] == digest
+        if reason is None and key_info is not None and not again:
             reason = self._namespace_reason(record, *key_info)
         with self._lock:
             if reason is None:
-                reason = self._account(record, foreign=key_info is None, now=now)
+                reason = self._account(record, foreign=key_info is None, now=now, digest=digest)
             if reason is None:
                 return True
             self._rejected[reason] += 1
@@ -167,7 +181,7 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         author = peer_id_from_public_key(manifest.author)
         if subkey != manifest_subkey(author, manifest.seq):
             return "record_subkey_not_owner", None
-        if manifest.swarm_id != self.swarm_id or manifest.epoch != epoch or shard_of(author) != shard:
+        if manifest.swarm_id != self.swarm_id or manifest.epoch != epoch or shard_of(author, self.shards) != shard:
             return "record_wrong_key", None
         if expiration > manifest.expires_at + _CLOCK_SLACK:
             return "record_outlives_manifest", None
@@ -211,13 +225,13 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
             for epoch in range(max(low, 0), high + 1):
                 if old_low <= epoch <= old_high:
                     continue
-                for shard in range(KEY_SHARDS):
+                for shard in range(self.shards):
                     key_id = DHTID.generate(source=manifest_key(self.swarm_id, epoch, shard)).to_bytes()
                     keep[key_id] = (epoch, shard)
             self._key_ids, self._window = keep, (low, high)
         return self._key_ids.get(key)
 
-    def _account(self, record: DHTRecord, *, foreign: bool, now: float) -> str | None:
+    def _account(self, record: DHTRecord, *, foreign: bool, now: float, digest: bytes) -> str | None:
         """Reserve room for an accepted record, or say why there is none ("record_store_full")."""
         while self._expiries and self._expiries[0][0] < now:
             expiration, key, subkey = heapq.heappop(self._expiries)
@@ -228,7 +242,7 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         nbytes = len(record.value) + len(slot[1]) + _ENTRY_OVERHEAD
         expiration = float(record.expiration_time)
         previous = self._stored.get(slot)
-        if previous is not None and previous[:2] == (nbytes, expiration):
+        if previous is not None and previous[:2] == (nbytes, expiration) and previous[3] == digest:
             return None  # the same record read again
         freed = previous[0] if previous is not None else 0
         if self.stored_bytes - freed + nbytes > self.max_store_bytes:
@@ -237,7 +251,7 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
             return "record_store_full"
         if previous is not None:
             self._forget(*slot)
-        self._stored[slot] = (nbytes, expiration, foreign)
+        self._stored[slot] = (nbytes, expiration, foreign, digest)
         self.stored_bytes += nbytes
         if foreign:
             self.foreign_bytes += nbytes
@@ -245,7 +259,7 @@ class ManifestValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind 
         return None
 
     def _forget(self, key: bytes, subkey: bytes) -> None:
-        nbytes, _, foreign = self._stored.pop((key, subkey))
+        nbytes, _, foreign, _ = self._stored.pop((key, subkey))
         self.stored_bytes -= nbytes
         if foreign:
             self.foreign_bytes -= nbytes

@@ -3,7 +3,8 @@
 ``Attacker`` runs its own ``P2P`` (p2pd) and ``DHTNode`` (no record validator) in a thread with its own
 event loop, stores whatever it likes straight into a victim's DHT storage (``call_store`` to the
 victim's peer id, bypassing every check of its own), and answers the swarm's batch protocol with a raw
-stream handler whose behaviour the test picks: serve bytes, stall (always or once), or trickle.
+stream handler whose behaviour the test picks: serve bytes, stall (always or once), trickle, or serve slowly
+at a steady rate (``slow``, ``rate`` bytes a second: an honest peer on a slow link).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class Attacker:
 
     def __init__(self, swarm_id: str, initial_peers: list[str]) -> None:
         self.swarm_id = swarm_id
-        self.mode = "serve"  # serve | stall | stall_once (then serve) | stall_twice (then serve) | trickle
+        self.mode = "serve"  # serve | stall | stall_once (then serve) | stall_twice (then serve) | trickle | slow
+        self.rate = 64 * 1024  # ``slow``: bytes a second
         self.batches: dict[str, bytes] = {}
         self.requests = 0
         self.loop = asyncio.new_event_loop()
@@ -129,6 +131,13 @@ class Attacker:
                     writer.write(data[i : i + 1])
                     await writer.drain()
                     await asyncio.sleep(0.5)
+            if self.mode == "slow":
+                chunk = max(1, int(self.rate / 10))
+                for i in range(0, len(data), chunk):
+                    writer.write(data[i : i + chunk])
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                data = b""
             writer.write(data)
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError):

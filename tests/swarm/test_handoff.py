@@ -8,12 +8,13 @@ from dataclasses import replace
 from hivemind.p2p import PeerID
 
 from protocol.codec import batch_id, encode_batch
+from protocol.identity import Identity
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem
 from swarm.handoff import HandoffStatus, HandoffStore
 from swarm.transport import SwarmTransport
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import wait_for
+from tests.swarm.conftest import fast_settings, wait_for
 
 S = HandoffStatus
 MAX_BATCH = 1000
@@ -91,6 +92,27 @@ def test_client_mode_batches_are_held_within_the_authors_quota(make_transport: C
     # The client counts the refusal once the holder's answer is back: after the holder counted it.
     assert wait_for(lambda: client.stats()["handoff_failed"] == 1, 30), client.stats()
     assert holder.stats()["handoffs_held"] == 1
+    # A batch no holder took is not announced: nobody can pull it, and its author must not be taken for
+    # unreachable (an offence) by readers that would try.
+    assert wait_for(lambda: client.stats()["publish_failed"] == 1, 30), client.stats()
+    assert client.stats()["batches_published"] == 1
+    assert reader.stats()["batches_rejected"] == {} and reader.stats()["offences"] == {}
+
+
+def test_copies_go_to_the_holders_at_once(make_transport: Callable[..., SwarmTransport]) -> None:
+    """``handoff_copies`` holders receive a batch in parallel; the manifest goes out once one has it."""
+    first = make_transport(epoch_seconds=600)
+    second = make_transport(initial_peers=first.visible_multiaddrs(), epoch_seconds=600)
+    peers = [*first.visible_multiaddrs(), *second.visible_multiaddrs()]
+    client = make_transport(client_mode=True, initial_peers=peers, handoff_copies=2, epoch_seconds=600)
+    assert wait_for(lambda: client.stats()["network_up"] and second.stats()["network_up"])
+    assert client.publish(make_batch(client.identity)) is not None
+    assert wait_for(lambda: first.stats()["handoffs_held"] == second.stats()["handoffs_held"] == 1, 30)
+    assert wait_for(lambda: client.stats()["handoffs_sent"] == 2 and client.stats()["batches_published"] == 1, 30)
+    # A holder takes the batch from its own copy; both holders lead the batch's signed address list.
+    got: list[RolloutBatch] = []
+    assert wait_for(lambda: bool(got.extend(second.collect()) or got), 30)
+    assert set(got[0].address[:2]) == set(peers)
 
 
 def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[..., SwarmTransport]) -> None:
@@ -105,3 +127,14 @@ def test_invalid_or_oversized_handoffs_are_refused(make_transport: Callable[...,
     data = encode_batch(replace(make_batch(sender.identity), swarm_id="another-swarm"), sender.identity)
     assert _put(sender, holder, batch_id(data), data) == HandoffStatus.INVALID
     assert holder.stats()["handoffs_held"] == 0 and holder.stats()["handoffs_refused"] == 4
+
+
+def test_publishing_backs_off_to_how_long_a_batch_takes_to_go_out() -> None:
+    """Behind a slow uplink a hand-off can take longer than the publish interval: the node is then told
+    to publish no more often than that (fewer, larger batches) instead of queueing ever later ones."""
+    transport = SwarmTransport(fast_settings(epoch_seconds=60.0), Identity.generate())
+    assert transport.min_publish_interval() == 60.0 / 8  # never started: the quota's interval
+    transport._shared.note_publish_seconds(4.0, weight=0.3)
+    assert transport.min_publish_interval() == 60.0 / 8  # faster than the interval: no change
+    transport._shared.note_publish_seconds(24.0, weight=0.3)
+    assert transport.min_publish_interval() == 0.7 * 4.0 + 0.3 * 24.0 == 10.0

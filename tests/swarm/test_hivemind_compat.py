@@ -63,6 +63,16 @@ def test_disconnect_closes_the_connection(make_transport: Callable[..., SwarmTra
     assert wait_for(lambda: not connected())
 
 
+def test_dht_requests_are_counted(make_transport: Callable[..., SwarmTransport]) -> None:
+    """Every find a poll sends is counted (the wrapper sits where hivemind's node calls its protocol)."""
+    a = make_transport()
+    b = make_transport(initial_peers=a.visible_multiaddrs())
+    assert wait_for(lambda: b.stats()["polls"] >= 3 and b.stats()["dht_find_requests"] >= 3)
+    stats = b.stats()
+    assert stats["dht_find_keys"] >= stats["dht_find_requests"]
+    assert a.stats()["dht_find_requests"] >= 1
+
+
 def test_a_missing_internal_is_named_in_the_error() -> None:
     class NotAP2P:
         is_alive = True

@@ -16,7 +16,7 @@ from protocol.codec import encode_batch, encode_manifest, make_manifest
 from protocol.identity import Identity
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem, SwarmCore
-from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.keys import epoch_at, manifest_key, manifest_subkey, shard_of, shards_to_read
 from swarm.transport import SwarmTransport
 from tests.swarm.batches import make_batch
 from tests.swarm.conftest import SWARM_ID, free_port, p2pd_pid, wait_for
@@ -97,6 +97,40 @@ def _forge_record(victim: SwarmTransport, mallory: Identity, epoch: int) -> tupl
     key = manifest_key(SWARM_ID, epoch, shard_of(victim.identity.peer_id))
     subkey = manifest_subkey(victim.identity.peer_id, 0)
     return key, subkey, encode_manifest(manifest, mallory), now + 60
+
+
+def _identity_in(shards: int, wanted: Callable[[int], bool]) -> Identity:
+    while True:
+        identity = Identity.generate()
+        if wanted(shard_of(identity.peer_id, shards)):
+            return identity
+
+
+def test_a_node_reading_one_of_many_shards_gets_only_that_shards_authors(
+    make_transport: Callable[..., SwarmTransport],
+) -> None:
+    """``key_shards`` spreads authors over more keys and ``read_shards`` makes a node read a few of them
+    (drawn per epoch): it pulls only the batches of authors in those shards."""
+    shards, epoch_seconds = 16, 3600.0
+    if epoch_seconds - get_dht_time() % epoch_seconds < 60:  # no epoch boundary during the test
+        time.sleep(epoch_seconds - get_dht_time() % epoch_seconds + 1)
+    common = {"key_shards": shards, "epoch_seconds": epoch_seconds}
+    reader = make_transport(read_shards=1, **common)
+    (shard,) = shards_to_read(reader.identity.peer_id, reader.current_epoch(), shards, 1)
+    inside = make_transport(_identity_in(shards, lambda s: s == shard), initial_peers=reader.visible_multiaddrs(),
+                            **common)
+    outside = make_transport(_identity_in(shards, lambda s: s != shard), initial_peers=reader.visible_multiaddrs(),
+                             **common)
+    assert wait_for(lambda: all(t.stats()["network_up"] for t in (inside, outside)))
+    assert inside.publish(make_batch(inside.identity, text="in")) is not None
+    assert outside.publish(make_batch(outside.identity, text="out")) is not None
+    assert Inbox(inside).has(1), inside.stats()  # a node reading every shard gets the other author's batch
+    got = Inbox(reader)
+    assert got.has(1), reader.stats()
+    time.sleep(2.0)  # many polls later: still only the batch of its shard
+    got.has(2, timeout=0.1)
+    assert [b.author for b in got.batches] == [inside.identity.public_key]
+    assert reader.stats()["batches_rejected"] == {}
 
 
 def test_manifest_under_another_owners_subkey_is_rejected(trio: Trio) -> None:

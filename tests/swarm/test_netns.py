@@ -113,6 +113,23 @@ def last_stats(node: Any) -> dict[str, Any]:
     return dict(stats[-1]["stats"]) if stats else {}
 
 
+def test_the_link_emulator_delays_drops_and_limits_what_a_host_sends(lab: Any) -> None:
+    """``scripts/linkem.py`` (the kernel here has no netem): a host's profile applies to what it sends, so
+    the round trip from a plain host to an intercontinental one is that profile's delay (150 ms +/- 40);
+    a bad-home host behind the NAT loses about 3% of its packets and sends at most 5 Mbit/s."""
+    plain = lab.add_host()
+    far = lab.add_host(link=netns_lib.PROFILES["intercontinental"])
+    home = lab.add_host(link=netns_lib.PROFILES["bad-home"])
+    assert home.nat and not far.nat
+    rtts = sorted(netns_lib.tcp_check(plain, far, mode="e", n=15)["rtts"])
+    assert 0.105 <= rtts[len(rtts) // 2] <= 0.2, rtts  # the emulator's own cost is a few milliseconds
+    sent = netns_lib.tcp_check(home, plain, mode="s", size=400_000)
+    assert sent["bytes"] / sent["seconds"] <= 5e6 / 8 * 1.05  # the 5 Mbit/s uplink
+    stats = lab.link_stats()["stats"][home.name]["up"]
+    assert stats["packets"] > 250 and 0.005 <= stats["lost"] / (stats["packets"] + stats["lost"]) <= 0.08, stats
+    assert not can_connect(plain, home)  # bad-home sits behind the NAT
+
+
 def test_public_and_natted_nodes_accept_each_others_batches(lab: Any) -> None:
     public = lab.add_host()
     home, home2 = lab.add_host(nat=True), lab.add_host(nat=True)

@@ -121,6 +121,18 @@ def test_an_established_peer_is_forgiven_stall_grace_stalls_per_window() -> None
     assert not pb.is_banned("p", 200) and pb.stalls_forgiven == 3
 
 
+def test_an_established_peer_given_up_as_unreachable_is_forgiven_within_the_grace() -> None:
+    pb = book(stall_grace=1, max_pull_attempts=1)
+    pb.screen("p", "b0", 10, 100, current_epoch=10, now=0)
+    pb.accept("p", "b0", 10, 100)
+    pb.screen("p", "b1", 10, 100, current_epoch=10, now=1)
+    assert pb.pull_failed("p", "b1", 10, 100, stalled=False, now=1) is False  # given up, not punished
+    assert pb.rejected == {"unreachable": 1} and not pb.offences and not pb.is_banned("p", 1)
+    pb.screen("p", "b2", 10, 100, current_epoch=10, now=2)
+    assert pb.pull_failed("p", "b2", 10, 100, stalled=False, now=2) is False  # grace used up: banned
+    assert pb.offences == {"unreachable": 1} and pb.is_banned("p", 3) and pb.stalls_forgiven == 1
+
+
 def test_a_forgiven_stall_still_counts_as_a_failed_attempt() -> None:
     pb = book(stall_grace=1, max_pull_attempts=2)
     pb.screen("p", "b0", 10, 100, current_epoch=10, now=0)

@@ -13,6 +13,7 @@ from swarm.keys import (
     manifest_key,
     manifest_subkey,
     shard_of,
+    shards_to_read,
     split_subkey,
 )
 from swarm.settings import SwarmSettings, initial_peers_from_env, parse_initial_peers
@@ -79,6 +80,18 @@ def test_epochs_and_keys() -> None:
     assert split_subkey("abc/3") == ("abc", 3)
     for bad in ("abc", "abc/", "/3", f"abc/{SLOTS_PER_AUTHOR}", "abc/-1", "abc/x"):
         assert split_subkey(bad) is None
+
+
+def test_shards_of_a_larger_swarm_and_the_ones_a_node_reads() -> None:
+    # 0xba7816bf8f01cfea mod 16 = 0xa: the last hex digit.
+    assert shard_of("abc", 16) == 10 and shard_of("abc", 4) == shard_of("abc") == 2
+    assert shards_to_read("me", 7, 4, 0) == [0, 1, 2, 3] == shards_to_read("me", 7, 4, 4)
+    picked = shards_to_read("me", 7, 64, 3)
+    assert len(set(picked)) == 3 and all(0 <= s < 64 for s in picked)
+    assert shards_to_read("me", 7, 64, 3) == picked  # the same all epoch long
+    # Other epochs and other readers draw other shards: every shard is read by someone.
+    drawn = {s for reader in ("a", "b", "c", "d") for epoch in range(100) for s in shards_to_read(reader, epoch, 64, 3)}
+    assert len(drawn) == 64
 
 
 def test_initial_peers_from_a_file_with_comments(tmp_path) -> None:

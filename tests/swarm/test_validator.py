@@ -155,3 +155,23 @@ def test_entries_are_checked_again_when_read(validator: ManifestValidator) -> No
     reasons = validator.snapshot()
     assert sum(reasons.values()) == 4 and reasons["record_bad_expiration"] == 1
     assert reasons["record_future_epoch"] == 1 and reasons["record_malformed"] == 1
+
+
+def test_a_record_read_again_is_not_decoded_again(validator: ManifestValidator,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup returns every copy of a key's manifests, each read many times a poll: the same record
+    passes without its signature being verified again, while a changed value in the slot is checked."""
+    import swarm.validator as module
+
+    calls = []
+    real = module.decode_manifest
+    monkeypatch.setattr(module, "decode_manifest", lambda *a, **k: calls.append(1) or real(*a, **k))
+    author = Identity.generate()
+    good = record(author)
+    assert validator.validate(good) and validator.validate(good) and validator.validate(good)
+    assert len(calls) == 1 and validator.stored_bytes > 0
+    forged = dataclasses.replace(good, value=record(Identity.generate()).value)  # same slot, other signer
+    assert not validator.validate(forged)
+    assert len(calls) == 2 and validator.snapshot() == {"record_subkey_not_owner": 1}
+    assert validator.validate(good) and len(calls) == 2  # the genuine record is still remembered
+
