@@ -277,6 +277,8 @@ def test_unreachable_bootstrap_does_not_block_or_raise(make_transport: Callable[
     dead_peer = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA"
     started = time.monotonic()
     lonely = make_transport(initial_peers=[dead_peer], wait=False, startup_timeout=3.0)
+    # Not blocking on the dead peer means returning well before the 3 s start-up time-out plus the retries;
+    # 5 s holds the daemon's own start on a loaded machine (passed at load 7 with a busy loop on each core).
     assert time.monotonic() - started < 5
     assert not lonely.wait_until_up(3.0)
     stats = lonely.stats()
@@ -286,7 +288,7 @@ def test_unreachable_bootstrap_does_not_block_or_raise(make_transport: Callable[
     p2pd_pid(lonely)
     started = time.monotonic()
     lonely.close()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 10  # a close that waited on the dead peer's retries would not end
     assert not lonely.is_alive()
 
 
