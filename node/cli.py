@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--model", help="or a model: a name or folder the node loads (a base, a --merged "
                        "export, or a PEFT adapter folder)")
     ev.add_argument("--step", type=int, help="with --run-dir: the checkpoint's step (default: the newest)")
+    ev.add_argument("-c", "--config", help="with --model: take the tasks, prompt and generation settings of this "
+                    "config (default: the built-in ones), e.g. to evaluate a base as a run of it would be")
     ev.add_argument("--datasets", help="comma-separated datasets (default: the run's evaluation datasets; "
                     "with --model: add)")
     ev.add_argument("--source", choices=("arith", "reasoning_gym"), help="task source (default: the run's; "
@@ -260,12 +262,15 @@ def _eval_inputs(args: argparse.Namespace) -> tuple[Any, NodeConfig, str, list[s
     if args.run_dir:
         from node.runs import open_run
 
+        if args.config:
+            raise ConfigError("--config goes with --model: a run is evaluated with its own config")
+
         run = open_run(args.run_dir, args.step)
         cfg = run.cfg
     else:
         if args.step is not None:
             raise ConfigError("--step needs --run-dir (a --model has no checkpoints)")
-        cfg = NodeConfig()
+        cfg = load_config(args.config) if args.config else NodeConfig()
         locate_model(args.model)
     source = args.source or cfg.tasks.source
     if source != cfg.tasks.source and datasets is None:
@@ -287,6 +292,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     n = args.n if args.n is not None else (None if run is not None else 200)
     plan = EvalPlan.of_run(cfg, datasets=datasets, n=n, samples=args.samples, sample_seed=args.seed)
+    if source != cfg.tasks.source:  # the config's prompt and dataset settings are of its own source
+        plan = dataclasses.replace(plan, options={"chat_template": cfg.model.chat_template})
     plan = dataclasses.replace(plan, source=source, max_new_tokens=args.max_new_tokens or plan.max_new_tokens)
     if run is not None:
         from node.runs import load_policy

@@ -42,7 +42,7 @@ class EvalPlan:
     weights: list[float] | None
     seed: int
     n: int
-    chat_template: str
+    options: dict[str, Any]  # the task source's options: chat template, prompt, dataset settings
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -53,20 +53,23 @@ class EvalPlan:
     @classmethod
     def of_run(cls, cfg: NodeConfig, *, datasets: list[str] | None, n: int | None, samples: int,
                sample_seed: int) -> EvalPlan:
-        """The node's own evaluation of ``cfg``: its eval datasets (or its datasets, with their weights)."""
+        """The node's own evaluation of ``cfg``: its eval datasets (or its datasets, with their weights), with
+        its prompt and dataset settings, so a run is scored on the tasks it was evaluated on while training."""
         t, g = cfg.tasks, cfg.generation
         own = list(t.eval_datasets or t.datasets)
         weights = t.weights if not t.eval_datasets and datasets is None else None
+        options = t.source_options(cfg.model.chat_template)
+        if datasets is not None and "dataset_configs" in options:
+            options["dataset_configs"] = {k: v for k, v in options["dataset_configs"].items() if k in datasets}
         return cls(source=t.source, datasets=datasets or own, weights=weights, seed=cfg.seed,
-                   n=n if n is not None else t.eval_size, chat_template=cfg.model.chat_template,
+                   n=n if n is not None else t.eval_size, options=options,
                    max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
                    batch_size=g.batch_size, samples=samples, sample_seed=sample_seed)
 
 
 def build_tasks(plan: EvalPlan) -> tuple[TaskSource, list[Task]]:
     try:
-        source = build_task_source(plan.source, plan.datasets, plan.weights, plan.seed,
-                                   chat_template=plan.chat_template)
+        source = build_task_source(plan.source, plan.datasets, plan.weights, plan.seed, **plan.options)
         return source, [source.task(ref) for ref in source.eval_refs(plan.n)]
     except TaskError as exc:
         raise ConfigError(f"--datasets: {exc}") from None

@@ -3,6 +3,7 @@ checkpoint of that step; the same for a merged export by --model; mistakes are o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -55,9 +56,36 @@ def test_the_table_names_each_dataset_and_the_step(trained_run, capsys):
     (["--run-dir", "{run}", "--datasets", "nope"], "--datasets: unknown dataset(s) ['nope']"),
     (["--model", "{tmp}/no-such-model"], "model.name_or_path"),
     (["--model", "tiny-base", "--step", "2"], "--step needs --run-dir"),
+    (["--run-dir", "{run}", "-c", "configs/tiny-silo.yaml"], "--config goes with --model"),
 ])
 def test_eval_mistakes_are_one_line_errors(trained_run, tmp_path, capsys, argv, expected):
     args = [a.format(tmp=tmp_path, run=trained_run.run_dir) for a in argv]
     assert main(["eval", *args]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("swarm-node: error: ") and expected in err[0], err
+
+
+def test_the_plan_of_a_run_has_its_prompt_and_dataset_settings() -> None:
+    """A run with reasoning-gym dataset settings and a worked example in the chat is evaluated on the tasks and
+    prompts its node evaluated on while training (the same source options), not on the library's defaults."""
+    from node.config import load_config
+    from node.evaluate import EvalPlan, build_tasks
+    from node.tasks import build_task_source
+
+    cfg = load_config("configs/smollm2-silo.yaml", ["tasks.eval_size=6"])
+    plan = EvalPlan.of_run(cfg, datasets=None, n=None, samples=1, sample_seed=0)
+    t = cfg.tasks
+    node_source = build_task_source(t.source, list(t.datasets), t.weights, cfg.seed,
+                                    **t.source_options(cfg.model.chat_template))
+    node_tasks = [node_source.task(r) for r in node_source.eval_refs(t.eval_size)]
+    source, tasks = build_tasks(plan)
+    assert source.config_hash == node_source.config_hash and tasks == node_tasks
+    _, plain = build_tasks(dataclasses.replace(plan, options={}))
+    assert plain != tasks  # without the settings: other tasks and prompts
+    only = EvalPlan.of_run(cfg, datasets=["gcd"], n=2, samples=1, sample_seed=0)
+    assert only.options["dataset_configs"] == {"gcd": {"max_value": 50}}
+
+
+def test_a_base_model_is_evaluated_with_a_configs_settings(capsys) -> None:
+    result = _eval(capsys, "--model", "tiny-base", "-c", "configs/tiny-silo.yaml", "--n", "4", "--no-progress")
+    assert result["tasks"] == 4 and set(result["datasets"]) == {"add", "all"}
