@@ -290,7 +290,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _quiet_loading()
     from node.evaluate import EvalPlan, build_backend, evaluate, model_policy, render_table
 
-    n = args.n if args.n is not None else (None if run is not None else 200)
+    n = args.n if args.n is not None else (None if run is not None or args.config else 200)
     plan = EvalPlan.of_run(cfg, datasets=datasets, n=n, samples=args.samples, sample_seed=args.seed)
     if source != cfg.tasks.source:  # the config's prompt and dataset settings are of its own source
         plan = dataclasses.replace(plan, options={"chat_template": cfg.model.chat_template})

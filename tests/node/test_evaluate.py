@@ -87,5 +87,10 @@ def test_the_plan_of_a_run_has_its_prompt_and_dataset_settings() -> None:
 
 
 def test_a_base_model_is_evaluated_with_a_configs_settings(capsys) -> None:
+    """With -c, the config's tasks (and its tasks.eval_size unless --n says otherwise), not the built-in ones."""
     result = _eval(capsys, "--model", "tiny-base", "-c", "configs/tiny-silo.yaml", "--n", "4", "--no-progress")
     assert result["tasks"] == 4 and set(result["datasets"]) == {"add", "all"}
+    from node.config import load_config
+
+    size = load_config("configs/tiny-silo.yaml").tasks.eval_size
+    assert _eval(capsys, "--model", "tiny-base", "-c", "configs/tiny-silo.yaml", "--no-progress")["tasks"] == size
