@@ -4,31 +4,19 @@ trained on groups of both others (re-tokenized, re-scored and anchored by the re
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mixed_swarm.py"
+from tests.scripts import load_script
 
 pytestmark = pytest.mark.slow
-
-
-def _script() -> Any:
-    spec = importlib.util.spec_from_file_location("mixed_swarm", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mixed_swarm"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_each_of_three_tokenizers_trains_on_the_other_twos_groups(tmp_path: Path, smollm2: Path) -> None:
     # smollm2 earns a reward on few of its own addition groups (3 of 32 had signal), so the pairs it authors
     # are the last to be trained on: 510 s at load 9 in the run the README gives; 40 minutes is the limit.
-    summary = _script().run(tmp_path, 2400, True, ["generation.backend=hf"], echo=lambda line: None)
+    summary = load_script("mixed_swarm").run(tmp_path, 2400, True, ["generation.backend=hf"], echo=lambda line: None)
     nodes = {n["node"]: n for n in summary["nodes"]}
     assert set(nodes) == {"tiny-base", "small-base", "smollm2"}
     assert all(n["exit_code"] == 0 and n["steps"] > 0 for n in nodes.values()), nodes

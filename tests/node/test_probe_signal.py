@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 from node.tasks import Task
 from node.tasks.prompting import DEFAULT_SYSTEM_PROMPT
 from node.train.groups import TrainGroup
 from protocol.taskref import TaskRef
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "probe_signal.py"
+from tests.scripts import load_script
 
 
 def _probe():
-    if "probe_signal" in sys.modules:
-        return sys.modules["probe_signal"]
-    spec = importlib.util.spec_from_file_location("probe_signal", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["probe_signal"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probe_signal")
 
 
 def _group(rewards: list[float], texts: list[str]):
