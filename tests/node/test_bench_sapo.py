@@ -4,26 +4,21 @@ plot) with finished runs reused on a rerun."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def _load(name: str):
-    if str(SCRIPTS) not in sys.path:
+    if str(SCRIPTS) not in sys.path:  # bench_sapo imports sapo_lib as a sibling module
         sys.path.insert(0, str(SCRIPTS))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def test_splits_equal_compute_and_on_top():

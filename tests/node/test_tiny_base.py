@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from node.policy.locate import resolve_model_path
 from node.policy.tiny import CHAR_VOCAB, TINY_BASE_NAME, build_char_tokenizer, tiny_base_path
 from node.tasks.arith_format import make_problem
+from tests.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,12 +180,7 @@ def test_build_script_rebuilds_deterministically_to_the_shipped_quality(tmp_path
 
 
 def _build_script() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("build_tiny_base", REPO_ROOT / "scripts" / "build_tiny_base.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("build_tiny_base")
 
 
 def test_build_options_leave_the_default_draws_unchanged_and_key_the_cache() -> None:

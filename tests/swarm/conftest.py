@@ -47,6 +47,17 @@ def no_p2pd_left() -> Iterator[None]:
     assert not _live_p2pd(_P2PD_PIDS | children), "p2pd processes outlived the test session"
 
 
+def started_transport(settings: SwarmSettings) -> Iterator[SwarmTransport]:
+    """A transport with its own identity, started and waited for; closed when the generator is."""
+    transport = SwarmTransport(settings, Identity.generate())
+    try:
+        transport.start(wait=True)
+        p2pd_pid(transport)
+        yield transport
+    finally:
+        transport.close()
+
+
 def fast_settings(**overrides: object) -> SwarmSettings:
     base: dict[str, object] = {
         "swarm_id": SWARM_ID,

@@ -10,33 +10,22 @@ sets it in ``.ci/run``): there they fail with the reason instead, so they are ne
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from tests.scripts import load_script
+
 PORT = 31337
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-netns_lib = _load("netns_lib")
+netns_lib = load_script("netns_lib")
 _REASON = netns_lib.netns_unavailable_reason()
 _REQUIRED = os.environ.get("SWARM_NODE_NETNS") == "require"
 pytestmark = pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=str(_REASON))

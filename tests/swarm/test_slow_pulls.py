@@ -20,7 +20,7 @@ from protocol.identity import Identity
 from protocol.samples import realistic_batch
 from swarm.transport import SwarmTransport
 from tests.swarm.attacker import Attacker, peer_id_of, wait_until
-from tests.swarm.conftest import SWARM_ID, fast_settings, p2pd_pid
+from tests.swarm.conftest import SWARM_ID, fast_settings, started_transport
 
 SETTINGS = {"epoch_seconds": 600.0, "request_timeout": 1.5, "pull_timeout": 2.0, "pull_min_rate": 64 * 1024,
             "ban_seconds": 120.0}
@@ -28,13 +28,7 @@ SETTINGS = {"epoch_seconds": 600.0, "request_timeout": 1.5, "pull_timeout": 2.0,
 
 @pytest.fixture
 def victim() -> Iterator[SwarmTransport]:
-    transport = SwarmTransport(fast_settings(**SETTINGS), Identity.generate())
-    try:
-        transport.start(wait=True)
-        p2pd_pid(transport)
-        yield transport
-    finally:
-        transport.close()
+    yield from started_transport(fast_settings(**SETTINGS))
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from protocol.identity import Identity
 from swarm.transport import SwarmTransport
 from tests.swarm.attacker import Attacker, _with, peer_id_of, wait_until
 from tests.swarm.batches import make_batch
-from tests.swarm.conftest import SWARM_ID, fast_settings, p2pd_pid
+from tests.swarm.conftest import SWARM_ID, fast_settings, started_transport
 
 SETTINGS = {"epoch_seconds": 600.0, "request_timeout": 1.5, "pull_timeout": 2.0, "ban_seconds": 120.0,
             "max_pull_attempts": 20}  # the peer that went away is retried, not banned as unreachable, meanwhile
@@ -27,13 +27,7 @@ SETTINGS = {"epoch_seconds": 600.0, "request_timeout": 1.5, "pull_timeout": 2.0,
 
 @pytest.fixture
 def victim() -> Iterator[SwarmTransport]:
-    transport = SwarmTransport(fast_settings(**SETTINGS), Identity.generate())
-    try:
-        transport.start(wait=True)
-        p2pd_pid(transport)
-        yield transport
-    finally:
-        transport.close()
+    yield from started_transport(fast_settings(**SETTINGS))
 
 
 def _int(victim: SwarmTransport, key: str) -> int:
