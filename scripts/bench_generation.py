@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench_generation.py [--models tiny,small,small-long,qwen0.5b,smollm2] [--threads 2]
                                           [--dtype float32] [--device cpu] [--reps 2] [--scale 1.0]
-                                          [--no-vllm] [--compile]
+                                          [--no-vllm] [--vllm-modes merge,lora] [--compile]
        python scripts/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
 
 Models: ``tiny`` (the embedded tiny-base), ``small`` (``small-base`` when this checkout has it, else a
@@ -362,7 +362,7 @@ def run_bench(args: argparse.Namespace) -> None:
             prompts = step_prompts(policy, sequences, tasks=tasks, kind=kind)
             rows, hf = bench_hf(policy, prompts, tokens, args.reps)
             if not args.no_vllm:
-                for mode in ("merge", "lora"):
+                for mode in args.vllm_modes.split(","):
                     rows.append(bench_vllm(policy, folder, prompts, tokens, args, mode, hf))
                 if args.compile:
                     rows.append(bench_vllm(policy, folder, prompts, tokens, args, "merge", hf, compiled=True))
@@ -431,12 +431,17 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply sequences and tokens of every workload")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--vllm-modes", default="merge,lora",
+                        help="the vLLM contenders' weight syncs, e.g. merge (leaves out the slower LoRA engine)")
     parser.add_argument("--train-steps", type=int, default=0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--kv-bytes", type=int, default=1 << 30, help="vLLM KV cache size in bytes")
     parser.add_argument("--compile", action="store_true",
                         help="also time the engine compiled (torch.compile; CUDA graphs on GPU); training: compiled")
     args = parser.parse_args()
+    bad = set(args.vllm_modes.split(",")) - {"merge", "lora"}
+    if bad:
+        parser.error(f"--vllm-modes: unknown {sorted(bad)}; choose from merge, lora")
     torch.set_num_threads(args.threads)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # small-base is looked up locally only

@@ -1,14 +1,15 @@
-"""Does sharing pay? SAPO on K tiny nodes in one process, exchanging signed batches over the real wire path.
+"""Does sharing pay? SAPO on K nodes in one process, exchanging signed batches over the real wire path.
 
 Usage:
     python scripts/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
     python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.3 CPU-hours
     python scripts/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
                                  [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
-                                 [--first-seed 0] [--group-size 8] [--set key=value ...] [--jobs 2] [--out DIR]
+                                 [--first-seed 0] [--group-size 8] [--set [TYPE:]key=value ...] [--jobs 2]
+                                 [--out DIR]
                                  [--report]                   # tables and plot from the finished runs only
 
-Each run: K nodes of a tiny model joined to an in-memory swarm (``swarm.memory``) that carries the same
+Each run: K nodes joined to an in-memory swarm (``swarm.memory``) that carries the same
 bytes as the hivemind transport: every batch encoded and signed, its manifest signed, both verified and
 screened by the receiver's peer book (quotas, staleness, dedup) through ``swarm.intake``, then ingested
 (tasks regenerated, completions re-scored, held-out tasks rejected). Nodes step round-robin, one epoch a
@@ -17,8 +18,11 @@ trained on), ``I+J`` on top (I generated and trained on, plus up to J peer group
 the silo ``T/0`` generating as many groups. Arms (peer-data treatment): ``grpo_onpolicy`` (Gensyn's:
 GRPO, ratio fixed at 1; baseline ``silo_grpo``), ``topr_uncorrected`` (TOPR with the ratio fixed at 1),
 ``topr_corrected`` (TOPR taper with behaviour log-probs) and ``rec`` (REC clipping), all three against the
-TOPR ``silo``. Settings (``sapo_lib.SETTINGS``): homogeneous nodes; a capability-heterogeneous swarm
-(bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit addition).
+TOPR ``silo``; and ``remix``, the TOPR silo with a ReMix adapter of the same active rank, against the LoRA
+silo at the same split. Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
+swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
+addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
+re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym.
 
 Pairing: node i of a seed index has the same seed, base and task stream in every arm, so each sharing run
 is compared with its silo seed by seed; deltas are means over seeds with a 95% t-interval.
@@ -48,16 +52,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sapo_lib import (  # noqa: E402
     ARMS,
+    BASELINE_OF,
     BASES,
     NODE_TYPES,
     SETTINGS,
     SHARING_ARMS,
     SILO_OF,
+    VARIANT_OF,
     RunSpec,
     base_path,
     parse_split,
     run_one,
     silo_split,
+    type_overrides,
 )
 
 MAIN_ARM = "topr_corrected"
@@ -72,8 +79,10 @@ FULL: dict[str, Any] = {
                "sparse": ["8/0", "4/4", "8+8"]},
     "ablation_splits": {"homogeneous": ["4/4"], "capability": ["8+8"], "sparse": ["8+8"]},
 }
-HOMOGENEOUS_TOLERANCE = -2.0  # goal: corrected sharing within 2% of silo
-WEAK_GAIN, TYPE_TOLERANCE = 30.0, -2.0  # goal: weaker nodes +30%, no node type below -2%
+HOMOGENEOUS_TOLERANCE = -2.0  # goal "within": corrected sharing within 2% of silo
+WEAK_GAIN, TYPE_TOLERANCE = 30.0, -2.0  # goal "weak_gain": weaker nodes +30%, no node type below -2%
+SWARM_GAIN = 20.0  # goal "gain": +20% at some sharing split
+REMIX_GAIN = 5.0  # ReMix at least +5% reward over LoRA at equal active rank
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -86,7 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--quick", action="store_true", help=f"small grid: {QUICK}")
     mode.add_argument("--full", action="store_true", help=f"the whole grid (the default): {FULL}")
     p.add_argument("--settings", nargs="+", choices=list(SETTINGS))
-    p.add_argument("--arms", nargs="+", choices=SHARING_ARMS, help="sharing arms (their silos are added)")
+    p.add_argument("--arms", nargs="+", choices=[*SHARING_ARMS, *VARIANT_OF],
+                   help="sharing arms (their silos are added); remix runs at the silo splits")
     p.add_argument("--splits", nargs="+", help="I/J (equal compute) or I+J (on top); silos T/0 are added")
     p.add_argument("--ablation-splits", nargs="+",
                    help=f"the arms other than {MAIN_ARM} run only at these splits (default: at every split)")
@@ -96,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-seed", type=int, default=0, help="first seed index (to add seeds to an earlier run)")
     p.add_argument("--group-size", type=int, default=8, help="G completions a group")
     p.add_argument("--set", dest="extra", nargs="*", default=[], metavar="key=value",
-                   help="node config overrides for every run (e.g. sapo.dataset_preference=low_signal)")
+                   help="node config overrides for every run (e.g. sapo.dataset_preference=low_signal); "
+                   "TYPE:key=value for the nodes of one type (e.g. smollm2:generation.backend=vllm)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one process, one torch thread each)")
     p.add_argument("--out", default="runs/bench_sapo", help="results folder (finished runs in it are reused)")
     p.add_argument("--report", action="store_true",
@@ -112,6 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for setting in args.settings:
             for split in [*_for(args.splits, setting), *_for(args.ablation_splits, setting)]:
                 parse_split(split)
+        type_overrides(tuple(args.extra), "")
     except ValueError as exc:
         p.error(str(exc))
     return args
@@ -126,8 +138,8 @@ def _for(value: list[str] | dict[str, list[str]] | None, setting: str) -> list[s
 
 def build_grid(args: argparse.Namespace) -> list[RunSpec]:
     """Every sharing arm at every sharing split (other arms than the main one only at the ablation splits),
-    plus the silos they are paired with, for every seed."""
-    silo_arms = list(dict.fromkeys(SILO_OF[a] for a in args.arms))
+    plus the silos they are paired with, and every variant arm (remix) at every silo split, for every seed."""
+    silo_arms = list(dict.fromkeys(BASELINE_OF[a] for a in args.arms))
     common = dict(nodes=args.nodes, steps=args.steps, group_size=args.group_size, extra=tuple(args.extra))
     grid = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -140,6 +152,8 @@ def build_grid(args: argparse.Namespace) -> list[RunSpec]:
             for arm in args.arms:
                 arm_splits = sharing if arm == MAIN_ARM or args.ablation_splits is None else [
                     s for s in sharing if s in ablation]
+                if arm in VARIANT_OF:
+                    arm_splits = silos
                 grid += [RunSpec(setting, arm, split, seed, **common) for split in arm_splits]  # type: ignore[arg-type]
     return grid
 
@@ -238,9 +252,10 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["cost"] = {k: statistics.fmean(r["cost_per_node_step"][k] for r in runs)
                        for k in runs[0]["cost_per_node_step"]}
         row["rejected"] = {k: sum(r["rejected"].get(k, 0) for r in runs) for r in runs for k in r["rejected"]}
-        if arm in SILO_OF:
-            pairs = [(r, index.get((setting, SILO_OF[arm], silo_split(split), r["spec"]["seed_index"]))) for r in runs]
-            pairs = [(r, s) for r, s in pairs if s is not None]
+        if arm in BASELINE_OF:
+            base_split = silo_split(split) if arm in SILO_OF else split
+            pairs = [(r, s) for r in runs
+                     if (s := index.get((setting, BASELINE_OF[arm], base_split, r["spec"]["seed_index"]))) is not None]
             row["paired_seeds"] = len(pairs)
             for metric in ("cum", "end", "acc"):
                 row[f"d_{metric}"] = {
@@ -274,16 +289,16 @@ def table_lines(rows: list[dict[str, Any]], markdown: bool = False) -> list[str]
         part = [r for r in rows if r["setting"] == setting]
         types = part[0]["types"]
         head = ["arm", "split", "seeds", "cum reward", "vs silo", *(f"{t} vs silo" for t in types if len(types) > 1),
-                "accuracy", "vs silo", "own signal", "peer groups"]
+                "accuracy", "vs silo", "own signal", "peer groups", "step s"]
         body = []
         for r in part:
-            silo = r["arm"] not in SILO_OF
+            silo = r["arm"] not in BASELINE_OF
             cum = f"{r['cum']['all'][0]:.3f}"
             n_seeds = str(r["seeds"]) if silo else f"{r['paired_seeds']} paired"
             body.append([r["arm"], r["split"], n_seeds, cum, "baseline" if silo else _pct(r["d_cum"]["all"]),
                          *((f"{r['cum'][t][0]:.3f}" if silo else _pct(r["d_cum"][t])) for t in types if len(types) > 1),
                          f"{r['acc']['all'][0]:.3f}", "baseline" if silo else _pct(r["d_acc"]["all"]),
-                         f"{r['signal']['all'][0]:.2f}", f"{r['peer_groups']:.2f}"])
+                         f"{r['signal']['all'][0]:.2f}", f"{r['peer_groups']:.2f}", f"{r['cost']['step_seconds']:.2f}"])
         seeds = max(r["seeds"] for r in part)
         nodes = part[0]["nodes"]
         title = f"{setting} ({SETTINGS[setting].description}; {nodes} nodes, {seeds} seed(s))"
@@ -316,33 +331,51 @@ def end_lines(rows: list[dict[str, Any]]) -> list[str]:
     policies got, where the cumulative figure averages over the whole run)."""
     lines = []
     for r in rows:
-        if r["arm"] in SILO_OF and r.get("d_end"):
+        if r["arm"] in BASELINE_OF and r.get("d_end"):
             types = ["all", *r["types"]] if len(r["types"]) > 1 else ["all"]
-            lines.append(f"last quarter vs silo, {r['setting']} {r['arm']} {r['split']}: "
+            lines.append(f"last quarter vs {BASELINE_OF[r['arm']]}, {r['setting']} {r['arm']} {r['split']}: "
                          + ", ".join(f"{t} {_pct(r['d_end'][t])}" for t in types))
     return lines
 
 
 def goals(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's goals, checked on the rows present (TOPR corrected; on-policy GRPO shown alongside)."""
+    """The issues' goals, checked on the rows present: per setting, its goal (``Setting.goal``) for TOPR
+    corrected (on-policy GRPO shown alongside); ReMix against LoRA wherever it ran."""
     lines = []
-    for arm in ("topr_corrected", "grpo_onpolicy"):
-        homo = [r for r in rows if r["setting"] == "homogeneous" and r["arm"] == arm and r["d_cum"]["all"]]
-        if homo:
-            ok = all(r["d_cum"]["all"][0] >= HOMOGENEOUS_TOLERANCE for r in homo)
-            deltas = ", ".join(f"{r['split']} {_pct(r['d_cum']['all'])}" for r in homo)
-            lines.append(f"goal homogeneous, {arm} within 2% of silo at every split: {'MET' if ok else 'NOT MET'}"
-                         f" -- {deltas}")
-        cap = [r for r in rows if r["setting"] == "capability" and r["arm"] == arm and r["d_cum"]["all"]]
-        silo = next((r for r in rows if r["setting"] == "capability" and r["arm"] == SILO_OF[arm]), None)
-        if cap and silo is not None:
-            weak = min(silo["types"], key=lambda t: silo["cum"][t][0])
-            met = [r["split"] for r in cap if r["d_cum"][weak] and r["d_cum"][weak][0] >= WEAK_GAIN
-                   and all(r["d_cum"][t] and r["d_cum"][t][0] >= TYPE_TOLERANCE for t in r["types"])]
-            deltas = "; ".join(f"{r['split']} " + ", ".join(f"{t} {_pct(r['d_cum'][t])}" for t in r["types"])
-                               for r in cap)
-            lines.append(f"goal capability, {arm}: weaker nodes ({weak}) >= +30% and no type below -2%: "
-                         f"{'MET at ' + ', '.join(met) if met else 'NOT MET'} -- {deltas}")
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        goal = SETTINGS[setting].goal
+        for arm in ("topr_corrected", "grpo_onpolicy"):
+            shared = [r for r in rows if r["setting"] == setting and r["arm"] == arm and r["d_cum"]["all"]]
+            silo = next((r for r in rows if r["setting"] == setting and r["arm"] == SILO_OF[arm]), None)
+            if goal is None or not shared or silo is None:
+                continue
+            if goal == "within":
+                ok = all(r["d_cum"]["all"][0] >= HOMOGENEOUS_TOLERANCE for r in shared)
+                deltas = ", ".join(f"{r['split']} {_pct(r['d_cum']['all'])}" for r in shared)
+                lines.append(f"goal {setting}, {arm} within 2% of silo at every split: {'MET' if ok else 'NOT MET'}"
+                             f" -- {deltas}")
+            elif goal == "gain":
+                met = [r["split"] for r in shared if r["d_cum"]["all"][0] >= SWARM_GAIN]
+                deltas = ", ".join(f"{r['split']} {_pct(r['d_cum']['all'])}" for r in shared)
+                lines.append(f"goal {setting}, {arm} >= +{SWARM_GAIN:.0f}% at some split: "
+                             f"{'MET at ' + ', '.join(met) if met else 'NOT MET'} -- {deltas}")
+            else:  # weak_gain
+                weak = min(silo["types"], key=lambda t: silo["cum"][t][0])
+                met = [r["split"] for r in shared if r["d_cum"][weak] and r["d_cum"][weak][0] >= WEAK_GAIN
+                       and all(r["d_cum"][t] and r["d_cum"][t][0] >= TYPE_TOLERANCE for t in r["types"])]
+                deltas = "; ".join(f"{r['split']} " + ", ".join(f"{t} {_pct(r['d_cum'][t])}" for t in r["types"])
+                                   for r in shared)
+                lines.append(f"goal {setting}, {arm}: weaker nodes ({weak}) >= +30% and no type below -2%: "
+                             f"{'MET at ' + ', '.join(met) if met else 'NOT MET'} -- {deltas}")
+        for r in rows:
+            if r["setting"] == setting and r["arm"] in VARIANT_OF and r["d_cum"]["all"]:
+                base = next(b for b in rows if (b["setting"], b["arm"], b["split"]) == (setting, VARIANT_OF[r["arm"]],
+                                                                                          r["split"]))
+                ok = r["d_cum"]["all"][0] >= REMIX_GAIN
+                lines.append(f"goal {setting}, {r['arm']} >= +{REMIX_GAIN:.0f}% reward over LoRA at {r['split']}: "
+                             f"{'MET' if ok else 'NOT MET'} -- reward {_pct(r['d_cum']['all'])}, accuracy "
+                             f"{_pct(r['d_acc']['all'])}, step time {r['cost']['step_seconds']:.2f} s against "
+                             f"{base['cost']['step_seconds']:.2f} s")
     return lines
 
 
@@ -354,7 +387,7 @@ def plot(results: list[dict[str, Any]], path: Path, window: int = 10) -> None:
     import matplotlib.pyplot as plt
 
     panels = list(dict.fromkeys((r["spec"]["setting"], t) for r in results for t in r["node_types"]))
-    arms = [a for a in SHARING_ARMS if any(r["spec"]["arm"] == a for r in results)] or ["silo"]
+    arms = [a for a in BASELINE_OF if any(r["spec"]["arm"] == a for r in results)] or ["silo"]
     fig, axes = plt.subplots(len(panels), len(arms), figsize=(5 * len(arms), 3.4 * len(panels)), squeeze=False,
                              sharey="row")
     for a, (setting, kind) in enumerate(panels):
@@ -363,9 +396,10 @@ def plot(results: list[dict[str, Any]], path: Path, window: int = 10) -> None:
             curves: dict[str, list[list[float]]] = {}
             for res in results:
                 s = res["spec"]
-                if s["setting"] != setting or s["arm"] not in (arm, SILO_OF.get(arm, arm)):
+                if s["setting"] != setting or s["arm"] not in (arm, BASELINE_OF.get(arm, arm)):
                     continue
-                label = f"{s['split']} silo" if s["arm"] not in SILO_OF else s["split"]
+                label = f"{s['split']} {s['arm']}" if s["arm"] in VARIANT_OF else (
+                    f"{s['split']} silo" if s["arm"] not in SILO_OF else s["split"])
                 curves.setdefault(label, []).extend(r for r, t in zip(res["rewards"], res["node_types"]) if t == kind)
             for label in sorted(curves, key=lambda x: (not x.endswith("silo"), x)):
                 mean = [statistics.fmean(col) for col in zip(*curves[label])]
@@ -391,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
           f"extra {args.extra}", flush=True)
     t0 = time.perf_counter()
     for kind in dict.fromkeys(NODE_TYPES[k].base for s in args.settings for k in SETTINGS[s].node_types):
-        print(f"bench_sapo: base {kind}: {base_path(kind)} {' '.join(BASES[kind])}", flush=True)
+        print(f"bench_sapo: base {kind}: {base_path(kind)} {' '.join(BASES.get(kind, []))}", flush=True)
     results = execute(grid, args.jobs, out, run=not args.report)
     if not results:
         print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)

@@ -1,7 +1,9 @@
-"""The core of ``bench_sapo.py``: one run = K tiny nodes in one process, sharing over an in-memory swarm.
+"""The core of ``bench_sapo.py``: one run = K nodes in one process, sharing over an in-memory swarm.
 
 A run is described by a ``RunSpec`` (setting, arm, split, seed index, steps, ...). ``run_one`` builds K
-``Node``s from ``configs/tiny-silo.yaml`` plus overrides, joins them to one ``InMemoryHub`` through the
+``Node``s, each from its node type's config (``configs/tiny-silo.yaml`` for the tiny bases,
+``small-silo.yaml`` for small-base, ``smollm2-silo.yaml`` for smollm2-135m) plus the setting's tasks and
+the arm's overrides, joins them to one ``InMemoryHub`` through the
 same ``SwarmExchange`` a daemon uses -- batches encoded and signed, manifests signed, both verified and
 screened by the receiver's peer book (``swarm.intake``) before ingestion re-scores every completion --
 steps them round-robin (every node one ``train_step()``, then ``hub.epoch += 1``) and returns every
@@ -13,7 +15,9 @@ silo and sharing arms of a seed draw exactly the same tasks.
 
 Splits: ``I/J`` keeps generation compute equal (I + J groups generated a step, I own plus up to J peer
 groups trained on); ``I+J`` shares on top (I generated and all I trained on, plus up to J peer groups).
-Either is compared with the silo ``T/0`` that generates as many groups (T = I + J, or I).
+Either is compared with the silo ``T/0`` that generates as many groups (T = I + J, or I). A variant arm
+(``VARIANT_OF``, e.g. ``remix``: the silo with a ReMix adapter) is compared with its baseline at the same
+split.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "configs" / "tiny-silo.yaml"
+CONFIGS = ROOT / "configs"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 # Peer-data treatment, one arm each. The TOPR silo is the baseline of the TOPR and REC arms (on a node's
@@ -40,13 +44,22 @@ ARMS: dict[str, list[str]] = {
     "topr_uncorrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=false"],
     "topr_corrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true"],
     "rec": ["train.loss=rec", "train.advantage=rloo", "train.off_policy_correction=true"],
+    # The silo with a ReMix adapter of the same active rank as the node type's LoRA (k LoRAs of rank r/k
+    # active of n; see ``node_config``). ReMix runs on the HF backend only.
+    "remix": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true", "adapter.kind=remix",
+              "generation.backend=hf"],
 }
 SILO_OF: dict[str, str] = {"grpo_onpolicy": "silo_grpo", "topr_uncorrected": "silo", "topr_corrected": "silo",
                            "rec": "silo"}
 SHARING_ARMS = list(SILO_OF)
+# Arms that change the node, not the sharing: each is compared with its baseline at the same split.
+VARIANT_OF: dict[str, str] = {"remix": "silo"}
+BASELINE_OF: dict[str, str] = {**SILO_OF, **VARIANT_OF}
+REMIX_N, REMIX_K = 8, 2
 
-# Base models by node type: ``scripts/build_tiny_base.py`` options ([] is the shipped tiny-base), built
-# once and cached under runs/tiny-bases/ (see ``build_tiny_base.cached_base``).
+# Tiny base models: ``scripts/build_tiny_base.py`` options ([] is the shipped tiny-base), built once and
+# cached under runs/tiny-bases/ (see ``build_tiny_base.cached_base``). A node type's base that is not a key
+# here is a model the node resolves by name (``small-base``, ``smollm2-135m``).
 BASES: dict[str, list[str]] = {
     "tiny-base": [],
     # Pretrained on an even add/sub mix until greedy accuracy 0.5 on both: strong on the common mixture.
@@ -62,10 +75,13 @@ BASES: dict[str, list[str]] = {
 
 @dataclass(frozen=True)
 class NodeType:
-    """A kind of node: its base model (a key of ``BASES``) and, if not the setting's, its own task weights."""
+    """A kind of node: its base model (a key of ``BASES`` or a model name), its config under ``configs/``
+    (the model's adapter, prompt, generation and training settings) and, if not the setting's, its own task
+    weights."""
 
     base: str
     weights: tuple[float, ...] | None = None
+    config: str = "tiny-silo.yaml"
 
 
 NODE_TYPES: dict[str, NodeType] = {
@@ -76,28 +92,49 @@ NODE_TYPES: dict[str, NodeType] = {
     "add3-novice": NodeType("add3-novice"),
     "add-heavy": NodeType("tiny-base", (0.8, 0.2)),
     "sub-heavy": NodeType("tiny-base", (0.2, 0.8)),
+    # The embedded 5.2M-parameter small-base (2,048-token BPE), and the pretrained SmolLM2-135M-Instruct
+    # (49,152-token BPE; fetched from the package index on first use), each with its own shipped config.
+    "small-base": NodeType("small-base", config="small-silo.yaml"),
+    "smollm2": NodeType("smollm2-135m", config="smollm2-silo.yaml"),
 }
 
 
 @dataclass(frozen=True)
 class Setting:
-    """A swarm: the task mixture and the node type of each node (node i: ``node_types[i % len]``)."""
+    """A swarm: the task mixture, the node type of each node (node i: ``node_types[i % len]``), overrides
+    for every node (e.g. the reasoning-gym dataset settings, which must be the same on every node: they are
+    part of the tasks' hash) and the goal the issue set for it (``goals`` in ``bench_sapo.py``): ``within``
+    (sharing within 2% of the silo), ``weak_gain`` (the weaker type +30%, no type below -2%) or ``gain``
+    (+20% at some sharing split); None for none."""
 
     datasets: tuple[str, ...]
     weights: tuple[float, ...]
     node_types: tuple[str, ...]
     description: str
+    overrides: tuple[str, ...] = ()
+    goal: str | None = None
 
 
 SETTINGS: dict[str, Setting] = {
-    "homogeneous": Setting(("add",), (1.0,), ("tiny-base",), "every node the shipped tiny-base, on addition"),
+    "homogeneous": Setting(("add",), (1.0,), ("tiny-base",), "every node the shipped tiny-base, on addition",
+                           goal="within"),
     "capability": Setting(("add", "sub"), (0.5, 0.5), ("expert", "journeyman"),
-                          "experts and journeymen alternating, all on an even add/sub mix"),
+                          "experts and journeymen alternating, all on an even add/sub mix", goal="weak_gain"),
     "sparse": Setting(("add3",), (1.0,), ("add3-novice",),
                       "3-digit addition on a base that rarely solves it: most own groups carry no signal"),
     # Not in the default grid: nodes that differ only in their task mixture (for dataset preferences).
     "mixture": Setting(("add", "sub"), (0.5, 0.5), ("add-heavy", "sub-heavy"),
                        "the shipped tiny-base on add-heavy and sub-heavy mixtures alternating"),
+    # Two models, two tokenizers: every peer group is re-tokenized, re-scored and anchored by its receiver.
+    # The datasets are those where both models have signal (README, "Does it pay on a real model?").
+    "models": Setting(("calendar_arithmetic", "propositional_logic"), (0.5, 0.5),
+                      ("smollm2", "small-base", "small-base", "small-base"),
+                      "one smollm2-135m node to three small-base nodes, on calendar_arithmetic and "
+                      "propositional_logic", overrides=("tasks.dataset_configs={}",), goal="weak_gain"),
+    # SAPO's own setting at 135M: homogeneous smollm2-135m nodes on its config's reasoning-gym mixture.
+    "smollm2": Setting(("basic_arithmetic", "syllogism", "spell_backward", "gcd"), (0.25, 0.25, 0.25, 0.25),
+                       ("smollm2",), "smollm2-135m nodes on the four datasets of configs/smollm2-silo.yaml",
+                       goal="gain"),
 }
 
 
@@ -152,7 +189,10 @@ def node_type(spec: RunSpec, index: int) -> str:
 
 
 def base_path(kind: str) -> str:
-    """The model folder of a base (a key of ``BASES``), building and caching it on first use."""
+    """The model folder of a tiny base (a key of ``BASES``), building and caching it on first use; any other
+    base is a model name the node resolves itself."""
+    if kind not in BASES:
+        return kind
     if not BASES[kind]:
         return "tiny-base"
     from build_tiny_base import cached_base
@@ -161,13 +201,20 @@ def base_path(kind: str) -> str:
 
 
 def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
-    """Node ``index``'s config: seed = seed_index * 100 + index, its type's base, the setting's tasks."""
+    """Node ``index``'s config: its type's config and base, seed = seed_index * 100 + index, the setting's
+    tasks, the split, the arm."""
     from node.config import load_config
 
     setting = SETTINGS[spec.setting]
     kind = NODE_TYPES[node_type(spec, index)]
     local, external, _ = parse_split(spec.split)
     datasets = ",".join(setting.datasets)
+    arm = list(ARMS[spec.arm])
+    if spec.arm == "remix":  # the same active rank as the type's LoRA: k of n LoRAs of rank r / k
+        rank = load_config(CONFIGS / kind.config).adapter.rank
+        if rank % REMIX_K:
+            raise ValueError(f"{kind.config}: adapter.rank {rank} is not a multiple of ReMix's k={REMIX_K}")
+        arm += [f"adapter.rank={rank // REMIX_K}", f"adapter.remix.k={REMIX_K}", f"adapter.remix.n={REMIX_N}"]
     overrides = [
         f"seed={spec.seed_index * 100 + index}",
         f"run_dir={run_dir}",
@@ -183,10 +230,27 @@ def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
         f"train.steps={spec.steps}",
         f"train.eval_every={spec.steps}",
         f"train.checkpoint_every={10 * spec.steps + 1}",
-        *ARMS[spec.arm],
-        *spec.extra,
+        *setting.overrides,
+        *arm,
+        *type_overrides(spec.extra, node_type(spec, index)),
     ]
-    return load_config(CONFIG, overrides)
+    return load_config(CONFIGS / kind.config, overrides)
+
+
+def type_overrides(extra: tuple[str, ...], kind: str) -> list[str]:
+    """The overrides of ``extra`` that apply to a node of type ``kind``: ``key=value`` to every node,
+    ``TYPE:key=value`` to the nodes of that type only (e.g. ``smollm2:generation.backend=vllm``)."""
+    out = []
+    for item in extra:
+        prefix, sep, rest = item.partition(":")
+        if sep and "=" not in prefix:
+            if prefix not in NODE_TYPES:
+                raise ValueError(f"override {item!r}: unknown node type {prefix!r}; choose from {list(NODE_TYPES)}")
+            if prefix == kind:
+                out.append(rest)
+        else:
+            out.append(item)
+    return out
 
 
 def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:

@@ -102,3 +102,92 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     assert len(missing) == 2 and all(line.endswith("-s1") for line in missing) and "1 seed(s)" in text
     assert len(list((out / "runs").glob("*.json"))) == 2
     assert bench.main([*argv, "--first-seed", "5", "--report"]) == 1  # nothing of this grid has run
+
+
+def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
+    from node.config import load_config
+    from node.tasks import build_task_source
+
+    lib = _load("sapo_lib")
+    spec = lib.RunSpec("models", "topr_corrected", "4/4", 1, nodes=4, steps=3, eval_size=8)
+    cfgs = [lib.node_config(spec, i, "unused") for i in range(4)]
+    assert [c.model.name_or_path for c in cfgs] == ["smollm2-135m", "small-base", "small-base", "small-base"]
+    smollm2, small = cfgs[0], cfgs[1]
+    assert (smollm2.adapter.rank, small.adapter.rank) == (16, 8)  # each model keeps its own config's settings
+    assert smollm2.tasks.prompt.examples and small.train.lr == 0.001 and smollm2.train.lr == 0.0002
+    assert [c.seed for c in cfgs] == [100, 101, 102, 103]
+    assert all(c.tasks.datasets == ["calendar_arithmetic", "propositional_logic"] for c in cfgs)
+    assert all((c.sapo.local_groups, c.sapo.external_groups) == (4, 4) for c in cfgs)
+    # TYPE:key=value overrides reach the nodes of that type only.
+    typed = lib.RunSpec("models", "silo", "8/0", 0, nodes=2, extra=("smollm2:generation.backend=vllm",
+                                                                    "generation.max_new_tokens=40"))
+    pair = [lib.node_config(typed, i, "unused") for i in range(2)]
+    assert [c.generation.backend for c in pair] == ["vllm", "hf"]
+    assert [c.generation.max_new_tokens for c in pair] == [40, 40]
+    with pytest.raises(SystemExit):
+        _load("bench_sapo").parse_args(["--set", "big:generation.backend=vllm"])
+
+    def task_hash(cfg):
+        t = cfg.tasks
+        return build_task_source(t.source, t.datasets, t.weights, cfg.seed,
+                                 **t.source_options(cfg.model.chat_template)).config_hash
+
+    # The setting's dataset settings are every node's, so all draw and verify the same tasks; without the
+    # override smollm2's config would bring its own (easy basic_arithmetic, gcd, ...) and a hash of its own.
+    assert len({task_hash(c) for c in cfgs}) == 1
+    plain = load_config(lib.CONFIGS / "smollm2-silo.yaml", ["tasks.datasets=[calendar_arithmetic]"])
+    assert task_hash(plain) != task_hash(cfgs[0])
+
+
+def test_remix_arm_has_the_loras_active_rank_and_is_paired_with_the_silo_at_its_split():
+    bench = _load("bench_sapo")
+    lib = _load("sapo_lib")
+    args = bench.parse_args(["--settings", "smollm2", "--arms", "remix", "--splits", "8/0", "--seeds", "2",
+                             "--nodes", "1", "--steps", "2"])
+    grid = bench.build_grid(args)
+    assert sorted((s.arm, s.split, s.seed_index) for s in grid) == [
+        ("remix", "8/0", 0), ("remix", "8/0", 1), ("silo", "8/0", 0), ("silo", "8/0", 1)]
+    remix = lib.node_config(next(s for s in grid if s.arm == "remix"), 0, "unused")
+    lora = lib.node_config(next(s for s in grid if s.arm == "silo"), 0, "unused")
+    assert (lora.adapter.kind, lora.adapter.rank) == ("lora", 16)
+    assert (remix.adapter.kind, remix.adapter.rank, remix.adapter.remix.k, remix.adapter.remix.n) == ("remix", 8, 2, 8)
+    assert remix.generation.backend == "hf" and remix.adapter.target_modules == lora.adapter.target_modules
+
+    def result(arm, seed, reward, step_seconds):
+        spec = lib.RunSpec("smollm2", arm, "8/0", seed, nodes=1, steps=2)
+        return {"spec": lib.asdict(spec), "name": spec.name, "node_types": ["smollm2"],
+                "rewards": [[reward, reward]], "signal": [[0.5, 0.5]], "peer_groups": [[0, 0]],
+                "accuracy": [reward], "rejected": {},
+                "cost_per_node_step": {"step_seconds": step_seconds, "exchange_seconds": 0.0}}
+
+    # ReMix 25% and 0% above LoRA on the two seeds: +12.5% on average (t-interval of 2 seeds: 12.706 s / sqrt 2).
+    rows = bench.summarize([result("silo", 0, 0.25, 30.0), result("silo", 1, 0.5, 30.0),
+                            result("remix", 0, 0.3125, 50.0), result("remix", 1, 0.5, 60.0)])
+    row = next(r for r in rows if r["arm"] == "remix")
+    assert row["paired_seeds"] == 2 and row["d_cum"]["all"] == (12.5, pytest.approx(12.706 * 12.5))
+    goal = [line for line in bench.goals(rows) if "remix" in line]
+    assert goal == ["goal smollm2, remix >= +5% reward over LoRA at 8/0: MET -- reward +12.5% ±158.8, accuracy "
+                    "+12.5% ±158.8, step time 55.00 s against 30.00 s"]
+    assert any("| remix | 8/0 | 2 paired |" in line for line in bench.table_lines(rows, markdown=True))
+
+
+@pytest.mark.slow
+def test_a_smollm2_node_and_a_small_base_node_ingest_each_others_groups(tmp_path, smollm2):
+    """The ``models`` setting on the wire path for real, with a tiny batch: each receiver re-tokenizes the
+    other model's completions (two tokenizers) and accepts its groups after re-scoring them."""
+    lib = _load("sapo_lib")
+    spec = lib.RunSpec("models", "topr_corrected", "2/2", 0, nodes=2, steps=2, group_size=2, eval_size=2,
+                       extra=("generation.max_new_tokens=8",))
+    nodes, hub = lib._build_nodes(spec, tmp_path)
+    try:
+        assert [n.cfg.model.name_or_path for n in nodes] == ["smollm2-135m", "small-base"]
+        nodes[0].train_step()
+        small = nodes[1].train_step()  # smollm2's batch of this epoch is already there
+        hub.epoch += 1
+        big = nodes[0].train_step()  # and small-base's
+        for record in (small, big):
+            assert record["batches_accepted"] == 1 and record["batches_rejected"] == {}
+            assert record["ingest_groups_accepted"] >= 1 and record["ingest_retokenized"] >= 2
+    finally:
+        for node in nodes:
+            node.close()
