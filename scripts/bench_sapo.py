@@ -22,7 +22,8 @@ TOPR ``silo``; and ``remix``, the TOPR silo with a ReMix adapter of the same act
 silo at the same split. Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
-re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym.
+re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym (a
+run with a smollm2 node peaks near 12 GB resident: ``--jobs 1`` on a 24 GB machine).
 
 Pairing: node i of a seed index has the same seed, base and task stream in every arm, so each sharing run
 is compared with its silo seed by seed; deltas are means over seeds with a 95% t-interval.
