@@ -266,3 +266,50 @@ def sequence_logprobs(
                    logits_to_keep=kept).logits
     logits = logits[:, :-1, :].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
+
+
+def shared_prompt_logprobs(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """``sequence_logprobs`` with each distinct prompt computed once: ``[B, Tc]`` log-probs of right-padded
+    completions ``[B, Tc]`` after ``prompts`` (one token list a row, on the completions' device).
+
+    An RL batch holds a group of completions per prompt, and the prompt is most of a row's tokens (a chat
+    prompt with a worked example against a short answer), so the full pass spends most of its work
+    recomputing it. Here the distinct prompts run once, their KV cache is copied to the rows that share
+    them (an indexing, so gradients flow back to the prompt's pass and sum over the group), and only the
+    completions run per row. The same log-probs as the full pass, up to float rounding; where the model
+    returns no cache that can copy rows (gradient checkpointing in training), every row runs in full."""
+    device = completion_ids.device
+    distinct: dict[tuple[int, ...], int] = {}
+    index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    past = None
+    if len(distinct) < len(index):
+        p_ids, p_mask = (t.to(device) for t in left_pad([list(p) for p in distinct], pad_id))
+        out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=positions_from_mask(p_mask), use_cache=True,
+                    logits_to_keep=1)
+        past = out.past_key_values
+    if past is None or not hasattr(past, "batch_select_indices"):
+        ids, mask = left_pad([list(p) for p in prompts], pad_id)
+        return sequence_logprobs(model, ids.to(device), mask.to(device), completion_ids, completion_mask,
+                                 temperature=temperature)
+    rows = torch.tensor(index, device=device)
+    past.batch_select_indices(rows)
+    row_mask = p_mask[rows]
+    logits = out.logits[rows, -1:, :]  # the prompt's last position predicts the first completion token
+    width = completion_ids.shape[1]
+    if width > 1:  # the last completion token predicts nothing: it is not run
+        rest = completion_ids[:, :-1]
+        attn = torch.cat([row_mask, completion_mask[:, :-1].long()], dim=1)
+        positions = row_mask.sum(-1, keepdim=True) + torch.arange(width - 1, device=device)
+        tail = model(input_ids=rest, attention_mask=attn, position_ids=positions, past_key_values=past,
+                     use_cache=True).logits
+        logits = torch.cat([logits, tail], dim=1)
+    logits = logits.float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)

@@ -47,7 +47,13 @@ from typing import Any
 
 import torch
 
-from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
+from node.generation import (
+    left_pad,
+    logit_micro_batches,
+    right_pad,
+    sequence_logprobs,
+    shared_prompt_logprobs,
+)
 from node.policy.model import Policy
 from node.rollouts import encode_prompt
 from node.scoring import ScoringWorker
@@ -391,14 +397,18 @@ class Ingestor:
     def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:
         """Our own log-probs of re-tokenized completions, computed once at ingestion: the TOPR anchor."""
         pad = self.policy.tokenizer.pad_token_id
+        dev = self.policy.device
         for chunk in self._chunks(pending):
-            prompt_ids, prompt_mask = left_pad([g.prompt_ids for g, _ in chunk], pad)
-            comp_ids, comp_mask = right_pad([g.completions[i] for g, i in chunk], pad, torch.long)
-            dev = self.policy.device
-            if self.policy.remix is not None:
+            comp_ids, comp_mask = (t.to(dev) for t in right_pad([g.completions[i] for g, i in chunk], pad, torch.long))
+            prompts = [g.prompt_ids for g, _ in chunk]
+            if self.policy.remix is None:  # a group's prompt runs once for all of its completions
+                lps = shared_prompt_logprobs(self.policy.model, prompts, comp_ids, comp_mask, pad_id=pad,
+                                             temperature=self.temperature)
+            else:
                 self.policy.remix.deterministic()
-            lps = sequence_logprobs(self.policy.model, prompt_ids.to(dev), prompt_mask.to(dev), comp_ids.to(dev),
-                                    comp_mask.to(dev), temperature=self.temperature, remix=self.policy.remix)
+                prompt_ids, prompt_mask = left_pad(prompts, pad)
+                lps = sequence_logprobs(self.policy.model, prompt_ids.to(dev), prompt_mask.to(dev), comp_ids,
+                                        comp_mask, temperature=self.temperature, remix=self.policy.remix)
             for row, (group, i) in enumerate(chunk):
                 n = len(group.completions[i])
                 group.anchor_logprobs[i] = lps[row, :n].float().cpu().tolist()

@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 
-from node.generation import left_pad, logit_micro_batches, right_pad, sequence_logprobs
+from node.generation import (
+    left_pad,
+    logit_micro_batches,
+    right_pad,
+    sequence_logprobs,
+    shared_prompt_logprobs,
+)
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
@@ -111,16 +117,15 @@ class Trainer:
     def _micro_step(self, rows: list[_Row], weight: float) -> dict[str, float]:
         device = self.policy.device
         pad_id = self.policy.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = left_pad([r[0] for r in rows], pad_id)
         completion_ids, completion_mask = right_pad([r[1] for r in rows], pad_id, torch.long)
         anchor, _ = right_pad([r[2] for r in rows], 0.0, torch.float32)
         advantages = torch.tensor([r[3] for r in rows], dtype=torch.float32)
-        tensors = [t.to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages)]
-        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = tensors
+        tensors = [t.to(device) for t in (completion_ids, completion_mask, anchor, advantages)]
+        completion_ids, completion_mask, anchor, advantages = tensors
         remix = self.policy.remix
-        if remix is None:
-            logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                         temperature=self.temperature)
+        if remix is None:  # a group's prompt runs once for all of its completions
+            logprobs = shared_prompt_logprobs(self.policy.model, [r[0] for r in rows], completion_ids,
+                                              completion_mask, pad_id=pad_id, temperature=self.temperature)
             own = torch.tensor([r[4] for r in rows], device=device)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
@@ -140,6 +145,7 @@ class Trainer:
                                       token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
+        prompt_ids, prompt_mask = (t.to(device) for t in left_pad([r[0] for r in rows], pad_id))
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
                                       weight)
 

@@ -16,6 +16,7 @@ from node.generation import (
     right_pad,
     sample_rows,
     sequence_logprobs,
+    shared_prompt_logprobs,
     top_p_filter,
 )
 from node.policy.tiny import build_char_tokenizer
@@ -231,3 +232,70 @@ def test_logit_micro_batches_keep_the_logits_within_the_budget() -> None:
         for b in batches:
             width = max(lengths[i] for i in b) + 1
             assert len(b) == 1 or len(b) * width * 100 * LOGIT_BYTES <= budget
+
+
+def _lora_model(model):
+    """A copy of ``model`` with rank-4 LoRA adapters whose B is not zero, so the adapters change its output."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj",
+                                                                                                  "down_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    return peft_model.train()
+
+
+def _grouped_rows(tok):
+    """Three groups of different prompt lengths, completions from 1 to 9 tokens (one of them a lone row)."""
+    prompts = _prompts(tok)
+    rows = [(prompts[0], [5, 6, 7]), (prompts[0], [8]), (prompts[0], [9, 10, 11, 12, 13, 14, 15, 16, 17]),
+            (prompts[1], [20, 21]), (prompts[1], [22, 23, 24, 25]), (prompts[2], [30, 31, 32])]
+    c_ids, c_mask = right_pad([c for _, c in rows], tok.pad_token_id, torch.long)
+    return [p for p, _ in rows], c_ids, c_mask
+
+
+def _logprobs_and_grads(model, fn):
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    lps, mask = fn()
+    (lps * mask).sum().backward()
+    return lps.detach(), [p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("distinct", [False, True])  # distinct: no two rows share a prompt (every row in full)
+def test_a_shared_prompt_gives_the_full_passs_logprobs_and_gradients(model_and_tokenizer, distinct):
+    model, tok = model_and_tokenizer
+    lora = _lora_model(model)
+    prompts, c_ids, c_mask = _grouped_rows(tok)
+    if distinct:
+        prompts = [[*p, *[tok.pad_token_id + 3] * i] for i, p in enumerate(prompts)]
+    p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
+    full, full_grads = _logprobs_and_grads(lora, lambda: (sequence_logprobs(lora, p_ids, p_mask, c_ids, c_mask),
+                                                          c_mask))
+    shared, shared_grads = _logprobs_and_grads(lora, lambda: (shared_prompt_logprobs(
+        lora, prompts, c_ids, c_mask, pad_id=tok.pad_token_id), c_mask))
+    assert torch.allclose(full[c_mask], shared[c_mask], atol=1e-5)
+    for a, b in zip(full_grads, shared_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert any(g.abs().max() > 0 for g in shared_grads)
+
+
+def test_a_shared_prompt_runs_once_for_its_group(model_and_tokenizer):
+    """The model sees each of the 3 distinct prompts once (padded to the widest), then the 6 completions
+    without their last token, which predicts nothing; the full pass runs 6 prompts and whole completions."""
+    model, tok = model_and_tokenizer
+    prompts, c_ids, c_mask = _grouped_rows(tok)
+    seen: list[int] = []
+    handle = model.model.embed_tokens.register_forward_hook(lambda _m, inp, _out: seen.append(int(inp[0].numel())))
+    try:
+        with torch.no_grad():
+            shared_prompt_logprobs(model, prompts, c_ids, c_mask, pad_id=tok.pad_token_id)
+    finally:
+        handle.remove()
+    widest_prompt = max(len(p) for p in prompts)
+    assert seen == [3 * widest_prompt, 6 * (c_ids.shape[1] - 1)]

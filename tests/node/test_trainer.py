@@ -90,14 +90,13 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
 def _own_group(policy, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> TrainGroup:
     """The node's own group whose behaviour log-probs are the trainer's own plus ``behaviour_shift`` a token
     (what an engine that rounds differently reports)."""
-    from node.generation import left_pad, right_pad, sequence_logprobs
+    from node.generation import right_pad, shared_prompt_logprobs
 
     completions = [[6, 7, 2], [8, 2], [9, 10, 11, 2]][: len(rewards)]
     prompt = [1, 4, 5]
-    p_ids, p_mask = left_pad([prompt] * len(completions), 0)
     c_ids, c_mask = right_pad(completions, 0, torch.long)
-    with torch.no_grad():
-        lps = sequence_logprobs(policy.model, p_ids, p_mask, c_ids, c_mask)
+    with torch.no_grad():  # computed as the trainer computes them, so a shift of 0 is a ratio of exactly 1
+        lps = shared_prompt_logprobs(policy.model, [prompt] * len(completions), c_ids, c_mask, pad_id=0)
     behaviour = [[float(x) + behaviour_shift for x in lps[i, : len(c)]] for i, c in enumerate(completions)]
     g = TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=completions,
                    anchor_logprobs=behaviour, rewards=list(rewards))
