@@ -22,6 +22,7 @@ from node.modes import (
     DatasetPreference,
     EngineSync,
     GenerationBackendName,
+    LossDenominator,
     LossKind,
     SamplingMode,
     SelectionPolicy,
@@ -240,6 +241,13 @@ class TrainConfig(_Section):
         None, gt=1, description="correct the generation engine's mismatch with the trainer on the node's own "
         "samples: per-token importance weights min(trainer/engine, cap), e.g. 2 for a bfloat16 vLLM engine; "
         "null: off (the TOPR taper and REC clip then absorb the gap)")
+    optimizer_steps: int = Field(1, ge=1, description="optimizer steps a training step: its sequences dealt "
+                                 "round-robin into this many parts, one update each (the later parts are off-policy "
+                                 "by the earlier updates, which the TOPR taper and REC clip correct)")
+    loss_denominator: LossDenominator = Field(
+        "batch", description="batch: an update's loss is the mean over its sequences (every step the same size); "
+        "fixed: their sum over sapo.local_groups x generation.group_size sequences, so peer groups on top and "
+        "steps with more groups with signal make larger steps")
     micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
     logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
                                   "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "

@@ -11,6 +11,7 @@ from typing import Literal, get_args
 
 AdvantageKind = Literal["rloo", "grpo", "global"]
 LossKind = Literal["topr", "rec", "grpo", "reinforce"]
+LossDenominator = Literal["batch", "fixed"]
 SelectionPolicy = Literal["uniform", "highest_reward", "round_robin"]
 DatasetPreference = Literal["none", "own_mixture", "low_signal", "both"]
 SamplingMode = Literal["standard", "ada_balanced", "ada_positive"]
@@ -21,6 +22,7 @@ EngineSync = Literal["auto", "merge", "lora"]
 
 ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
+LOSS_DENOMINATORS: tuple[str, ...] = get_args(LossDenominator)
 SELECTION_POLICIES: tuple[str, ...] = get_args(SelectionPolicy)
 DATASET_PREFERENCES: tuple[str, ...] = get_args(DatasetPreference)
 SAMPLING_MODES: tuple[str, ...] = get_args(SamplingMode)

@@ -226,7 +226,9 @@ class Node:
                        micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
                        gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb,
-                       engine_is_cap=tc.engine_is_cap)
+                       engine_is_cap=tc.engine_is_cap, optimizer_steps=tc.optimizer_steps,
+                       loss_denominator=(self.cfg.sapo.local_groups * self.cfg.generation.group_size
+                                         if tc.loss_denominator == "fixed" else None))
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)

@@ -126,15 +126,20 @@ SETTINGS: dict[str, Setting] = {
     "mixture": Setting(("add", "sub"), (0.5, 0.5), ("add-heavy", "sub-heavy"),
                        "the shipped tiny-base on add-heavy and sub-heavy mixtures alternating"),
     # Two models, two tokenizers: every peer group is re-tokenized, re-scored and anchored by its receiver.
-    # The datasets are those where both models have signal (README, "Does it pay on a real model?").
-    "models": Setting(("calendar_arithmetic", "propositional_logic"), (0.5, 0.5),
-                      ("smollm2", "small-base", "small-base", "small-base"),
-                      "one smollm2-135m node to three small-base nodes, on calendar_arithmetic and "
-                      "propositional_logic", overrides=("tasks.dataset_configs={}",), goal="weak_gain"),
+    # The datasets are those where both models have signal and smollm2 the more (README, "Does it pay on a
+    # real model?"): its sampled reward is 4 to 20 times small-base's there. Each node prompts as its own
+    # config does.
+    "models": Setting(("spell_backward", "gcd"), (0.5, 0.5), ("smollm2", "small-base", "small-base", "small-base"),
+                      "one smollm2-135m node (strong) to three small-base nodes (weak), on spell_backward and gcd",
+                      overrides=("tasks.dataset_configs={spell_backward: {max_word_len: 5}, gcd: {max_value: 50}}",),
+                      goal="weak_gain"),
     # SAPO's own setting at 135M: homogeneous smollm2-135m nodes on its config's reasoning-gym mixture.
     "smollm2": Setting(("basic_arithmetic", "syllogism", "spell_backward", "gcd"), (0.25, 0.25, 0.25, 0.25),
                        ("smollm2",), "smollm2-135m nodes on the four datasets of configs/smollm2-silo.yaml",
                        goal="gain"),
+    # ReMix against one LoRA on a real model: three datasets of different kinds (arithmetic, logic, spelling).
+    "smollm2-mix3": Setting(("basic_arithmetic", "syllogism", "spell_backward"), (1 / 3, 1 / 3, 1 / 3), ("smollm2",),
+                            "smollm2-135m in silo on basic_arithmetic, syllogism and spell_backward"),
 }
 
 

@@ -37,8 +37,18 @@ class Trainer:
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
                  micro_batch_size: int, temperature: float, routings: int = 2,
                  off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
-                 logits_memory_mb: int = 1024, engine_is_cap: float | None = None) -> None:
+                 logits_memory_mb: int = 1024, engine_is_cap: float | None = None, optimizer_steps: int = 1,
+                 loss_denominator: int | None = None) -> None:
+        if optimizer_steps < 1:
+            raise ValueError(f"optimizer_steps must be >= 1, got {optimizer_steps}")
+        if loss_denominator is not None and loss_denominator < 1:
+            raise ValueError(f"loss_denominator must be >= 1 or None, got {loss_denominator}")
         self.policy = policy
+        # A training step's sequences are dealt round-robin into this many parts, one optimizer step each.
+        self.optimizer_steps = optimizer_steps
+        # None: each update's loss is the mean over its sequences; N: their sum over N sequences (N / parts
+        # an update), so a step that trains on more sequences with signal takes a larger step.
+        self.loss_denominator = loss_denominator
         if gradient_checkpointing:  # only in train mode: generation and evaluation run without it
             policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
                 gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -67,7 +77,8 @@ class Trainer:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def step(self, groups: list[TrainGroup], keep_distributions: bool = False) -> dict[str, float]:
-        """One optimizer step over every completion of ``groups`` (advantages already assigned).
+        """Train on every completion of ``groups`` (advantages already assigned): one optimizer step, or
+        ``optimizer_steps`` on parts of them.
 
         With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
         sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
@@ -85,19 +96,42 @@ class Trainer:
             return {"loss": 0.0, "n_sequences": 0.0, "n_tokens": 0.0, "grad_norm": 0.0}
         model = self.policy.model
         model.train()
+        self._gap = [0.0, 0.0, 0]
+        # Round-robin keeps each part a mix of own and peer groups, and a group's rows in order within a part
+        # (its prompt still runs once a micro-batch).
+        parts = [part for k in range(self.optimizer_steps) if (part := rows[k :: self.optimizer_steps])]
+        sums: dict[str, float] = {}
+        norms: list[float] = []
+        for part in parts:
+            stats, grad_norm = self._update(part, len(parts))
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v * len(part) / len(rows)
+            if grad_norm is not None:
+                norms.append(grad_norm)
+        model.eval()
+        out = {**sums, "n_sequences": float(len(rows)), "n_tokens": float(sum(len(r[1]) for r in rows)),
+               "grad_norm": sum(norms) / len(norms) if norms else 0.0, "skipped_steps": float(self.skipped_steps)}
+        if self.optimizer_steps > 1:
+            out["optimizer_steps"] = float(len(norms))
+        if self._gap[2]:  # this step's own samples: the sampler's log-probs against ours, before the update
+            out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
+        return out
+
+    def _update(self, rows: list[_Row], n_parts: int) -> tuple[dict[str, float], float | None]:
+        """One optimizer step on ``rows``, in micro-batches; the step's stats (means over its sequences) and
+        its gradient norm, None when it was not applied (a loss or gradient that is not finite)."""
+        model = self.policy.model
         self.optimizer.zero_grad(set_to_none=True)
         total, sums = len(rows), {"loss": 0.0}
-        n_tokens = 0
-        self._gap = [0.0, 0.0, 0]
+        denominator = total if self.loss_denominator is None else self.loss_denominator / n_parts
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(self.policy.tokenizer))
         lengths = [len(r[1]) for r in rows]
         for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
                                          self.micro_batch_size):
             chunk = rows[batch.start : batch.stop]
-            stats = self._micro_step(chunk, weight=len(chunk) / total)
+            stats = self._micro_step(chunk, weight=len(chunk) / denominator)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
-            n_tokens += sum(len(r[1]) for r in chunk)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm)
         finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
         if finite:
@@ -107,12 +141,7 @@ class Trainer:
             logger.warning("skipped an optimizer step: loss %s, gradient norm %s (not finite)", sums["loss"],
                            float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
-        model.eval()
-        out = {**sums, "n_sequences": float(total), "n_tokens": float(n_tokens),
-               "grad_norm": float(grad_norm) if finite else 0.0, "skipped_steps": float(self.skipped_steps)}
-        if self._gap[2]:  # this step's own samples: the sampler's log-probs against ours, before the update
-            out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
-        return out
+        return sums, float(grad_norm) if finite else None
 
     def _micro_step(self, rows: list[_Row], weight: float) -> dict[str, float]:
         device = self.policy.device

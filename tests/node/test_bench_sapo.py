@@ -116,7 +116,9 @@ def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
     assert (smollm2.adapter.rank, small.adapter.rank) == (16, 8)  # each model keeps its own config's settings
     assert smollm2.tasks.prompt.examples and small.train.lr == 0.001 and smollm2.train.lr == 0.0002
     assert [c.seed for c in cfgs] == [100, 101, 102, 103]
-    assert all(c.tasks.datasets == ["calendar_arithmetic", "propositional_logic"] for c in cfgs)
+    assert all(c.tasks.datasets == ["spell_backward", "gcd"] for c in cfgs)
+    assert all(c.tasks.dataset_configs == {"spell_backward": {"max_word_len": 5}, "gcd": {"max_value": 50}}
+               for c in cfgs)
     assert all((c.sapo.local_groups, c.sapo.external_groups) == (4, 4) for c in cfgs)
     # TYPE:key=value overrides reach the nodes of that type only.
     typed = lib.RunSpec("models", "silo", "8/0", 0, nodes=2, extra=("smollm2:generation.backend=vllm",
@@ -133,10 +135,11 @@ def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
                                  **t.source_options(cfg.model.chat_template)).config_hash
 
     # The setting's dataset settings are every node's, so all draw and verify the same tasks; without the
-    # override smollm2's config would bring its own (easy basic_arithmetic, gcd, ...) and a hash of its own.
+    # override small-base's config would bring the library's defaults (words of any length, gcd of values up
+    # to 1,000) and a hash of its own.
     assert len({task_hash(c) for c in cfgs}) == 1
-    plain = load_config(lib.CONFIGS / "smollm2-silo.yaml", ["tasks.datasets=[calendar_arithmetic]"])
-    assert task_hash(plain) != task_hash(cfgs[0])
+    plain = load_config(lib.CONFIGS / "small-silo.yaml", ["tasks.datasets=[spell_backward,gcd]"])
+    assert task_hash(plain) != task_hash(cfgs[1])
 
 
 def test_remix_arm_has_the_loras_active_rank_and_is_paired_with_the_silo_at_its_split():

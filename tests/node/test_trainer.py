@@ -146,3 +146,63 @@ def test_with_the_correction_an_own_negative_is_not_tapered_by_the_engine_gap():
     # (a sequence-level taper); corrected, each token's weight is e^-0.5: the same mean over two tokens
     # times e^-0.5 instead of e^-1.
     assert loss_of(2.0) == pytest.approx(loss_of(None) * math.exp(0.5), rel=1e-5)
+
+
+def _lever_trainer(**options):
+    """A tiny-base trainer with plain REINFORCE and no clipping in reach, and the gradients of every update
+    it applies (recorded just before each optimizer step)."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.policy.model import build_policy
+    from node.train.trainer import Trainer
+
+    policy = build_policy(ModelConfig(device="cpu"), AdapterConfig(), seed=0)
+    trainer = Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1e9,
+                      loss="reinforce", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
+                      temperature=1.0, **options)
+    grads: list[list[torch.Tensor]] = []
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.append([p.grad.clone() for p in trainer._params() if p.grad is not None])
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    return policy, trainer, grads
+
+
+def _four_rows(keep=(0, 1, 2, 3)) -> TrainGroup:
+    completions = [[6, 7, 2], [8, 2], [9, 2], [10, 11, 2]]
+    advantages = [1.0, -1.0, 0.5, -0.5]
+    g = TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=[1, 4, 5], completions=[completions[i] for i in keep],
+                   anchor_logprobs=[[-1.0] * len(completions[i]) for i in keep], rewards=[0.0] * len(keep))
+    g.advantages = torch.tensor([advantages[i] for i in keep])
+    return g
+
+
+def test_a_fixed_loss_denominator_scales_the_gradient_by_the_sequences_trained_on():
+    """``train.loss_denominator=fixed``: the loss is the sum of the per-sequence surrogates over a fixed count
+    (here 8) instead of their mean over the 4 trained on, so the gradient is 4/8 of the batch mean's."""
+    _, batch, batch_grads = _lever_trainer()
+    _, fixed, fixed_grads = _lever_trainer(loss_denominator=8)
+    batch.step([_four_rows()])
+    fixed.step([_four_rows()])
+    for a, b in zip(batch_grads[0], fixed_grads[0], strict=True):
+        assert torch.allclose(b, a * 4 / 8, atol=1e-8, rtol=1e-5)
+    assert any(a.abs().max() > 0 for a in batch_grads[0])
+
+
+def test_two_optimizer_steps_update_on_alternate_rows_one_after_the_other():
+    """``train.optimizer_steps=2``: rows 0 and 2 make the first update (the same gradient as a step on those
+    two alone), rows 1 and 3 a second one from the updated weights."""
+    policy, two, two_grads = _lever_trainer(optimizer_steps=2)
+    alone_policy, alone, alone_grads = _lever_trainer()
+    stats = two.step([_four_rows()])
+    alone.step([_four_rows(keep=(0, 2))])
+    assert len(two_grads) == 2 and stats["optimizer_steps"] == 2.0 and stats["n_sequences"] == 4.0
+    for a, b in zip(alone_grads[0], two_grads[0], strict=True):
+        assert torch.allclose(a, b, atol=1e-7)
+    after_one = alone_policy.trainable_state()
+    after_two = policy.trainable_state()
+    assert any(not torch.allclose(after_one[k], after_two[k]) for k in after_one)  # the second update moved on
+    with pytest.raises(ValueError, match="optimizer_steps"):
+        _lever_trainer(optimizer_steps=0)
