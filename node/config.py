@@ -248,7 +248,8 @@ class TrainConfig(_Section):
         "batch", description="batch: an update's loss is the mean over its sequences (every step the same size); "
         "fixed: their sum over sapo.local_groups x generation.group_size sequences, so peer groups on top and "
         "steps with more groups with signal make larger steps")
-    micro_batch_size: int = Field(256, ge=1, description="sequences per forward/backward, at most")
+    micro_batch_size: int = Field(256, ge=1, description="rows of a forward/backward pass, at most (a sequence "
+                                  "is one row; with ReMix, one a routing)")
     logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
                                   "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "
                                   "vocabulary would exceed it")

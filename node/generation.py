@@ -132,9 +132,11 @@ def _prefill(model: nn.Module, prompts: list[list[int]], pad_id: int, device: to
     if not share:
         return out.logits[:, -1, :], past, prompt_mask
     if not hasattr(past, "batch_select_indices"):  # a cache that cannot copy rows: compute them all
-        return _prefill(model, prompts, pad_id, device, share=False)
+        return _prefill(model, prompts, pad_id, device, share=False, remix=remix)
     rows = torch.tensor(index, device=device)
     past.batch_select_indices(rows)
+    if remix is not None:  # a prompt's routing (top-k of its own pooled input) is its group's
+        remix.select_rows(rows)
     return out.logits[rows, -1, :], past, prompt_mask[rows]
 
 
@@ -165,10 +167,11 @@ def generate(
     model.eval()
     if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
         remix.deterministic()
-    # ReMix keeps per-sequence routing state of the whole batch: no shared prefill, no compaction.
-    last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=remix is None, remix=remix)
+    # ReMix's routing rows follow the cache's: copied to a shared prompt's group, dropped with finished rows.
+    last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=True, remix=remix)
+    routing = remix.last_routing().cpu() if remix is not None else None  # [B, L, k], before any row is dropped
     batch, width = prompt_mask.shape
-    compact = remix is None and hasattr(past, "batch_select_indices")
+    compact = hasattr(past, "batch_select_indices")
     attn = torch.cat([prompt_mask, prompt_mask.new_ones((batch, max_new_tokens))], dim=1)  # grown by slicing
     next_pos = prompt_mask.sum(-1, keepdim=True)
     all_ids = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -205,6 +208,8 @@ def generate(
             # Drop finished rows from the batch (and their KV cache): later steps cost what the live ones need.
             keep = alive.nonzero().squeeze(-1)
             past.batch_select_indices(keep)
+            if remix is not None:
+                remix.select_rows(keep)
             rows, attn, next_pos, tok, alive = rows[keep], attn[keep], next_pos[keep], tok[keep], alive[keep]
         out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=next_pos,
                     past_key_values=past, use_cache=True, logits_to_keep=1)
@@ -212,7 +217,6 @@ def generate(
         next_pos = next_pos + 1
     model.train(was_training)
     reasons = ["eos" if f else "length" for f in hit_eos.tolist()]
-    routing = remix.last_routing().cpu() if remix is not None else None
     return Completions(all_ids[:, :length].cpu(), all_lps[:, :length].cpu(), all_mask[:, :length].cpu(), reasons,
                        routing)
 

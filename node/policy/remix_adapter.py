@@ -148,6 +148,12 @@ class RemixAdapter:
         for routing in self._routings:
             routing.clear()
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the batch's routing becomes the old row ``rows[i]`` in every layer: the routing follows
+        the sampling loop's cache when it copies a shared prompt's rows to its group or drops finished rows."""
+        for routing in self._routings:
+            routing.select_rows(rows)
+
     def _route(self, index: int, hidden: torch.Tensor) -> None:
         """Pre-hook body: compute layer ``index``'s routing at the prefill, reuse it afterwards."""
         routing = self._routings[index]

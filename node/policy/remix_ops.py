@@ -97,6 +97,13 @@ class LayerRouting:
         self.indices = None
         self.selected = None
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) rows: row ``i`` becomes the old row ``rows[i]`` (a batch's cache rows copied or
+        dropped, as the sampling loop does)."""
+        if self.x_pool is None or self.indices is None or self.selected is None:
+            return
+        self.x_pool, self.indices, self.selected = self.x_pool[rows], self.indices[rows], self.selected[rows]
+
 
 class RemixLinear(nn.Module):
     """``y = W x + omega * sum_{i in S} B_i A_i x`` with ``S`` the k LoRAs routed to each row.

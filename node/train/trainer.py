@@ -126,8 +126,9 @@ class Trainer:
         denominator = total if self.loss_denominator is None else self.loss_denominator / n_parts
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(self.policy.tokenizer))
         lengths = [len(r[1]) for r in rows]
+        # ReMix runs each sequence once a routing: M rows of a forward pass, in memory as in the budget.
         for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
-                                         self.micro_batch_size):
+                                         max(1, self.micro_batch_size // self.routings_per_row)):
             chunk = rows[batch.start : batch.stop]
             stats = self._micro_step(chunk, weight=len(chunk) / denominator)
             for k, v in stats.items():

@@ -476,3 +476,45 @@ def test_half_precision_base_keeps_float32_adapter() -> None:
     per_seq = logits.float().square().mean(dim=(1, 2))
     (per_seq.mean() + adapter.router_loss(per_seq, 2)).backward()
     assert all(p.grad is not None for group in adapter.trainable_parameters().values() for p in group)
+
+
+def test_the_sampling_loop_shares_a_groups_prompt_and_drops_finished_rows_with_their_routing() -> None:
+    """The node's loop runs a group's prompt once and copies its routing with its cache, and drops finished
+    rows' routing with their cache: each row gets the tokens, log-probs and routing it gets alone."""
+    from types import SimpleNamespace
+
+    from node.generation import generate
+
+    model = tiny_llama(seed=7)
+    adapter = attach_remix(model, n=4, k=2, rank=2)
+    randomise_loras(adapter, seed=8)
+    with torch.no_grad():
+        for router in adapter._routers:
+            router.weight.normal_(0, 5.0)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 7, 4)]
+
+    def alone(prompt: list[int], eos: int | None) -> Any:
+        tok = SimpleNamespace(eos_token_id=eos, pad_token_id=0)
+        return generate(model, cast(Any, tok), [prompt], max_new_tokens=8, greedy=True, remix=adapter)
+
+    eos = alone(prompts[0], None).completion_ids[0, 2].item()  # the first group ends after 3 tokens
+    rows = [prompts[0]] * 3 + [prompts[1]] * 3 + [prompts[2]]
+    tok = SimpleNamespace(eos_token_id=eos, pad_token_id=0)
+    batch_rows: list[int] = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda _m, inp, _o: batch_rows.append(inp[0].shape[0]))
+    try:
+        batch = generate(model, cast(Any, tok), rows, max_new_tokens=8, greedy=True, remix=adapter)
+    finally:
+        hook.remove()
+    assert batch_rows[0] == 3 and batch_rows[1] == 7 and batch_rows[-1] == 4  # 3 prompts; 7 rows, then 4 left
+    assert batch.routing is not None and int(batch.completion_mask[0].sum()) == 3
+    assert any(int(m.sum()) > 3 for m in batch.completion_mask)  # the others go on with the first group dropped
+    for i, prompt in enumerate(rows):
+        own = alone(prompt, eos)
+        n = int(own.completion_mask[0].sum())
+        assert batch.completion_ids[i, :n].tolist() == own.completion_ids[0, :n].tolist()
+        assert int(batch.completion_mask[i].sum()) == n
+        torch.testing.assert_close(batch.behavior_logprobs[i, :n], own.behavior_logprobs[0, :n], atol=1e-5, rtol=0)
+        assert own.routing is not None and torch.equal(batch.routing[i], own.routing[0])
+    assert not torch.equal(batch.routing[0], batch.routing[3])  # the prompts are routed differently
