@@ -19,7 +19,11 @@ the silo ``T/0`` generating as many groups. Arms (peer-data treatment): ``grpo_o
 GRPO, ratio fixed at 1; baseline ``silo_grpo``), ``topr_uncorrected`` (TOPR with the ratio fixed at 1),
 ``topr_corrected`` (TOPR taper with behaviour log-probs) and ``rec`` (REC clipping), all three against the
 TOPR ``silo``; and ``remix``, the TOPR silo with a ReMix adapter of the same active rank, against the LoRA
-silo at the same split. Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
+silo at the same split. Lever arms (``sapo_lib.LEVER_ARMS``), TOPR corrected with one change each, against
+the TOPR silo: ``topr_fixed_loss`` (the loss summed over a fixed I x G sequences), ``topr_2_updates`` (two
+optimizer steps a training step), ``topr_by_reward`` (peer groups by their re-scored mean reward),
+``topr_low_signal`` (peer groups first on the datasets where the node's own carry the least signal).
+Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
 re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym (a
@@ -55,10 +59,12 @@ from sapo_lib import (  # noqa: E402
     ARMS,
     BASELINE_OF,
     BASES,
+    LEVER_ARMS,
     NODE_TYPES,
     SETTINGS,
     SHARING_ARMS,
     SILO_OF,
+    TREATMENT_ARMS,
     VARIANT_OF,
     RunSpec,
     base_path,
@@ -75,7 +81,7 @@ QUICK: dict[str, Any] = {"settings": ["homogeneous", "capability"], "arms": [MAI
 # settings are run at one equal-compute and one on-top split. The ablation arms (on-policy GRPO, TOPR
 # uncorrected, REC) run at one split per setting beside TOPR corrected.
 FULL: dict[str, Any] = {
-    "settings": ["homogeneous", "capability", "sparse"], "arms": SHARING_ARMS, "nodes": 8, "steps": 60, "seeds": 3,
+    "settings": ["homogeneous", "capability", "sparse"], "arms": TREATMENT_ARMS, "nodes": 8, "steps": 60, "seeds": 3,
     "splits": {"homogeneous": ["8/0", "6/2", "4/4", "2/6", "8+4", "8+8"], "capability": ["8/0", "4/4", "8+8"],
                "sparse": ["8/0", "4/4", "8+8"]},
     "ablation_splits": {"homogeneous": ["4/4"], "capability": ["8+8"], "sparse": ["8+8"]},
@@ -345,7 +351,7 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for setting in dict.fromkeys(r["setting"] for r in rows):
         goal = SETTINGS[setting].goal
-        for arm in ("topr_corrected", "grpo_onpolicy"):
+        for arm in ("topr_corrected", *LEVER_ARMS, "grpo_onpolicy"):
             shared = [r for r in rows if r["setting"] == setting and r["arm"] == arm and r["d_cum"]["all"]]
             silo = next((r for r in rows if r["setting"] == setting and r["arm"] == SILO_OF[arm]), None)
             if goal is None or not shared or silo is None:

@@ -44,14 +44,28 @@ ARMS: dict[str, list[str]] = {
     "topr_uncorrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=false"],
     "topr_corrected": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true"],
     "rec": ["train.loss=rec", "train.advantage=rloo", "train.off_policy_correction=true"],
+    # Levers on TOPR corrected, each against the plain TOPR silo (issue: "where a goal is missed"): the loss's
+    # denominator fixed at I x G sequences, so peer groups on top make a larger step; two optimizer steps a
+    # training step; peer groups picked by their re-scored mean reward; peer groups first on the datasets
+    # where the node's own groups carry the least signal.
+    "topr_fixed_loss": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                        "train.loss_denominator=fixed"],
+    "topr_2_updates": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                       "train.optimizer_steps=2"],
+    "topr_by_reward": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                       "sapo.selection=highest_reward"],
+    "topr_low_signal": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                        "sapo.dataset_preference=low_signal"],
     # The silo with a ReMix adapter of the same active rank as the node type's LoRA (k LoRAs of rank r/k
     # active of n; see ``node_config``). ReMix runs on the HF backend only.
     "remix": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true", "adapter.kind=remix",
               "generation.backend=hf"],
 }
+LEVER_ARMS = ["topr_fixed_loss", "topr_2_updates", "topr_by_reward", "topr_low_signal"]
 SILO_OF: dict[str, str] = {"grpo_onpolicy": "silo_grpo", "topr_uncorrected": "silo", "topr_corrected": "silo",
-                           "rec": "silo"}
+                           "rec": "silo", **{arm: "silo" for arm in LEVER_ARMS}}
 SHARING_ARMS = list(SILO_OF)
+TREATMENT_ARMS = ["grpo_onpolicy", "topr_uncorrected", "topr_corrected", "rec"]  # the tiny-model grid's
 # Arms that change the node, not the sharing: each is compared with its baseline at the same split.
 VARIANT_OF: dict[str, str] = {"remix": "silo"}
 BASELINE_OF: dict[str, str] = {**SILO_OF, **VARIANT_OF}
