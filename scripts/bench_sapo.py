@@ -26,8 +26,9 @@ optimizer steps a training step), ``topr_by_reward`` (peer groups by their re-sc
 Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
-re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym (a
-run with a smollm2 node peaks near 12 GB resident: ``--jobs 1`` on a 24 GB machine).
+re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym;
+``smollm2-mix3``, smollm2-135m on three datasets of different kinds (for ReMix). A job of these settings
+holds about 4 GB resident (7 GB with ReMix).
 
 Pairing: node i of a seed index has the same seed, base and task stream in every arm, so each sharing run
 is compared with its silo seed by seed; deltas are means over seeds with a 95% t-interval.
@@ -256,6 +257,8 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values = [_by_type(r, metric) for r in runs]
             row[metric] = {t: mean_ci([v[t] for v in values]) for t in ["all", *types]}
         row["peer_groups"] = statistics.fmean(statistics.fmean(p) for r in runs for p in r["peer_groups"])
+        timed = [r["cpu_seconds"] for r in runs if "cpu_seconds" in r]
+        row["cpu_seconds"] = statistics.fmean(timed) if timed else None
         row["cost"] = {k: statistics.fmean(r["cost_per_node_step"][k] for r in runs)
                        for k in runs[0]["cost_per_node_step"]}
         row["rejected"] = {k: sum(r["rejected"].get(k, 0) for r in runs) for r in runs for k in r["rejected"]}
@@ -296,7 +299,7 @@ def table_lines(rows: list[dict[str, Any]], markdown: bool = False) -> list[str]
         part = [r for r in rows if r["setting"] == setting]
         types = part[0]["types"]
         head = ["arm", "split", "seeds", "cum reward", "vs silo", *(f"{t} vs silo" for t in types if len(types) > 1),
-                "accuracy", "vs silo", "own signal", "peer groups", "step s"]
+                "accuracy", "vs silo", "own signal", "peer groups", "step s", "CPU-s a run"]
         body = []
         for r in part:
             silo = r["arm"] not in BASELINE_OF
@@ -305,7 +308,8 @@ def table_lines(rows: list[dict[str, Any]], markdown: bool = False) -> list[str]
             body.append([r["arm"], r["split"], n_seeds, cum, "baseline" if silo else _pct(r["d_cum"]["all"]),
                          *((f"{r['cum'][t][0]:.3f}" if silo else _pct(r["d_cum"][t])) for t in types if len(types) > 1),
                          f"{r['acc']['all'][0]:.3f}", "baseline" if silo else _pct(r["d_acc"]["all"]),
-                         f"{r['signal']['all'][0]:.2f}", f"{r['peer_groups']:.2f}", f"{r['cost']['step_seconds']:.2f}"])
+                         f"{r['signal']['all'][0]:.2f}", f"{r['peer_groups']:.2f}", f"{r['cost']['step_seconds']:.2f}",
+                         "-" if r.get("cpu_seconds") is None else f"{r['cpu_seconds']:.0f}"])
         seeds = max(r["seeds"] for r in part)
         nodes = part[0]["nodes"]
         title = f"{setting} ({SETTINGS[setting].description}; {nodes} nodes, {seeds} seed(s))"
