@@ -24,6 +24,7 @@ from node.modes import (
     GenerationBackendName,
     LossDenominator,
     LossKind,
+    PeerFilter,
     SamplingMode,
     SelectionPolicy,
     TaskSourceName,
@@ -273,7 +274,12 @@ class SapoConfig(_Section):
     dataset_preference: DatasetPreference = Field(
         "none", description="weight peer groups by dataset: own_mixture (the node's task weights), low_signal "
         "(1 - the node's own recent signal rate on the dataset), both (the product), none")
-    signal_window: int = Field(8, ge=1, description="steps of the node's own groups behind its signal rates")
+    peer_filter: PeerFilter = Field(
+        "none", description="above_own: train only on peer groups whose re-scored mean reward is above the "
+        "node's own mean reward on their dataset over the last signal_window steps (a peer that does better than "
+        "we do there); none: any peer group with signal")
+    signal_window: int = Field(8, ge=1, description="steps of the node's own groups behind its signal and "
+                               "success rates")
     preference_floor: float = Field(
         0.1, ge=0, le=1, description="low_signal: lowest weight of a dataset the node has signal on")
 

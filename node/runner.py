@@ -86,7 +86,7 @@ class Node:
         self._external_pool: list[TrainGroup] = []
         self._trained_by_peer: OrderedDict[str, int] = OrderedDict()  # peer groups trained on, by peer (most recent last)
         # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
-        self._signal_history: deque[dict[str, list[int]]] = deque(maxlen=cfg.sapo.signal_window)
+        self._signal_history: deque[dict[str, list[float]]] = deque(maxlen=cfg.sapo.signal_window)
         self.board = StatusBoard()
         self._started_at = time.time()
         self.api: ApiServer | None = None
@@ -411,24 +411,37 @@ class Node:
                    "(first: %s)", len(tasks), self.generator.max_len, tasks[0].ref.key())
 
     def _record_signal(self, local: list[TrainGroup], with_signal: list[TrainGroup]) -> None:
-        """Remember, by dataset, how many of this step's own groups were generated and carried signal."""
-        counts: dict[str, list[int]] = {}
+        """Remember, by dataset, how many of this step's own groups were generated, how many carried signal
+        and the sum of their mean rewards."""
+        counts: dict[str, list[float]] = {}
         kept = {id(grp) for grp in with_signal}
         for grp in local:
-            entry = counts.setdefault(grp.dataset, [0, 0])
+            entry = counts.setdefault(grp.dataset, [0, 0, 0.0])
+            drawn = grp.all_rewards or grp.rewards
             entry[0] += 1
             entry[1] += int(id(grp) in kept)
+            entry[2] += sum(drawn) / max(len(drawn), 1)
         self._signal_history.append(counts)
+
+    def _window_rates(self, column: int) -> dict[str, float]:
+        """Per dataset, column ``column`` of the window's own-group counts over the groups generated (entries
+        of checkpoints written before a column existed are left out of its rate)."""
+        totals: dict[str, list[float]] = {}
+        for counts in self._signal_history:
+            for dataset, entry in counts.items():
+                if len(entry) > column:
+                    total = totals.setdefault(dataset, [0, 0.0])
+                    total[0] += entry[0]
+                    total[1] += entry[column]
+        return {d: value / n for d, (n, value) in totals.items() if n > 0}
 
     def signal_rates(self) -> dict[str, float]:
         """The fraction of the node's own groups of each dataset that carried signal, over the window."""
-        totals: dict[str, list[int]] = {}
-        for counts in self._signal_history:
-            for dataset, (n, n_signal) in counts.items():
-                entry = totals.setdefault(dataset, [0, 0])
-                entry[0] += n
-                entry[1] += n_signal
-        return {d: n_signal / n for d, (n, n_signal) in totals.items() if n > 0}
+        return self._window_rates(1)
+
+    def success_rates(self) -> dict[str, float]:
+        """The node's own mean reward on each dataset, over the window."""
+        return self._window_rates(2)
 
     def _dataset_weights(self, datasets: list[str]) -> dict[str, float] | None:
         sapo, tasks = self.cfg.sapo, self.cfg.tasks
@@ -483,9 +496,10 @@ class Node:
                                      dataset=grp.dataset)
                       for grp in self._external_pool if grp.advantages is not None]
         weights = self._dataset_weights([c.dataset for c in candidates])
+        above = self.success_rates() if sapo.peer_filter == "above_own" else None
         _, chosen = mix([], candidates, 0, sapo.external_groups, sapo.selection, max_per_peer=sapo.max_per_peer,
                         current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.select_rng,
-                        dataset_weights=weights)
+                        dataset_weights=weights, above_reward=above)
         picked = {id(c.payload) for c in chosen}
         self._external_pool = [grp for grp in self._external_pool if id(grp) not in picked]  # each used once
         return [c.payload for c in chosen]

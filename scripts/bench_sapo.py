@@ -22,7 +22,8 @@ TOPR ``silo``; and ``remix``, the TOPR silo with a ReMix adapter of the same act
 silo at the same split. Lever arms (``sapo_lib.LEVER_ARMS``), TOPR corrected with one change each, against
 the TOPR silo: ``topr_fixed_loss`` (the loss summed over a fixed I x G sequences), ``topr_2_updates`` (two
 optimizer steps a training step), ``topr_by_reward`` (peer groups by their re-scored mean reward),
-``topr_low_signal`` (peer groups first on the datasets where the node's own carry the least signal).
+``topr_low_signal`` (peer groups first on the datasets where the node's own carry the least signal),
+``topr_above_own`` (only peer groups whose mean reward beats the node's own on their dataset).
 Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group

@@ -47,7 +47,8 @@ ARMS: dict[str, list[str]] = {
     # Levers on TOPR corrected, each against the plain TOPR silo (issue: "where a goal is missed"): the loss's
     # denominator fixed at I x G sequences, so peer groups on top make a larger step; two optimizer steps a
     # training step; peer groups picked by their re-scored mean reward; peer groups first on the datasets
-    # where the node's own groups carry the least signal.
+    # where the node's own groups carry the least signal; only peer groups that beat the node's own mean
+    # reward on their dataset.
     "topr_fixed_loss": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
                         "train.loss_denominator=fixed"],
     "topr_2_updates": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
@@ -56,12 +57,14 @@ ARMS: dict[str, list[str]] = {
                        "sapo.selection=highest_reward"],
     "topr_low_signal": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
                         "sapo.dataset_preference=low_signal"],
+    "topr_above_own": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                       "sapo.peer_filter=above_own"],
     # The silo with a ReMix adapter of the same active rank as the node type's LoRA (k LoRAs of rank r/k
     # active of n; see ``node_config``). ReMix runs on the HF backend only.
     "remix": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true", "adapter.kind=remix",
               "generation.backend=hf"],
 }
-LEVER_ARMS = ["topr_fixed_loss", "topr_2_updates", "topr_by_reward", "topr_low_signal"]
+LEVER_ARMS = ["topr_fixed_loss", "topr_2_updates", "topr_by_reward", "topr_low_signal", "topr_above_own"]
 SILO_OF: dict[str, str] = {"grpo_onpolicy": "silo_grpo", "topr_uncorrected": "silo", "topr_corrected": "silo",
                            "rec": "silo", **{arm: "silo" for arm in LEVER_ARMS}}
 SHARING_ARMS = list(SILO_OF)

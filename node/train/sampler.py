@@ -21,6 +21,10 @@ never selected. ``uniform`` takes that order as it is, ``highest_reward`` breaks
   ``w_d = max(floor, 1 - signal_rate_d)`` (1 for a dataset it has not sampled lately);
 - ``both``: the product.
 
+Peer filter (``above_reward``, the node's own mean reward by dataset): a group whose mean reward is not
+above its dataset's value is dropped before any policy orders the rest (a dataset missing there keeps
+every group), so a node learns only from peers that did better than it does on the task.
+
 Selection never blocks and never raises for too few candidates: it returns what there is. Everything is
 deterministic given the state of ``rng``. No I/O, no network, no config objects.
 """
@@ -181,6 +185,7 @@ def select_external(
     staleness_epochs: int,
     rng: random.Random,
     dataset_weights: Mapping[str, float] | None = None,
+    above_reward: Mapping[str, float] | None = None,
 ) -> list[CandidateGroup]:
     """Choose up to ``j`` external groups (module docstring for the rules).
 
@@ -194,6 +199,7 @@ def select_external(
         rng: the only source of randomness.
         dataset_weights: weight of each dataset (None: all equal); groups of a dataset missing or of
             weight 0 are never selected.
+        above_reward: by dataset, the mean reward a group must exceed to be selected (None: no filter).
 
     Returns:
         At most ``j`` groups in selection order; fewer when fewer qualify.
@@ -209,7 +215,8 @@ def select_external(
             "must not be negative"
         )
     oldest = current_epoch - staleness_epochs
-    fresh = [g for g in candidates if g.epoch >= oldest and g.has_signal()]
+    fresh = [g for g in candidates if g.epoch >= oldest and g.has_signal()
+             and (above_reward is None or g.dataset not in above_reward or g.mean_reward > above_reward[g.dataset])]
     if policy == "round_robin":
         return _round_robin(fresh, j, max_per_peer, rng, dataset_weights)
     ordered = _weighted_order(fresh, dataset_weights, rng)
@@ -230,6 +237,7 @@ def mix(
     staleness_epochs: int,
     rng: random.Random,
     dataset_weights: Mapping[str, float] | None = None,
+    above_reward: Mapping[str, float] | None = None,
 ) -> tuple[list[CandidateGroup], list[CandidateGroup]]:
     """One step's SAPO batch: up to ``i`` local and up to ``j`` external groups.
 
@@ -237,7 +245,7 @@ def mix(
         local: this step's own groups, in generation order; the first ``i`` with a non-zero advantage
             are taken (local groups are fresh by construction and not filtered by epoch).
         external_candidates, j, policy, max_per_peer, current_epoch, staleness_epochs, rng,
-            dataset_weights: as in :func:`select_external`.
+            dataset_weights, above_reward: as in :func:`select_external`.
 
     Returns:
         ``(local_groups, external_groups)``.
@@ -254,5 +262,6 @@ def mix(
         staleness_epochs=staleness_epochs,
         rng=rng,
         dataset_weights=dataset_weights,
+        above_reward=above_reward,
     )
     return chosen_local, chosen_external

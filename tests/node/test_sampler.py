@@ -226,3 +226,24 @@ def test_dataset_weights_bias_the_order_and_zero_weight_is_never_taken() -> None
         assert len(taken) == 20 and all(g.dataset == "sub" for g in taken)
     # Without weights the order is exactly the unweighted one (the random stream is unchanged).
     assert keys(select(cands, 40)) == keys(select(cands, 40, dataset_weights=None))
+
+
+def test_the_peer_filter_keeps_only_groups_above_the_nodes_own_reward_on_their_dataset() -> None:
+    """``above_reward``: a group is kept when its mean reward is strictly above its dataset's value; a dataset
+    the node has no rate for keeps every group; the policy then orders what is left."""
+    candidates = []
+    for key, dataset, rewards in [("hi", "add", [1.0, 1.0, 0.0, 0.0]),    # mean 0.5 > 0.25: kept
+                                  ("eq", "add", [1.0, 0.0, 0.0, 0.0]),    # mean 0.25, not above: dropped
+                                  ("lo", "add", [0.5, 0.0, 0.0, 0.0]),    # mean 0.125: dropped
+                                  ("sub", "sub", [0.0, 0.0, 0.0, 0.4]),   # 0.1 > 0.05: kept
+                                  ("mul", "mul", [0.0, 0.0, 0.0, 0.1])]:  # no rate for mul: kept
+        g = group(key, rewards=rewards)
+        g.dataset = dataset
+        candidates.append(g)
+    floors = {"add": 0.25, "sub": 0.05}
+    picked = select_external(candidates, 5, "highest_reward", max_per_peer=None, current_epoch=10,
+                             staleness_epochs=0, rng=random.Random(0), above_reward=floors)
+    assert keys(picked) == ["hi", "sub", "mul"]
+    unfiltered = select_external(candidates, 5, "highest_reward", max_per_peer=None, current_epoch=10,
+                                 staleness_epochs=0, rng=random.Random(0))
+    assert len(unfiltered) == 5

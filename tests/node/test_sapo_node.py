@@ -109,6 +109,7 @@ def test_signal_rates_count_own_groups_by_dataset_over_the_window(tmp_path):
     node._signal_history.extend([{"add": [4, 1]}, {"add": [2, 2], "sub": [2, 0]}, {"add": [4, 4]}])
     # Window 2: the first step is forgotten. add: (2 + 4) of (2 + 4) with signal; sub: 0 of 2.
     assert node.signal_rates() == {"add": 1.0, "sub": 0.0}
+    assert node.success_rates() == {}  # entries of checkpoints written before mean rewards were kept
     weights = node._dataset_weights(["add", "sub", "mul"])
     assert weights == pytest.approx({"add": 0.1, "sub": 0.25, "mul": 0.0})  # mixture x max(0.1, 1 - rate)
     node.close()
@@ -129,3 +130,26 @@ def test_a_peer_group_of_a_dataset_of_weight_zero_is_not_selected(tmp_path):
     # the node's datasets), left in the pool, never trained on.
     assert all(g.dataset == "sub" for g in picked)
     assert pool and all(g.dataset == "add" for g in pool)
+
+
+def test_success_rates_average_the_own_groups_mean_rewards_by_dataset_over_the_window(tmp_path):
+    node = _node(tmp_path / "n", None, "sapo.signal_window=2", "sapo.peer_filter=above_own")
+    node._signal_history.extend([{"add": [4, 1, 3.0]}, {"add": [2, 2, 0.5], "sub": [2, 0, 0.0]},
+                                 {"add": [2, 1, 1.5], "sub": [1, 1, 0.25]}])
+    # Window 2: add (0.5 + 1.5) / (2 + 2) groups; sub (0 + 0.25) / (2 + 1).
+    assert node.success_rates() == pytest.approx({"add": 0.5, "sub": 0.25 / 3})
+    node.close()
+
+
+def test_with_the_peer_filter_a_node_trains_only_on_peer_groups_that_beat_its_own_rate(tmp_path):
+    hub = InMemoryHub()
+    mine = _node(tmp_path / "mine", hub, "sapo.external_groups=8", "sapo.peer_filter=above_own")
+    peer = _node(tmp_path / "peer", hub, "seed=3", "sapo.external_groups=8", "sapo.local_groups=8")
+    peer.train_step()
+    mine._signal_history.append({"add": [1, 1, 0.4], "sub": [1, 1, 1.0]})  # sub: nothing can beat 1.0
+    picked = mine._select_external(0)
+    pool = list(mine._external_pool)
+    mine.close()
+    peer.close()
+    assert picked and all(g.dataset == "add" and sum(g.rewards) / len(g.rewards) > 0.4 for g in picked)
+    assert any(g.dataset == "sub" for g in pool)  # ingested, kept in the pool, never picked
