@@ -49,6 +49,7 @@ import math
 import statistics
 import sys
 import time
+import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from multiprocessing import get_context
@@ -208,14 +209,35 @@ def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list
               f"{res['seconds']:.0f}s, {res.get('cpu_seconds', 0):.0f} CPU-s (elapsed {time.perf_counter() - t0:.0f}s)",
               flush=True)
 
+    failed: list[str] = []
+
+    def failure(spec: RunSpec, exc: BaseException) -> None:
+        """A run that raised is named with its error and left unsaved (a rerun retries it); the others go on."""
+        failed.append(spec.name)
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        print(f"bench_sapo: run {spec.name} failed: {type(exc).__name__}: {exc}\n{detail}", flush=True)
+
     if jobs <= 1 or len(todo) <= 1:
         for spec in todo:
-            report(run_one(spec))
-        return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, spec) for spec in todo]
-        for fut in as_completed(futures):
-            report(fut.result())
+            try:
+                res = run_one(spec)
+            except Exception as exc:  # one run's failure must not lose the grid's other runs
+                failure(spec, exc)
+                continue
+            report(res)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(run_one, spec): spec for spec in todo}
+            for fut in as_completed(futures):
+                try:
+                    res = fut.result()
+                except Exception as exc:  # raised in the run, or its worker died (e.g. killed for memory)
+                    failure(futures[fut], exc)
+                    continue
+                report(res)
+    if failed:
+        print(f"bench_sapo: {len(failed)} run(s) failed and are left out of the tables (rerun to retry them): "
+              f"{', '.join(failed)}", flush=True)
     return results
 
 

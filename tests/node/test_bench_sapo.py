@@ -194,3 +194,20 @@ def test_a_smollm2_node_and_a_small_base_node_ingest_each_others_groups(tmp_path
     finally:
         for node in nodes:
             node.close()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_that_fails_is_named_and_left_unsaved_while_the_others_finish(tmp_path, capsys, jobs):
+    """A run that raises (here a setting no worker knows, as a run killed for memory would) is printed with
+    its error; the grid's other runs still finish and are saved, and a rerun retries only the failed one."""
+    bench = _load("bench_sapo")
+    lib = _load("sapo_lib")
+    good = lib.RunSpec("homogeneous", "silo", "2/0", 0, nodes=1, steps=1, group_size=2, eval_size=4)
+    bad = lib.RunSpec("no-such-setting", "silo", "2/0", 0, nodes=1, steps=1)
+    results = bench.execute([bad, good], jobs, tmp_path)
+    text = capsys.readouterr().out
+    assert [r["name"] for r in results] == [good.name]
+    assert f"run {bad.name} failed: KeyError" in text and "1 run(s) failed" in text
+    assert [p.stem for p in (tmp_path / "runs").glob("*.json")] == [good.name]
+    assert [r["name"] for r in bench.execute([bad, good], 1, tmp_path)] == [good.name]  # reused; bad tried again
+    assert f"run {bad.name} failed" in capsys.readouterr().out
