@@ -1,4 +1,5 @@
-"""Print a short summary of a run directory: reward over the first and last steps, eval accuracy."""
+"""Print a short summary of a run directory: reward over the first and last steps, eval accuracy, the median
+step time and peak memory, and the sampler/trainer log-prob gap when the metrics have them."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
           f"({100 * (last - first):+.1f} points)")
     if evals:
         print("greedy eval accuracy: " + ", ".join(f"step {s}: {a:.3f}" for s, a in evals))
+    steps = sorted(float(r["step_seconds"]) for r in rows if isinstance(r.get("step_seconds"), (int, float)))
+    gaps = [float(r["train/logprob_gap_abs"]) for r in rows if isinstance(r.get("train/logprob_gap_abs"), float)]
+    kls = [float(r["train/logprob_gap_kl"]) for r in rows if isinstance(r.get("train/logprob_gap_kl"), float)]
+    peak = max((int(r["peak_rss_mb"]) for r in rows if isinstance(r.get("peak_rss_mb"), int)), default=None)
+    if steps:
+        print(f"step time: median {steps[len(steps) // 2]:.1f} s" + (f"; peak resident memory {peak} MB" if peak else ""))
+    if gaps:
+        print(f"sampler/trainer log-prob gap: mean {sum(gaps) / len(gaps):.2e} a token (k3 KL {sum(kls) / len(kls):.2e})")
     print(f"metrics: {path}  checkpoints: {Path(args.run_dir) / 'checkpoints'}")
     return 0
 

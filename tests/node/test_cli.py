@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -249,3 +250,17 @@ def test_resuming_with_changed_settings_says_what_changed_and_logs_to_node_log(t
     assert logs == ["node.log", "node.log.1"]  # rotated past tracking.log_max_mb, one backup kept
     assert all(p.stat().st_size <= 1024 for p in run.glob("node.log*"))
     assert "checkpoint written" in (run / "node.log").read_text() + (run / "node.log.1").read_text()
+
+
+def test_summarize_run_prints_step_time_memory_and_the_logprob_gap(tmp_path):
+    rows = [{"step": i, "reward_mean": r, "step_seconds": s, "peak_rss_mb": m, "train/logprob_gap_abs": g,
+             "train/logprob_gap_kl": k}
+            for i, (r, s, m, g, k) in enumerate([(0.1, 3.0, 900, 0.02, 0.001), (0.2, 1.0, 1200, 0.04, 0.003),
+                                                 (0.3, 2.0, 1100, 0.06, 0.002)], start=1)]
+    rows[-1]["eval_accuracy"] = 0.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, "scripts/summarize_run.py", str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "greedy eval accuracy: step 3: 0.500" in out
+    assert "step time: median 2.0 s; peak resident memory 1200 MB" in out
+    assert "log-prob gap: mean 4.00e-02 a token (k3 KL 2.00e-03)" in out
