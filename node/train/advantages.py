@@ -11,6 +11,10 @@ point (integer rewards are promoted to float32).
   ``torch.std``); a group of one has ``std = 0`` and advantage 0.
 - Global (Reinforce-Ada): ``A_i = r_i - mean(all rewards drawn for the task)``, no std.
 
+A group whose rewards are all equal gets advantages of exactly zero (plus the shift) from every kind: in
+floating point ``r - mean`` of eight rewards of 1/3 is about 3e-8, not 0, which would pass it as a group
+with signal (and GRPO's division by ``std + eps`` would make it 0.03).
+
 AsymRE shift: ``shift = delta`` lowers the baseline by delta, ``A = r - (baseline - delta)``. For GRPO the
 shift is applied in normalised units, ``A = (r - mean) / (std + eps) + delta`` (shifting the numerator
 instead would turn a constant group into ``delta / eps``). A shifted group of equal rewards therefore has
@@ -32,6 +36,19 @@ def _as_float(rewards: Tensor) -> Tensor:
     return rewards if rewards.is_floating_point() else rewards.to(torch.float32)
 
 
+def _flat(rewards: Tensor) -> Tensor:
+    """``[..., 1]``: True for a group whose rewards are all equal (an empty group counts as flat)."""
+    if rewards.dim() == 0:
+        return torch.ones((), dtype=torch.bool)
+    if rewards.shape[-1] == 0:
+        return torch.ones((*rewards.shape[:-1], 1), dtype=torch.bool)
+    return (rewards == rewards[..., :1]).all(dim=-1, keepdim=True)
+
+
+def _zero_where_flat(centred: Tensor, rewards: Tensor) -> Tensor:
+    return torch.where(_flat(rewards), torch.zeros_like(centred), centred)
+
+
 def rloo_advantages(rewards: Tensor, *, shift: float = 0.0) -> Tensor:
     """Leave-one-out advantages ``r_i - (mean of the other N - 1 rewards - shift)``.
 
@@ -47,7 +64,7 @@ def rloo_advantages(rewards: Tensor, *, shift: float = 0.0) -> Tensor:
     if n <= 1:
         return rewards + shift
     baseline = (rewards.sum(dim=-1, keepdim=True) - rewards) / (n - 1)
-    return rewards - (baseline - shift)
+    return _zero_where_flat(rewards - baseline, rewards) + shift
 
 
 def grpo_advantages(rewards: Tensor, eps: float = 1e-6, *, shift: float = 0.0) -> Tensor:
@@ -70,7 +87,7 @@ def grpo_advantages(rewards: Tensor, eps: float = 1e-6, *, shift: float = 0.0) -
         std = rewards.std(dim=-1, keepdim=True, correction=1)
     else:
         std = torch.zeros_like(mean)
-    return (rewards - mean) / (std + eps) + shift
+    return _zero_where_flat((rewards - mean) / (std + eps), rewards) + shift
 
 
 def global_advantages(
@@ -92,13 +109,14 @@ def global_advantages(
     if all_rewards_for_task is None:
         if rewards.numel() == 0:
             return rewards.clone()
-        baseline = rewards.mean(dim=-1, keepdim=True)
-    else:
-        everything = _as_float(all_rewards_for_task)
-        if everything.numel() == 0:
-            raise ValueError("all_rewards_for_task is empty: the baseline needs at least one reward")
-        baseline = everything.mean()
-    return rewards - (baseline - shift)
+        return _zero_where_flat(rewards - rewards.mean(dim=-1, keepdim=True), rewards) + shift
+    everything = _as_float(all_rewards_for_task)
+    if everything.numel() == 0:
+        raise ValueError("all_rewards_for_task is empty: the baseline needs at least one reward")
+    centred = rewards - everything.mean()
+    if bool(_flat(everything.flatten())) and bool((rewards == everything.flatten()[0]).all()):
+        centred = torch.zeros_like(centred)  # every draw the same reward: no signal, exactly
+    return centred + shift
 
 
 def group_advantages(

@@ -92,6 +92,11 @@ class Trainer:
             for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
             if ids
         ]
+        for g in (g for g in groups if g.advantages is not None):  # an anchor a token, or the loss is nonsense
+            for ids, lps in zip(g.completions, g.anchor_logprobs):
+                if ids and len(ids) != len(lps):
+                    raise ValueError(f"group {g.key} from {g.peer_id[:12] or 'this node'}: a completion of "
+                                     f"{len(ids)} tokens has {len(lps)} anchor log-probs")
         if not rows:
             return {"loss": 0.0, "n_sequences": 0.0, "n_tokens": 0.0, "grad_norm": 0.0}
         model = self.policy.model

@@ -87,6 +87,21 @@ def test_grpo_uses_unbiased_std() -> None:
     close(grpo_advantages(torch.tensor([1.0, 0.0, 0.0])), [(2 / 3) / s, (-1 / 3) / s, (-1 / 3) / s])
 
 
+@pytest.mark.parametrize("value", [1 / 3, 0.9, 0.05, 0.7777])
+def test_equal_partial_rewards_give_exactly_zero(value: float) -> None:
+    # Eight rewards of 1/3 (partial credit): r - mean is about 3e-8 in float32, which passed such a group as
+    # one with signal; GRPO's division by std + eps made it about 0.03.
+    rewards = torch.full((8,), value)
+    for kind in ("rloo", "grpo", "global"):
+        adv = group_advantages(rewards, kind)  # type: ignore[arg-type]
+        assert torch.equal(adv, torch.zeros(8)), kind
+        assert torch.equal(group_advantages(rewards, kind, shift=0.1), torch.full((8,), 0.1)), kind  # type: ignore[arg-type]
+    assert torch.equal(global_advantages(rewards, torch.full((12,), value)), torch.zeros(8))
+    assert nonzero_groups([group_advantages(rewards, "rloo"), rloo_advantages(torch.tensor([value, 0.0]))]) == [1]
+    batched = rloo_advantages(torch.stack([rewards, torch.tensor([value] * 7 + [0.0])]))
+    assert torch.equal(batched[0], torch.zeros(8)) and bool((batched[1] != 0).all())
+
+
 def test_grpo_degenerate_groups_and_shift() -> None:
     close(grpo_advantages(torch.tensor([0.4])), [0.0])  # std 0, numerator 0
     close(grpo_advantages(torch.tensor([1.0, 1.0, 1.0])), [0.0, 0.0, 0.0])

@@ -21,6 +21,24 @@ def test_uniform_groups_are_dropped_even_with_an_external_shift():
     assert torch.allclose(peer_mixed.advantages, torch.tensor([1.1, -0.9]))
 
 
+def test_a_peer_group_of_equal_partial_rewards_is_dropped():
+    """Eight completions with the same partial credit (1/3: gcd, spell_backward) gave RLOO advantages of
+    about 3e-8 in float32, so the group passed as one with signal although ingestion had not anchored it (it
+    anchors only groups whose rewards differ), and the step failed on its missing anchors."""
+    for kind in ("rloo", "grpo"):
+        flat = _group([1 / 3] * 8, "p")
+        flat.anchor_logprobs = [[]] * 8  # as ingestion leaves a re-tokenized group it did not anchor
+        assert assign_advantages([flat, _group([0.9] * 8)], kind, external_shift=0.0) == [], kind
+
+
+def test_a_completion_without_its_anchors_is_an_error_not_a_padded_row():
+    _, trainer = _tiny_trainer("topr")
+    g = _peer_group(-1.0)
+    g.anchor_logprobs[0] = g.anchor_logprobs[0][:1]
+    with pytest.raises(ValueError, match="3 tokens has 1 anchor log-probs"):
+        trainer.step([g])
+
+
 def test_global_baseline_uses_every_reward_drawn():
     g = _group([1.0, 1.0])
     g.all_rewards = [1.0, 1.0, 0.0, 0.0]  # baseline 0.5: a group of two positives still carries signal
