@@ -5,7 +5,8 @@ serves signed batches by id, and four background loops:
 
 * join: dial the initial peers until the DHT has a neighbour, retrying with exponential backoff; and
   again whenever every neighbour is gone;
-* publish: store queued manifests in the DHT (each store bounded by ``publish_timeout``);
+* publish: store queued manifests in the DHT (a failed store tried again, all of it bounded by
+  ``publish_timeout``; a client-mode node's own storage never counts);
 * collect: poll the manifest keys of the recent epochs (each key on its own, every entry checked again
   by the validator), screen new manifests with the peer book, pull the batches from their authors (a
   few at a time per author, newcomers at most ``newcomer_share`` of the slots, each pull bounded in total
@@ -91,6 +92,7 @@ _MAX_PULL_SOURCES = 4  # listed peers tried for one pull
 _MAX_HANDOFFS_IN_FLIGHT = 8
 _CHUNK = 64 * 1024  # bytes read at a time from a batch stream
 _PUBLISH_EWMA = 0.3  # weight of the latest publish's duration in the running estimate
+_STORE_RETRY_SECONDS = 0.5  # first wait before a failed manifest store is tried again (doubled each time)
 _CIRCUIT = "/p2p-circuit"
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
 
@@ -443,20 +445,41 @@ class SwarmCore:
             # holder took is not announced: pullers would find it nowhere and count its author unreachable.
             held = await self._hand_off(item) if item.holders else 0
             stored = time.monotonic()
-            ok = False
-            if held or not item.holders:
-                try:
-                    ok = await asyncio.wait_for(
-                        self.dht.store(item.key, item.manifest_data, item.expires_at, subkey=item.subkey),
-                        self.settings.publish_timeout,
-                    )
-                except _NETWORK_ERRORS as exc:
-                    logger.debug("storing manifest of %s failed: %r", item.batch_id[:12], exc)
+            ok = await self._store_manifest(item) if held or not item.holders else False
             self.shared.add("batches_published" if ok else "publish_failed")
             self.shared.note_publish_seconds(time.monotonic() - started, _PUBLISH_EWMA)
             self.shared.trace.event("pub", id=item.batch_id[:16], created=round(item.created_at, 4),
                                     bytes=len(item.data), ok=bool(ok), handoffs=held,
                                     handoff_s=round(stored - started, 4), store_s=round(time.monotonic() - stored, 4))
+
+    async def _store_manifest(self, item: PublishItem) -> bool:
+        """Store ``item``'s manifest in the DHT, trying again after a failure, within ``publish_timeout``.
+
+        A node in client mode is asked by nobody, so its own storage does not count: hivemind would store
+        there too and call the store a success when no server took it (a slow or lost reply under load), and
+        the batch would be announced to no one. One failed store is not the end either: a server's reply can
+        be late once, and a batch whose manifest is lost is lost to the swarm.
+        """
+        deadline = time.monotonic() + self.settings.publish_timeout
+        delay = _STORE_RETRY_SECONDS
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                ok = await asyncio.wait_for(
+                    self.dht.store(item.key, item.manifest_data, item.expires_at, subkey=item.subkey,
+                                   exclude_self=self.settings.client_mode),
+                    left,
+                )
+            except _NETWORK_ERRORS as exc:
+                ok = False
+                logger.debug("storing manifest of %s failed: %r", item.batch_id[:12], exc)
+            if ok:
+                return True
+            if deadline - time.monotonic() < delay:
+                return False
+            self.shared.add("store_retries")
+            await asyncio.sleep(delay)
+            delay *= 2
 
     async def _hand_off(self, item: PublishItem) -> int:
         """Push ``item`` to ``handoff_copies`` of its listed holders at once (the spare replaces one that

@@ -147,7 +147,8 @@ class SwarmSettings(BaseModel):
     ban_backoff: float = Field(default=2.0, ge=1.0)
     max_ban_seconds: float = Field(default=3600.0, gt=0)
     publish_timeout: float = Field(default=10.0, gt=0)
-    """Bound on storing one manifest in the DHT (``publish`` itself only queues)."""
+    """Bound on storing one manifest in the DHT, a failed store tried again within it (``publish`` itself
+    only queues)."""
     request_timeout: float = Field(default=5.0, gt=0)
     """Bound on each DHT read, peer dial and batch pull."""
     collect_interval: float = Field(default=0.25, gt=0)

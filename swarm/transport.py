@@ -372,6 +372,7 @@ class SwarmTransport:
                 "peers_banned": len(book.banned(time.monotonic())),
                 "batches_published": counters["batches_published"],
                 "publish_failed": counters["publish_failed"],
+                "store_retries": counters["store_retries"],
                 "publish_dropped": counters["publish_dropped"],
                 "publish_skipped": counters["publish_skipped"] + counters["publish_invalid"],
                 "batches_accepted": book.accepted,

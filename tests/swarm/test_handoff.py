@@ -10,7 +10,7 @@ from hivemind.p2p import PeerID
 from protocol.codec import batch_id, encode_batch
 from protocol.identity import Identity
 from protocol.records import RolloutBatch
-from swarm.core import PublishItem
+from swarm.core import PublishItem, SwarmCore
 from swarm.handoff import HandoffStatus, HandoffStore
 from swarm.transport import SwarmTransport
 from tests.swarm.batches import make_batch
@@ -85,7 +85,7 @@ def test_client_mode_batches_are_held_within_the_authors_quota(make_transport: C
     assert wait_for(lambda: holder.stats()["handoffs_held"] == 1, 30)
     # The batch names the holder first in its signed address list; the reader gets it.
     got: list[RolloutBatch] = []
-    assert wait_for(lambda: bool(got.extend(reader.collect()) or got), 30)
+    assert wait_for(lambda: bool(got.extend(reader.collect()) or got), 30), (client.stats(), reader.stats())
     assert got[0].address[0] == holder.visible_multiaddrs()[0]
     client.publish(make_batch(client.identity, text="two", index=1))
     assert wait_for(lambda: holder.stats()["handoffs_refused"] == 1, 30)  # a second one this epoch: over quota
@@ -138,3 +138,46 @@ def test_publishing_backs_off_to_how_long_a_batch_takes_to_go_out() -> None:
     assert transport.min_publish_interval() == 60.0 / 8  # faster than the interval: no change
     transport._shared.note_publish_seconds(24.0, weight=0.3)
     assert transport.min_publish_interval() == 0.7 * 4.0 + 0.3 * 24.0 == 10.0
+
+
+def test_a_client_counts_a_manifest_no_server_took_as_failed(make_transport: Callable[..., SwarmTransport]) -> None:
+    """hivemind stores a record at the storing node too and calls that a success; a node in client mode is
+    asked by nobody, so a store that reached no server must count as failed, not as published."""
+    server = make_transport()
+    client = make_transport(client_mode=True, nat_sharing="direct", initial_peers=server.visible_multiaddrs(),
+                            publish_timeout=2.0)
+    assert wait_for(lambda: client.stats()["network_up"])
+    assert client.publish(make_batch(client.identity, text="seen")) is not None
+    assert wait_for(lambda: client.stats()["batches_published"] == 1, 30), client.stats()
+    server.close()
+    assert client.publish(make_batch(client.identity, text="lost", index=1)) is not None
+    assert wait_for(lambda: client.stats()["publish_failed"] == 1, 30), client.stats()
+    assert client.stats()["batches_published"] == 1 and client.stats()["store_retries"] >= 1
+    stored = client._await_on_loop(lambda core: _stored_locally(core))
+    assert stored == 0  # nothing kept where nobody looks
+
+
+async def _stored_locally(core: SwarmCore) -> int:
+    return len(list(core.dht.protocol.storage.items()))
+
+
+def test_a_failed_manifest_store_is_tried_again(make_transport: Callable[..., SwarmTransport]) -> None:
+    """A store whose replies were lost once is tried again within ``publish_timeout``; readers get it."""
+    author = make_transport()
+    reader = make_transport(initial_peers=author.visible_multiaddrs())
+    assert wait_for(lambda: reader.stats()["network_up"])
+    core = author._core
+    assert core is not None
+    real_store, calls = core.dht.store, []
+
+    async def flaky_store(*args: object, **kwargs: object) -> bool:
+        calls.append(kwargs)
+        return False if len(calls) == 1 else await real_store(*args, **kwargs)
+
+    core.dht.store = flaky_store  # type: ignore[method-assign]
+    assert author.publish(make_batch(author.identity)) is not None
+    assert wait_for(lambda: author.stats()["batches_published"] == 1, 30), author.stats()
+    assert author.stats()["store_retries"] == 1 and author.stats()["publish_failed"] == 0 and len(calls) == 2
+    assert all(call["exclude_self"] is False for call in calls)  # a server's own storage is asked by others
+    got: list[RolloutBatch] = []
+    assert wait_for(lambda: bool(got.extend(reader.collect()) or got), 30), reader.stats()
