@@ -19,7 +19,8 @@ the silo ``T/0`` generating as many groups. Arms (peer-data treatment): ``grpo_o
 GRPO, ratio fixed at 1; baseline ``silo_grpo``), ``topr_uncorrected`` (TOPR with the ratio fixed at 1),
 ``topr_corrected`` (TOPR taper with behaviour log-probs) and ``rec`` (REC clipping), all three against the
 TOPR ``silo``; and ``remix``, the TOPR silo with a ReMix adapter of the same active rank, against the LoRA
-silo at the same split. Lever arms (``sapo_lib.LEVER_ARMS``), TOPR corrected with one change each, against
+silo at the same split (``remix_lr2`` against ``lora_lr2``: both at twice the learning rate, the latter
+against the silo). Lever arms (``sapo_lib.LEVER_ARMS``), TOPR corrected with one change each, against
 the TOPR silo: ``topr_fixed_loss`` (the loss summed over a fixed I x G sequences), ``topr_2_updates`` (two
 optimizer steps a training step), ``topr_by_reward`` (peer groups by their re-scored mean reward),
 ``topr_low_signal`` (peer groups first on the datasets where the node's own carry the least signal),
@@ -71,6 +72,7 @@ from sapo_lib import (  # noqa: E402
     VARIANT_OF,
     RunSpec,
     base_path,
+    is_remix,
     parse_split,
     run_one,
     silo_split,
@@ -165,7 +167,7 @@ def build_grid(args: argparse.Namespace) -> list[RunSpec]:
                 if arm in VARIANT_OF:
                     arm_splits = silos
                 grid += [RunSpec(setting, arm, split, seed, **common) for split in arm_splits]  # type: ignore[arg-type]
-    return grid
+    return list(dict.fromkeys(grid))  # a variant arm can be another's baseline too: each run once
 
 
 def _cum(rewards: list[float]) -> float:
@@ -402,11 +404,12 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
                 lines.append(f"goal {setting}, {arm}: weaker nodes ({weak}) >= +30% and no type below -2%: "
                              f"{'MET at ' + ', '.join(met) if met else 'NOT MET'} -- {deltas}")
         for r in rows:
-            if r["setting"] == setting and r["arm"] in VARIANT_OF and r["d_cum"]["all"]:
+            if r["setting"] == setting and is_remix(r["arm"]) and r["d_cum"]["all"]:
                 base = next(b for b in rows if (b["setting"], b["arm"], b["split"]) == (setting, VARIANT_OF[r["arm"]],
                                                                                           r["split"]))
                 ok = r["d_cum"]["all"][0] >= REMIX_GAIN
-                lines.append(f"goal {setting}, {r['arm']} >= +{REMIX_GAIN:.0f}% reward over LoRA at {r['split']}: "
+                against = "LoRA" if base["arm"] == "silo" else f"LoRA ({base['arm']})"
+                lines.append(f"goal {setting}, {r['arm']} >= +{REMIX_GAIN:.0f}% reward over {against} at {r['split']}: "
                              f"{'MET' if ok else 'NOT MET'} -- reward {_pct(r['d_cum']['all'])}, accuracy "
                              f"{_pct(r['d_acc']['all'])}, step time {r['cost']['step_seconds']:.2f} s against "
                              f"{base['cost']['step_seconds']:.2f} s")

@@ -63,14 +63,20 @@ ARMS: dict[str, list[str]] = {
     # active of n; see ``node_config``). ReMix runs on the HF backend only.
     "remix": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true", "adapter.kind=remix",
               "generation.backend=hf"],
+    # Whether ReMix only learns more slowly: the LoRA silo and ReMix with the type's learning rate doubled
+    # (``LR_SCALE``), ReMix paired with the LoRA at the same rate and that LoRA with the plain silo.
+    "lora_lr2": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true"],
+    "remix_lr2": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true", "adapter.kind=remix",
+                  "generation.backend=hf"],
 }
+LR_SCALE: dict[str, float] = {"lora_lr2": 2.0, "remix_lr2": 2.0}
 LEVER_ARMS = ["topr_fixed_loss", "topr_2_updates", "topr_by_reward", "topr_low_signal", "topr_above_own"]
 SILO_OF: dict[str, str] = {"grpo_onpolicy": "silo_grpo", "topr_uncorrected": "silo", "topr_corrected": "silo",
                            "rec": "silo", **{arm: "silo" for arm in LEVER_ARMS}}
 SHARING_ARMS = list(SILO_OF)
 TREATMENT_ARMS = ["grpo_onpolicy", "topr_uncorrected", "topr_corrected", "rec"]  # the tiny-model grid's
 # Arms that change the node, not the sharing: each is compared with its baseline at the same split.
-VARIANT_OF: dict[str, str] = {"remix": "silo"}
+VARIANT_OF: dict[str, str] = {"remix": "silo", "lora_lr2": "silo", "remix_lr2": "lora_lr2"}
 BASELINE_OF: dict[str, str] = {**SILO_OF, **VARIANT_OF}
 REMIX_N, REMIX_K = 8, 2
 
@@ -232,7 +238,7 @@ def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
     local, external, _ = parse_split(spec.split)
     datasets = ",".join(setting.datasets)
     arm = list(ARMS[spec.arm])
-    if spec.arm == "remix":  # the same active rank as the type's LoRA: k of n LoRAs of rank r / k
+    if is_remix(spec.arm):  # the same active rank as the type's LoRA: k of n LoRAs of rank r / k
         rank = load_config(CONFIGS / kind.config).adapter.rank
         if rank % REMIX_K:
             raise ValueError(f"{kind.config}: adapter.rank {rank} is not a multiple of ReMix's k={REMIX_K}")
@@ -256,7 +262,15 @@ def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
         *arm,
         *type_overrides(spec.extra, node_type(spec, index)),
     ]
-    return load_config(CONFIGS / kind.config, overrides)
+    cfg = load_config(CONFIGS / kind.config, overrides)
+    if spec.arm in LR_SCALE:
+        cfg = load_config(CONFIGS / kind.config, [*overrides, f"train.lr={cfg.train.lr * LR_SCALE[spec.arm]!r}"])
+    return cfg
+
+
+def is_remix(arm: str) -> bool:
+    """Whether ``arm`` runs a ReMix adapter (``remix`` and its learning-rate variant)."""
+    return ARMS[arm].count("adapter.kind=remix") == 1
 
 
 def type_overrides(extra: tuple[str, ...], kind: str) -> list[str]:

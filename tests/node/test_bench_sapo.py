@@ -211,3 +211,34 @@ def test_a_run_that_fails_is_named_and_left_unsaved_while_the_others_finish(tmp_
     assert [p.stem for p in (tmp_path / "runs").glob("*.json")] == [good.name]
     assert [r["name"] for r in bench.execute([bad, good], 1, tmp_path)] == [good.name]  # reused; bad tried again
     assert f"run {bad.name} failed" in capsys.readouterr().out
+
+
+def test_the_learning_rate_arms_double_the_rate_and_pair_remix_with_the_lora_at_that_rate():
+    bench = _load("bench_sapo")
+    lib = _load("sapo_lib")
+    args = bench.parse_args(["--settings", "smollm2", "--arms", "remix", "lora_lr2", "remix_lr2", "--splits", "8/0",
+                             "--seeds", "1", "--nodes", "1", "--steps", "2"])
+    grid = bench.build_grid(args)
+    # lora_lr2 is both an arm and remix_lr2's baseline: it runs once.
+    assert sorted(s.arm for s in grid) == ["lora_lr2", "remix", "remix_lr2", "silo"]
+    cfgs = {s.arm: lib.node_config(s, 0, "unused") for s in grid}
+    assert cfgs["silo"].train.lr == cfgs["remix"].train.lr == 2e-4  # configs/smollm2-silo.yaml's
+    assert cfgs["lora_lr2"].train.lr == cfgs["remix_lr2"].train.lr == 4e-4
+    assert (cfgs["lora_lr2"].adapter.kind, cfgs["lora_lr2"].adapter.rank) == ("lora", 16)
+    assert (cfgs["remix_lr2"].adapter.kind, cfgs["remix_lr2"].adapter.rank) == ("remix", 8)
+    assert lib.BASELINE_OF["remix_lr2"] == "lora_lr2" and lib.BASELINE_OF["lora_lr2"] == "silo"
+
+    def result(arm, reward):
+        spec = lib.RunSpec("smollm2", arm, "8/0", 0, nodes=1, steps=2)
+        return {"spec": lib.asdict(spec), "name": spec.name, "node_types": ["smollm2"],
+                "rewards": [[reward, reward]], "signal": [[0.5, 0.5]], "peer_groups": [[0, 0]],
+                "accuracy": [reward], "rejected": {},
+                "cost_per_node_step": {"step_seconds": 30.0, "exchange_seconds": 0.0}}
+
+    rows = bench.summarize([result("silo", 0.2), result("lora_lr2", 0.3), result("remix_lr2", 0.27)])
+    by_arm = {r["arm"]: r for r in rows}
+    assert by_arm["lora_lr2"]["d_cum"]["all"][0] == pytest.approx(50.0)  # against the silo
+    assert by_arm["remix_lr2"]["d_cum"]["all"][0] == pytest.approx(-10.0)  # against lora_lr2, not the silo
+    goals = [line for line in bench.goals(rows) if line.startswith("goal smollm2")]
+    assert goals == ["goal smollm2, remix_lr2 >= +5% reward over LoRA (lora_lr2) at 8/0: NOT MET -- reward -10.0%, "
+                     "accuracy -10.0%, step time 30.00 s against 30.00 s"]
