@@ -21,6 +21,7 @@ from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, wit
 from node.errors import CheckpointError, ConfigError, TaskError
 from node.policy.locate import locate_model
 from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
+from node.runs import init_source
 
 logger = logging.getLogger("node")
 
@@ -98,13 +99,15 @@ def _load(args: argparse.Namespace) -> NodeConfig:
 
 
 def _preflight(cfg: NodeConfig) -> None:
-    """The checks that need the file system but nothing heavy: a writable run dir, a model that exists.
+    """The checks that need the file system but nothing heavy: a writable run dir, a model that exists, an
+    ``adapter.init_from`` that names a checkpoint of this adapter's shape.
 
     They run before torch and transformers are imported, so these mistakes, like a bad config value,
     are reported within a second or two.
     """
     prepare_run_dir(cfg.run_dir)
     locate_model(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
+    init_source(cfg)
 
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

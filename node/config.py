@@ -80,6 +80,11 @@ class AdapterConfig(_Section):
     train_norms: bool = Field(True, description="also train RMSNorm weights (peft modules_to_save)")
     norm_lr: float = Field(1e-2, gt=0)
     remix: RemixConfig = RemixConfig()
+    init_from: str | None = Field(
+        None, description="a run dir (its newest checkpoint) or one of its checkpoint folders "
+        "(RUN_DIR/checkpoints/step_NNNNNN) whose adapter weights a new run starts from, on the same base model "
+        "and adapter shape; the optimizer starts afresh. A run that has checkpoints of its own resumes from "
+        "them instead")
 
 
 PROMPT_DEFAULT: Literal["default"] = "default"

@@ -43,6 +43,7 @@ from node.metrics import MetricsWriter, peak_rss_mb, read_metrics
 from node.policy.model import Policy, build_policy, pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
 from node.rundir import prepare_run_dir, say_config_changes
+from node.runs import RunStep, init_source, load_init_state
 from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
 from node.tracking import Trackers, build_trackers
@@ -107,6 +108,7 @@ class Node:
             from node.engines.vllm_engine import require_vllm
 
             require_vllm(pick_device(self.cfg.model.device))
+        init = init_source(self.cfg)  # a wrong adapter.init_from fails before any model loads
         self.policy = self._build_policy()
         self.source = self._build_task_source()
         self.trainer = self._build_trainer()
@@ -117,6 +119,8 @@ class Node:
         self.checkpoints = CheckpointManager(self.run_dir, self.cfg.train.keep_checkpoints,
                                              keep_every=self.cfg.train.keep_every)
         self._restore()
+        if init is not None and self.step == 0:
+            self._start_from(init)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      max_bytes=int(self.cfg.tracking.metrics_max_mb * 1024 * 1024),
                                      eval_every=self.cfg.train.eval_every)
@@ -278,6 +282,13 @@ class Node:
         self.step = state.step
         self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)
+
+    def _start_from(self, run: RunStep) -> None:
+        """A new run's adapter weights from another run's checkpoint (``adapter.init_from``); the optimizer,
+        the step count and the random streams stay the fresh ones of this run."""
+        self.policy.load_trainable_state(load_init_state(run))
+        self.generator.sync()
+        logger.info("adapter weights from %s (step %d of that run); optimizer fresh", run.checkpoint, run.step)
 
     # ----- run
     def install_signal_handlers(self) -> None:

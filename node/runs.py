@@ -1,8 +1,9 @@
 """A finished (or running) run, read back: its config, a checkpoint of it, its policy at that step.
 
-What ``swarm-node export`` and ``swarm-node eval --run-dir`` start from. Every user mistake (a folder that
-is not a run dir, a run without a checkpoint yet, a step that was not kept) is a one-line ``ConfigError``
-found before torch is imported.
+What ``swarm-node export`` and ``swarm-node eval --run-dir`` start from, and a new run started from another's
+adapter (``adapter.init_from``). Every user mistake (a folder that is not a run dir, a run without a
+checkpoint yet, a step that was not kept, an adapter of another shape) is a one-line ``ConfigError`` found
+before torch is imported.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from node.errors import ConfigError
 if TYPE_CHECKING:
     from node.policy.model import Policy
 
-__all__ = ["RunStep", "eval_at", "load_policy", "open_run"]
+__all__ = ["RunStep", "eval_at", "init_source", "load_init_state", "load_policy", "open_run"]
 
 _PREFIX = "step_"
 
@@ -74,6 +75,64 @@ def open_run(run_dir: str | Path, step: int | None = None) -> RunStep:
     except ConfigError as exc:
         raise ConfigError(f"--run-dir {str(folder)!r}: its config.yaml does not load here ({exc})") from None
     return RunStep(folder, cfg, step, folder / "checkpoints" / f"{_PREFIX}{step:06d}")
+
+
+_INIT = "adapter.init_from"
+_SHAPE = ("kind", "rank", "alpha", "target_modules", "train_norms")
+
+
+def init_source(cfg: NodeConfig) -> RunStep | None:
+    """The checkpoint ``adapter.init_from`` names (a run dir's newest, or the ``checkpoints/step_NNNNNN``
+    folder it names), checked against ``cfg``: the same base model and adapter shape. None when unset."""
+    raw = cfg.adapter.init_from
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
+    digits = path.name[len(_PREFIX):]
+    if path.parent.name == "checkpoints" and path.name.startswith(_PREFIX) and digits.isdigit():
+        run_dir, step = path.parent.parent, int(digits)
+    else:
+        run_dir, step = path, None
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{_INIT}={raw!r} is neither a run dir nor a checkpoint of one (no config.yaml); name "
+                          "the folder a node trained in (its --run-dir)")
+    steps = _steps(run_dir)
+    if step is None and steps:
+        step = steps[-1]
+    if step is None or step not in steps:
+        raise ConfigError(f"{_INIT}={raw!r} has no such checkpoint (it has {steps[-8:] or 'none yet'}); name a "
+                          "run dir with a checkpoint, or one of its checkpoints/step_NNNNNN folders")
+    try:
+        source = load_config(run_dir / "config.yaml", ["api.token=null"])
+    except ConfigError as exc:
+        raise ConfigError(f"{_INIT}={raw!r}: its config.yaml does not load here ({exc})") from None
+    differs = _shape_differences(cfg, source)
+    if differs:
+        raise ConfigError(f"{_INIT}={raw!r} was trained with {'; '.join(differs)}; set the same here or start "
+                          "from a run of this node's model and adapter")
+    return RunStep(run_dir, source, step, run_dir / "checkpoints" / f"{_PREFIX}{step:06d}")
+
+
+def _shape_differences(cfg: NodeConfig, source: NodeConfig) -> list[str]:
+    """``field=theirs (this node: ours)`` for each setting that makes the two adapters' weights not fit."""
+    pairs = [(f"model.{name}", getattr(source.model, name), getattr(cfg.model, name))
+             for name in ("name_or_path", "gguf_file")]
+    pairs += [(f"adapter.{name}", getattr(source.adapter, name), getattr(cfg.adapter, name)) for name in _SHAPE]
+    if cfg.adapter.kind == "remix" and source.adapter.kind == "remix":
+        pairs += [(f"adapter.remix.{name}", getattr(source.adapter.remix, name), getattr(cfg.adapter.remix, name))
+                  for name in ("n", "k", "scale")]
+    return [f"{name}={theirs!r} (this node: {ours!r})" for name, theirs, ours in pairs if theirs != ours]
+
+
+def load_init_state(run: RunStep) -> dict[str, Any]:
+    """The trainable tensors of ``run``'s checkpoint (what ``adapter.init_from`` starts a run from)."""
+    from node.checkpoint import CheckpointManager
+    from node.errors import CheckpointError
+
+    try:
+        return CheckpointManager(run.run_dir, run.cfg.train.keep_checkpoints).load(run.checkpoint).trainable
+    except CheckpointError as exc:
+        raise ConfigError(f"{_INIT}: {exc}") from None
 
 
 def load_policy(run: RunStep, *, dtype: str = "float32", device: str = "cpu") -> Policy:

@@ -29,8 +29,9 @@ Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogen
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
 re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym;
-``smollm2-mix3``, smollm2-135m on three datasets of different kinds (for ReMix). A job of these settings
-holds about 4 GB resident (7 GB with ReMix).
+``smollm2-pair``, base smollm2-135m nodes (weak) beside smollm2-135m nodes started from a 20-step silo
+run's adapter (strong, ``adapter.init_from``); ``smollm2-mix3``, smollm2-135m on three datasets of
+different kinds (for ReMix). A job of these settings holds about 4 GB resident (7 GB with ReMix).
 
 Pairing: node i of a seed index has the same seed, base and task stream in every arm, so each sharing run
 is compared with its silo seed by seed; deltas are means over seeds with a 95% t-interval.
@@ -76,6 +77,7 @@ from sapo_lib import (  # noqa: E402
     parse_split,
     run_one,
     silo_split,
+    trained_run,
     type_overrides,
 )
 
@@ -463,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for kind in dict.fromkeys(NODE_TYPES[k].base for s in args.settings for k in SETTINGS[s].node_types):
         print(f"bench_sapo: base {kind}: {base_path(kind)} {' '.join(BASES.get(kind, []))}", flush=True)
+    for kind in dict.fromkeys(k for s in args.settings for k in SETTINGS[s].node_types):
+        if (trained := NODE_TYPES[kind].trained) is not None:  # a missing run stops here, with its command
+            print(f"bench_sapo: {kind} nodes start from {trained_run(trained)}", flush=True)
     results = execute(grid, args.jobs, out, run=not args.report)
     if not results:
         print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)

@@ -242,3 +242,19 @@ def test_the_learning_rate_arms_double_the_rate_and_pair_remix_with_the_lora_at_
     goals = [line for line in bench.goals(rows) if line.startswith("goal smollm2")]
     assert goals == ["goal smollm2, remix_lr2 >= +5% reward over LoRA (lora_lr2) at 8/0: NOT MET -- reward -10.0%, "
                      "accuracy -10.0%, step time 30.00 s against 30.00 s"]
+
+
+def test_the_pair_setting_starts_its_strong_nodes_from_the_trained_run_and_names_the_command_if_missing(
+        tmp_path, monkeypatch):
+    lib = _load("sapo_lib")
+    monkeypatch.setattr(lib, "ROOT", tmp_path)
+    spec = lib.RunSpec("smollm2-pair", "topr_corrected", "8+4", 0, nodes=4, steps=2)
+    with pytest.raises(SystemExit, match="train it first .*: swarm-node silo -c configs/smollm2-silo.yaml --run-dir "
+                                         "runs/trained-adapters/smollm2-silo20 "):
+        lib.node_config(spec, 0, "unused")
+    (tmp_path / "runs" / "trained-adapters" / "smollm2-silo20" / "checkpoints").mkdir(parents=True)
+    cfgs = [lib.node_config(spec, i, "unused") for i in range(4)]
+    assert [lib.node_type(spec, i) for i in range(4)] == ["smollm2-trained", "smollm2"] * 2
+    trained = str(tmp_path / "runs" / "trained-adapters" / "smollm2-silo20")
+    assert [c.adapter.init_from for c in cfgs] == [trained, None, trained, None]
+    assert {c.model.name_or_path for c in cfgs} == {"smollm2-135m"} and {c.adapter.rank for c in cfgs} == {16}

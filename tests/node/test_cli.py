@@ -203,6 +203,7 @@ cases = [
     ["start", "--run-dir", run, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/notapeerid"],
     ["start", "--run-dir", run, "--initial-peers", "/ip4/127.0.0.1/tcp/1"],
     ["start", "--run-dir", run, "swarm.host_maddrs=[/ip4/1.2.3.4/tcp/x]"],
+    ["silo", "--run-dir", run, "adapter.init_from=" + {str(tmp_path / "no-such-run")!r}],
 ]
 codes = [main(case) for case in cases]
 heavy = sorted(m for m in ("torch", "transformers", "peft", "hivemind") if m in sys.modules)
@@ -210,8 +211,8 @@ print(codes, heavy)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == f"{[2] * 9} []", proc.stdout + proc.stderr[-2000:]
-    assert len(proc.stderr.strip().splitlines()) == 9, proc.stderr  # one line each
+    assert proc.stdout.strip() == f"{[2] * 10} []", proc.stdout + proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 10, proc.stderr  # one line each
 
 
 def test_summarize_run_on_a_missing_run_dir_is_a_one_line_error(tmp_path):
