@@ -92,6 +92,7 @@ _MAX_PULL_SOURCES = 4  # listed peers tried for one pull
 _MAX_HANDOFFS_IN_FLIGHT = 8
 _CHUNK = 64 * 1024  # bytes read at a time from a batch stream
 _PUBLISH_EWMA = 0.3  # weight of the latest publish's duration in the running estimate
+_CANCEL_AGAIN_SECONDS = 0.2  # on shutdown, how often a task that is still running is cancelled again
 _STORE_RETRY_SECONDS = 0.5  # first wait before a failed manifest store is tried again (doubled each time)
 _CIRCUIT = "/p2p-circuit"
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
@@ -306,9 +307,7 @@ class SwarmCore:
                     logger.error("swarm network loop %s failed: %r", task.get_name(), exc)
                     self.shared.set_error(describe_error(exc))
         finally:
-            for task in [*loops, stopper, *self._pulls, *self._background]:
-                task.cancel()
-            await asyncio.gather(*loops, stopper, *self._pulls, *self._background, return_exceptions=True)
+            await _cancel_all([*loops, stopper, *self._pulls, *self._background], self.settings.request_timeout)
 
     async def shutdown(self) -> None:
         """Stop the DHT node and p2pd (bounded); kill p2pd if it does not exit."""
@@ -981,6 +980,28 @@ class SwarmCore:
         maddrs = _order_maddrs([str(m) for m in found], self._relayed)
         with self.shared.lock:
             self.shared.visible_maddrs = maddrs
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again those still running every short while.
+
+    One cancellation is not always enough on Python 3.11: ``asyncio.wait_for`` drops it when its inner
+    awaitable finishes at the same moment, and a loop that goes on after that would keep the network
+    thread (and its p2pd) alive until it is killed. Bounded by ``timeout``; what is left then is named.
+    """
+    pending = {task for task in tasks if not task.done()}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=_CANCEL_AGAIN_SECONDS)
+        if pending and time.monotonic() > deadline:
+            logger.warning("network tasks still running after cancellation: %s",
+                           ", ".join(sorted(task.get_name() for task in pending)))
+            return
+    for task in tasks:  # retrieve their exceptions (they were logged where they matter)
+        if not task.cancelled():
+            task.exception()
 
 
 async def _shutdown_p2p(p2p: P2P, watchdog: P2pdWatchdog | None, *, timeout: float) -> None:
