@@ -209,7 +209,7 @@ class SwarmExchange:
 
 _TRANSPORT_METRICS = ("offences", "peers_banned", "inbox_bytes", "pulls_stalled", "stalls_forgiven", "stalls_retried",
                       "pulls_failed", "poll_key_timeouts", "pulls_unreachable", "dht_store_bytes", "duplicate_groups",
-                      "wire_encode_seconds", "wire_verify_seconds", "polls", "poll_ms", "publish_failed",
+                      "wire_encode_seconds", "wire_verify_seconds", "polls", "poll_ms", "publish_failed", "store_retries",
                       "bytes_in", "bytes_out", "batches_served", "handoff_failed", "handoffs_refused",
                       "dht_find_requests", "dht_find_keys", "dht_store_requests")
 """Transport counters copied into the node's metrics next to the batch counts (``wire_*``: the in-process
