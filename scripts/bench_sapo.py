@@ -433,17 +433,20 @@ def plot(results: list[dict[str, Any]], path: Path, window: int = 10) -> None:
         for b, arm in enumerate(arms):
             ax = axes[a][b]
             curves: dict[str, list[list[float]]] = {}
+            baselines: set[str] = set()  # drawn dashed
             for res in results:
                 s = res["spec"]
                 if s["setting"] != setting or s["arm"] not in (arm, BASELINE_OF.get(arm, arm)):
                     continue
                 label = f"{s['split']} {s['arm']}" if s["arm"] in VARIANT_OF else (
                     f"{s['split']} silo" if s["arm"] not in SILO_OF else s["split"])
+                if s["arm"] != arm or arm not in BASELINE_OF:
+                    baselines.add(label)
                 curves.setdefault(label, []).extend(r for r, t in zip(res["rewards"], res["node_types"]) if t == kind)
-            for label in sorted(curves, key=lambda x: (not x.endswith("silo"), x)):
+            for label in sorted(curves, key=lambda x: (x not in baselines, x)):
                 mean = [statistics.fmean(col) for col in zip(*curves[label])]
                 smooth = [statistics.fmean(mean[max(0, i - window + 1) : i + 1]) for i in range(len(mean))]
-                ax.plot(range(1, len(mean) + 1), smooth, "--" if label.endswith("silo") else "-", label=label)
+                ax.plot(range(1, len(mean) + 1), smooth, "--" if label in baselines else "-", label=label)
             ax.set_title(f"{setting} / {kind} nodes, {arm}", fontsize=9)
             ax.set_xlabel("step")
             ax.set_ylabel(f"sampled reward ({window}-step mean)", fontsize=8)
