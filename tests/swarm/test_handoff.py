@@ -153,7 +153,7 @@ def test_a_client_counts_a_manifest_no_server_took_as_failed(make_transport: Cal
     assert client.publish(make_batch(client.identity, text="lost", index=1)) is not None
     assert wait_for(lambda: client.stats()["publish_failed"] == 1, 30), client.stats()
     assert client.stats()["batches_published"] == 1 and client.stats()["store_retries"] >= 1
-    stored = client._await_on_loop(lambda core: _stored_locally(core))
+    stored = client._await_on_loop(_stored_locally)
     assert stored == 0  # nothing kept where nobody looks
 
 
