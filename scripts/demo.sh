@@ -2,7 +2,7 @@
 # Create the venv if missing, install, and run a silo node on the embedded tiny model.
 # Extra arguments are config overrides, e.g.: scripts/demo.sh train.steps=50
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" ""
+source "$(dirname "${BASH_SOURCE[0]}")/dev/venv.sh" ""
 cd "$ROOT"
 RUN_DIR="${RUN_DIR:-runs/demo}"
 "$VENV/bin/swarm-node" silo --config configs/tiny-silo.yaml --run-dir "$RUN_DIR" "$@"

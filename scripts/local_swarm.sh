@@ -10,7 +10,7 @@ set -euo pipefail
 N="${1:?usage: scripts/local_swarm.sh N [key=value ...]}"
 shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/_venv.sh" ""
+source "$ROOT/scripts/dev/venv.sh" ""
 cd "$ROOT"
 BASE="${SWARM_RUNS:-runs/local-swarm}"
 API_PORT="${SWARM_API_PORT:-8770}"

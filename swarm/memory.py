@@ -1,6 +1,6 @@
 """An in-process swarm whose members exchange the same signed bytes as the hivemind transport.
 
-For experiments that isolate learning from the network (``scripts/bench_sapo.py``) and for tests of the
+For experiments that isolate learning from the network (``scripts/bench/bench_sapo.py``) and for tests of the
 node's exchange logic. A member's ``publish`` encodes and signs the batch and its manifest exactly as
 ``SwarmTransport`` does; the hub hands both byte strings to every other member, with no loss and no
 delay; a member's ``collect`` passes each through ``swarm.intake`` -- manifest signature, the peer book's

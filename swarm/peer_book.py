@@ -301,7 +301,7 @@ class PeerBook:
         counts as a failed attempt. Newcomers get no grace, so identities made to stall cost a ban each.
         An unreachable author is retried until ``max_pull_attempts`` failures, then rejected as
         unreachable, an offence too, except that the same grace forgives it to an established author (a
-        machine so loaded that its pulls time out, a link that drops for a while: ``scripts/wan_swarm.py``
+        machine so loaded that its pulls time out, a link that drops for a while: ``scripts/lab/wan_swarm.py``
         saw both). Either way the quota is given back.
         """
         self._release(batch_id, author, epoch, byte_size)

@@ -4,7 +4,7 @@ Off by default (``swarm.trace_path``). When on, the network thread appends one s
 published, accepted, rejected after pulling or failed to pull, and when it first joined the swarm, each
 with the wall-clock time ``t`` (the DHT's clock on this machine). Benchmarks read it to measure
 publish-to-accepted latency, pull times and delivery per (batch, receiver) pair across processes
-(``scripts/wan_swarm.py``); an operator can read it to see why a peer's batches do not arrive.
+(``scripts/lab/wan_swarm.py``); an operator can read it to see why a peer's batches do not arrive.
 
 Lines are written unbuffered in one ``write`` each, so a crash loses at most the line being written;
 the file is never read back by the node and grows by roughly 200 bytes per event.

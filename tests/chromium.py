@@ -40,12 +40,12 @@ def find_chromium() -> str | None:
 
 def chromium_or_skip() -> str:
     """The Chromium executable; else the test is skipped, saying why, or fails where ``$SWARM_NODE_REQUIRE_CHROMIUM``
-    is set (CI installed it with ``scripts/ci_deps.sh``, so a missing one is a broken set-up, not a skip)."""
+    is set (CI installed it with ``scripts/dev/ci_deps.sh``, so a missing one is a broken set-up, not a skip)."""
     import pytest
 
     exe = find_chromium()
     if exe is None:
-        why = "no Chromium on this machine (Debian: apt-get install chromium, or run scripts/ci_deps.sh as root)"
+        why = "no Chromium on this machine (Debian: apt-get install chromium, or run scripts/dev/ci_deps.sh as root)"
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"{why}, and {REQUIRE_ENV} is set")
         pytest.skip(why)

@@ -1,4 +1,4 @@
-"""The project's scripts (``scripts/NAME.py``) as modules, for tests that call their functions."""
+"""The project's scripts (``scripts/FOLDER/NAME.py``) as modules, for tests that call their functions."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from types import ModuleType
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
-def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py``, imported once and kept in ``sys.modules`` under ``name``."""
+def load_script(path: str) -> ModuleType:
+    """``scripts/<path>.py`` (``"lib/netns_lab"``), imported once and kept in ``sys.modules`` under its name."""
+    name = path.rsplit("/", 1)[-1]
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{path}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -49,7 +49,7 @@ def test_every_config_key_the_readme_and_docs_name_exists() -> None:
 
 
 def test_every_script_and_config_the_readme_names_exists() -> None:
-    named = set(re.findall(r"\b((?:scripts|configs)/[\w.-]+\.(?:py|sh|yaml))", README))
+    named = set(re.findall(r"\b((?:scripts|configs)/[\w./-]+\.(?:py|sh|yaml))", README))
     assert "scripts/demo.sh" in named and "configs/tiny-swarm.yaml" in named
     assert not [n for n in named if not (ROOT / n).is_file()]
 
@@ -68,7 +68,7 @@ def test_the_embedded_model_figures_are_the_ones_its_build_wrote() -> None:
 def test_the_small_base_figures_are_the_shipped_model_s() -> None:
     """small-base is shipped, so the README's figures must be those of the shipped build_info.json."""
     info = json.loads((ROOT / "node" / "assets" / "small-base" / "build_info.json").read_text())
-    text = README[README.index("**small-base** (`python scripts/build_small_base.py`") :].split("\n\n")[0]
+    text = README[README.index("**small-base** (`python scripts/build/build_small_base.py`") :].split("\n\n")[0]
     text = text.replace("\n", " ")
     assert f"{info['parameters']:,} parameters" in text
     for key, name in (("arith/add", "addition"), ("reasoning_gym/calendar_arithmetic", "calendar_arithmetic"),

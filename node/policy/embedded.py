@@ -35,13 +35,13 @@ EMBEDDED_MODELS: tuple[EmbeddedModel, ...] = (
     EmbeddedModel(
         name="tiny-base",
         aliases=("embedded",),
-        build_script="scripts/build_tiny_base.py",
+        build_script="scripts/build/build_tiny_base.py",
         summary="0.43M-parameter Llama, character tokenizer, 2-digit arithmetic",
     ),
     EmbeddedModel(
         name="small-base",
         aliases=(),
-        build_script="scripts/build_small_base.py",
+        build_script="scripts/build/build_small_base.py",
         summary="5M-parameter Llama, byte-level BPE tokenizer and ChatML template, arith and reasoning-gym",
     ),
 )

@@ -1,4 +1,4 @@
-"""``scripts/bench_generation.py``: the random-weight copy behind its long-completion workload, and the
+"""``scripts/bench/bench_generation.py``: the random-weight copy behind its long-completion workload, and the
 benchmark end to end on a shrunk tiny-base step (HF contenders by default; the vLLM contenders, compiled
 too, in the slow run)."""
 
@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from node.policy.tiny import tiny_base_path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench_generation.py"
+SCRIPT = ROOT / "scripts" / "bench" / "bench_generation.py"
 
 
 def _bench_module():

@@ -1,4 +1,4 @@
-"""``scripts/bench_sapo.py`` and its core: splits (equal compute and on top), the grid and its silo pairs,
+"""``scripts/bench/bench_sapo.py`` and its core: splits (equal compute and on top), the grid and its silo pairs,
 the exchange on the real wire path (a tampered batch is rejected), and the end-to-end output (tables, JSON,
 plot) with finished runs reused on a rerun."""
 
@@ -12,17 +12,17 @@ import pytest
 
 from tests.scripts import load_script
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+LIB = Path(__file__).resolve().parents[2] / "scripts" / "lib"
 
 
 def _load(name: str):
-    if str(SCRIPTS) not in sys.path:  # bench_sapo imports sapo_lib as a sibling module
-        sys.path.insert(0, str(SCRIPTS))
-    return load_script(name)
+    if str(LIB) not in sys.path:  # bench_sapo imports sapo_runs from scripts/lib
+        sys.path.insert(0, str(LIB))
+    return load_script({"sapo_runs": "lib/sapo_runs", "bench_sapo": "bench/bench_sapo"}[name])
 
 
 def test_splits_equal_compute_and_on_top():
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     assert lib.parse_split("6/2") == (6, 2, False) and lib.generated_groups("6/2") == 8
     assert lib.parse_split("8+4") == (8, 4, True) and lib.generated_groups("8+4") == 8
     assert lib.silo_split("2/6") == lib.silo_split("8+8") == "8/0"
@@ -51,7 +51,7 @@ def test_grid_pairs_every_sharing_arm_with_its_silo():
 
 
 def test_the_benchmarks_exchange_rejects_a_tampered_batch(tmp_path):
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     spec = lib.RunSpec("homogeneous", "topr_corrected", "2/2", 0, nodes=2, steps=2, group_size=4, eval_size=8)
     nodes, hub = lib._build_nodes(spec, tmp_path)
     try:
@@ -108,7 +108,7 @@ def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
     from node.config import load_config
     from node.tasks import build_task_source
 
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     spec = lib.RunSpec("models", "topr_corrected", "4/4", 1, nodes=4, steps=3, eval_size=8)
     cfgs = [lib.node_config(spec, i, "unused") for i in range(4)]
     assert [c.model.name_or_path for c in cfgs] == ["smollm2-135m", "small-base", "small-base", "small-base"]
@@ -144,7 +144,7 @@ def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
 
 def test_remix_arm_has_the_loras_active_rank_and_is_paired_with_the_silo_at_its_split():
     bench = _load("bench_sapo")
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     args = bench.parse_args(["--settings", "smollm2", "--arms", "remix", "--splits", "8/0", "--seeds", "2",
                              "--nodes", "1", "--steps", "2"])
     grid = bench.build_grid(args)
@@ -178,7 +178,7 @@ def test_remix_arm_has_the_loras_active_rank_and_is_paired_with_the_silo_at_its_
 def test_a_smollm2_node_and_a_small_base_node_ingest_each_others_groups(tmp_path, smollm2):
     """The ``models`` setting on the wire path for real, with a tiny batch: each receiver re-tokenizes the
     other model's completions (two tokenizers) and accepts its groups after re-scoring them."""
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     spec = lib.RunSpec("models", "topr_corrected", "2/2", 0, nodes=2, steps=2, group_size=2, eval_size=2,
                        extra=("generation.max_new_tokens=8",))
     nodes, hub = lib._build_nodes(spec, tmp_path)
@@ -201,7 +201,7 @@ def test_a_run_that_fails_is_named_and_left_unsaved_while_the_others_finish(tmp_
     """A run that raises (here a setting no worker knows, as a run killed for memory would) is printed with
     its error; the grid's other runs still finish and are saved, and a rerun retries only the failed one."""
     bench = _load("bench_sapo")
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     good = lib.RunSpec("homogeneous", "silo", "2/0", 0, nodes=1, steps=1, group_size=2, eval_size=4)
     bad = lib.RunSpec("no-such-setting", "silo", "2/0", 0, nodes=1, steps=1)
     results = bench.execute([bad, good], jobs, tmp_path)
@@ -215,7 +215,7 @@ def test_a_run_that_fails_is_named_and_left_unsaved_while_the_others_finish(tmp_
 
 def test_the_learning_rate_arms_double_the_rate_and_pair_remix_with_the_lora_at_that_rate():
     bench = _load("bench_sapo")
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     args = bench.parse_args(["--settings", "smollm2", "--arms", "remix", "lora_lr2", "remix_lr2", "--splits", "8/0",
                              "--seeds", "1", "--nodes", "1", "--steps", "2"])
     grid = bench.build_grid(args)
@@ -246,7 +246,7 @@ def test_the_learning_rate_arms_double_the_rate_and_pair_remix_with_the_lora_at_
 
 def test_the_pair_setting_starts_its_strong_nodes_from_the_trained_run_and_names_the_command_if_missing(
         tmp_path, monkeypatch):
-    lib = _load("sapo_lib")
+    lib = _load("sapo_runs")
     monkeypatch.setattr(lib, "ROOT", tmp_path)
     spec = lib.RunSpec("smollm2-pair", "topr_corrected", "8+4", 0, nodes=4, steps=2)
     with pytest.raises(SystemExit, match="train it first .*: swarm-node silo -c configs/smollm2-silo.yaml --run-dir "

@@ -1,4 +1,4 @@
-"""``scripts/bench_train_step.py`` end to end on a small tiny-base step: each way in its own process, the
+"""``scripts/bench/bench_train_step.py`` end to end on a small tiny-base step: each way in its own process, the
 table with the token counts, and the full pass computing every row's prompt."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_benchmark_times_both_ways_and_counts_the_prompt_tokens_it_saves(tmp_path):
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_train_step.py"), "-c", str(ROOT / "configs" / "tiny-silo.yaml"),
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench" / "bench_train_step.py"), "-c", str(ROOT / "configs" / "tiny-silo.yaml"),
            "--groups", "4", "--reps", "1", "generation.group_size=4"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True, cwd=tmp_path).stdout
     # 4 groups of 4 rows: every row's prompt (16 of them) against the 4 distinct ones.

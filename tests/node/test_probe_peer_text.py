@@ -1,4 +1,4 @@
-"""``scripts/probe_peer_text.py`` end to end on small-base reading its own samples (a few seconds)."""
+"""``scripts/experiments/probe_peer_text.py`` end to end on small-base reading its own samples (a few seconds)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "probe_peer_text.py"), *args], cwd=ROOT,
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "experiments" / "probe_peer_text.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 

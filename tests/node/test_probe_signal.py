@@ -1,4 +1,4 @@
-"""``scripts/probe_signal.py``: its measures on hand-made groups, and the configs its prompt variants give."""
+"""``scripts/experiments/probe_signal.py``: its measures on hand-made groups, and the configs its prompt variants give."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.scripts import load_script
 
 
 def _probe():
-    return load_script("probe_signal")
+    return load_script("experiments/probe_signal")
 
 
 def _group(rewards: list[float], texts: list[str]):

@@ -1,4 +1,4 @@
-"""A soak of real node processes (slow): ``scripts/soak.py 6 5`` on 127.0.0.1.
+"""A soak of real node processes (slow): ``scripts/lab/soak.py 6 5`` on 127.0.0.1.
 
 Six nodes, each its own Python and p2pd, train and exchange for five minutes. Every batch is honest, so
 none may be rejected; each node's RSS may grow by less than 5% after the warm-up (the first quarter of
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(1500)  # beyond the soak's own bound below, so the soak always gets to stop its nodes
 def test_six_nodes_for_five_minutes(tmp_path: Path) -> None:
     base = tmp_path / "soak"
-    proc = subprocess.Popen([sys.executable, "scripts/soak.py", "6", "5", "--base", str(base), "--sample-every", "5"],
+    proc = subprocess.Popen([sys.executable, "scripts/lab/soak.py", "6", "5", "--base", str(base), "--sample-every", "5"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=1200)

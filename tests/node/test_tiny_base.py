@@ -142,7 +142,7 @@ def test_left_padding_does_not_change_greedy_answers(model: Any, tokenizer: Any)
 
 
 def _rebuild(out: Path, shipped: dict[str, Any]) -> dict[str, Any]:
-    script = REPO_ROOT / "scripts" / "build_tiny_base.py"
+    script = REPO_ROOT / "scripts" / "build" / "build_tiny_base.py"
     result = subprocess.run(
         [sys.executable, str(script), "--out", str(out), "--seed", str(shipped["seed"]),
          "--target-acc", str(shipped["target_acc"]), "--threads", str(shipped["threads"])],
@@ -180,7 +180,7 @@ def test_build_script_rebuilds_deterministically_to_the_shipped_quality(tmp_path
 
 
 def _build_script() -> Any:
-    return load_script("build_tiny_base")
+    return load_script("build/build_tiny_base")
 
 
 def test_build_options_leave_the_default_draws_unchanged_and_key_the_cache() -> None:

@@ -1,10 +1,10 @@
 """Real processes on separate network hosts (Linux namespaces this test creates): NAT and partitions.
 
-Each node is ``scripts/swarm_probe.py``: its own Python, its own p2pd, a real ``SwarmTransport`` that
-publishes a small batch every second. The lab (``scripts/netns_lib.py``) puts public hosts on
+Each node is ``scripts/lab/swarm_probe.py``: its own Python, its own p2pd, a real ``SwarmTransport`` that
+publishes a small batch every second. The lab (``scripts/lib/netns_lab.py``) puts public hosts on
 203.0.113.0/24 and NATed hosts behind a masquerading router; every namespace and interface is removed
 at teardown, failed or not. Skipped, with the reason, where namespaces cannot be created (not root, no
-``ip`` or ``nft``; ``scripts/ci_deps.sh`` installs them) -- except where ``SWARM_NODE_NETNS=require`` (CI
+``ip`` or ``nft``; ``scripts/dev/ci_deps.sh`` installs them) -- except where ``SWARM_NODE_NETNS=require`` (CI
 sets it in ``.ci/run``): there they fail with the reason instead, so they are never skipped silently.
 """
 
@@ -25,8 +25,8 @@ from tests.scripts import load_script
 PORT = 31337
 
 
-netns_lib = load_script("netns_lib")
-_REASON = netns_lib.netns_unavailable_reason()
+netns_lab = load_script("lib/netns_lab")
+_REASON = netns_lab.netns_unavailable_reason()
 _REQUIRED = os.environ.get("SWARM_NODE_NETNS") == "require"
 pytestmark = pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=str(_REASON))
 
@@ -35,12 +35,12 @@ pytestmark = pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=st
 def lab() -> Iterator[Any]:
     if _REASON is not None:
         pytest.fail(f"SWARM_NODE_NETNS=require, but network namespaces are unavailable: {_REASON}")
-    lab = netns_lib.NetLab()
+    lab = netns_lab.NetLab()
     try:
         yield lab
     finally:
         lab.close()
-        assert not netns_lib.lab_namespaces(lab.tag), "namespaces left behind"
+        assert not netns_lab.lab_namespaces(lab.tag), "namespaces left behind"
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         assert lab.tag not in links, "interfaces left behind"
 
@@ -60,7 +60,7 @@ def settings(host: Any, **extra: object) -> dict[str, object]:
 
 
 def probe(host: Any, seconds: float = 120, **extra: object) -> Any:
-    return netns_lib.Probe(sys.executable, settings(host, **extra), seconds=seconds, host=host, publish_every=1.0,
+    return netns_lab.Probe(sys.executable, settings(host, **extra), seconds=seconds, host=host, publish_every=1.0,
                            stats_every=1.0)
 
 
@@ -103,16 +103,16 @@ def last_stats(node: Any) -> dict[str, Any]:
 
 
 def test_the_link_emulator_delays_drops_and_limits_what_a_host_sends(lab: Any) -> None:
-    """``scripts/linkem.py`` (the kernel here has no netem): a host's profile applies to what it sends, so
+    """``scripts/lab/linkem.py`` (the kernel here has no netem): a host's profile applies to what it sends, so
     the round trip from a plain host to an intercontinental one is that profile's delay (150 ms +/- 40);
     a bad-home host behind the NAT loses about 3% of its packets and sends at most 5 Mbit/s."""
     plain = lab.add_host()
-    far = lab.add_host(link=netns_lib.PROFILES["intercontinental"])
-    home = lab.add_host(link=netns_lib.PROFILES["bad-home"])
+    far = lab.add_host(link=netns_lab.PROFILES["intercontinental"])
+    home = lab.add_host(link=netns_lab.PROFILES["bad-home"])
     assert home.nat and not far.nat
-    rtts = sorted(netns_lib.tcp_check(plain, far, mode="e", n=15)["rtts"])
+    rtts = sorted(netns_lab.tcp_check(plain, far, mode="e", n=15)["rtts"])
     assert 0.105 <= rtts[len(rtts) // 2] <= 0.2, rtts  # the emulator's own cost is a few milliseconds
-    sent = netns_lib.tcp_check(home, plain, mode="s", size=400_000)
+    sent = netns_lab.tcp_check(home, plain, mode="s", size=400_000)
     assert sent["bytes"] / sent["seconds"] <= 5e6 / 8 * 1.05  # the 5 Mbit/s uplink
     stats = lab.link_stats()["stats"][home.name]["up"]
     assert stats["packets"] > 250 and 0.005 <= stats["lost"] / (stats["packets"] + stats["lost"]) <= 0.08, stats

@@ -1,5 +1,5 @@
-"""``scripts/scaling_model.py`` (hand-worked costs, the sharded configuration's flat cost, the step limit) and
-``scripts/sim_swarm.py`` (a small swarm on lan links delivers everything, at the model's traffic)."""
+"""``scripts/lab/scaling_model.py`` (hand-worked costs, the sharded configuration's flat cost, the step limit) and
+``scripts/lab/sim_swarm.py`` (a small swarm on lan links delivers everything, at the model's traffic)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "lab"))
 
 import scaling_model  # noqa: E402
 from scaling_model import Params, Swarm, per_node  # noqa: E402
@@ -57,7 +57,7 @@ def test_the_step_limit_is_the_first_cpu_limit_and_the_links_are_separate() -> N
 
 
 def test_the_simulation_delivers_a_small_lan_swarm_at_the_models_pull_traffic() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "sim_swarm.py"), "--nodes", "4", "--mix", "lan:1",
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "lab" / "sim_swarm.py"), "--nodes", "4", "--mix", "lan:1",
                           "--epochs", "4", "--json"], capture_output=True, text=True, timeout=120, check=True)
     lan = json.loads(out.stdout)["profiles"]["lan"]
     assert lan["delivered"] == 1.0

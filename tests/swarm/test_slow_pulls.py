@@ -1,7 +1,7 @@
 """Batch transfers keep a minimum pace instead of a fixed deadline (``pull_timeout``, ``pull_min_rate``).
 
 A large batch from a peer on a slow but steady link takes longer than ``pull_timeout`` and is still
-accepted, its author unpunished (the wide-area runs of ``scripts/wan_swarm.py`` pull 512 KiB batches over
+accepted, its author unpunished (the wide-area runs of ``scripts/lab/wan_swarm.py`` pull 512 KiB batches over
 lossy home links for up to 10 s); a peer that trickles bytes to hold a pull slot falls behind the pace,
 is cut off about ``pull_timeout`` after its stream opened, and is banned for stalling. A raw hostile peer
 (``tests.swarm.attacker``) serves the bytes.

@@ -1,4 +1,4 @@
-"""``scripts/wan_swarm.py`` end to end (slow): real nodes over emulated wide-area links, beside loopback.
+"""``scripts/lab/wan_swarm.py`` end to end (slow): real nodes over emulated wide-area links, beside loopback.
 
 Four ``swarm-node start`` processes (tiny-base, ``configs/public-swarm.yaml``) per scenario, on loopback,
 on intercontinental links (150 ms +/- 40, 1% loss, 20 Mbit/s) and with two bad-home nodes behind the lab's
@@ -35,7 +35,7 @@ def test_wan_swarm_delivers_everything_over_every_profile(tmp_path: Path) -> Non
     before = _namespaces()
     out = tmp_path / "wan.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "wan_swarm.py"), "--nodes", "4", "--scenarios",
+        [sys.executable, str(ROOT / "scripts" / "lab" / "wan_swarm.py"), "--nodes", "4", "--scenarios",
          "loopback,intercontinental,bad-home", "--epoch-seconds", "30", "--warmup", "10", "--window", "60",
          "--base", str(tmp_path / "runs"), "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=1700, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -1,9 +1,9 @@
 """Generation throughput of the node's backends against transformers ``generate``, in one run, with ratios.
 
-Usage: python scripts/bench_generation.py [--models tiny,small,small-long,qwen0.5b,smollm2] [--threads 2]
+Usage: python scripts/bench/bench_generation.py [--models tiny,small,small-long,qwen0.5b,smollm2] [--threads 2]
                                           [--dtype float32] [--device cpu] [--reps 2] [--scale 1.0]
                                           [--no-vllm] [--vllm-modes merge,lora] [--compile]
-       python scripts/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
+       python scripts/bench/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
 
 Models: ``tiny`` (the embedded tiny-base), ``small`` (``small-base`` when this checkout has it, else a
 random-init Llama of its shape: hidden 512, 8 layers, head dim 64, vocabulary 8,192, about 25 M
@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
 from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402

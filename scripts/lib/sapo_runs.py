@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "build"))  # build_tiny_base
 
 # Peer-data treatment, one arm each. The TOPR silo is the baseline of the TOPR and REC arms (on a node's
 # own fresh samples the ratio is 1, so TOPR, its uncorrected form and REC train identically there); the
@@ -80,7 +80,7 @@ VARIANT_OF: dict[str, str] = {"remix": "silo", "lora_lr2": "silo", "remix_lr2": 
 BASELINE_OF: dict[str, str] = {**SILO_OF, **VARIANT_OF}
 REMIX_N, REMIX_K = 8, 2
 
-# Tiny base models: ``scripts/build_tiny_base.py`` options ([] is the shipped tiny-base), built once and
+# Tiny base models: ``scripts/build/build_tiny_base.py`` options ([] is the shipped tiny-base), built once and
 # cached under runs/tiny-bases/ (see ``build_tiny_base.cached_base``). A node type's base that is not a key
 # here is a model the node resolves by name (``small-base``, ``smollm2-135m``).
 BASES: dict[str, list[str]] = {

@@ -1,7 +1,7 @@
 """Pretrain the embedded tiny base model on zero-padded arithmetic and save it into the package.
 
-    python scripts/build_tiny_base.py [--out DIR] [--seed 0] [--target-acc 0.5]
-    python scripts/build_tiny_base.py --out DIR --op-mix add=0.2,sub=0.8 --eval-ops sub [--steps N]
+    python scripts/build/build_tiny_base.py [--out DIR] [--seed 0] [--target-acc 0.5]
+    python scripts/build/build_tiny_base.py --out DIR --op-mix add=0.2,sub=0.8 --eval-ops sub [--steps N]
 
 A tiny Llama (hidden 128, 2 layers, 4 heads, tied embeddings) with the character tokenizer of
 ``node.policy.tiny`` learns ``bos + prompt + answer + eos`` texts (loss on the answer and eos only), by
@@ -42,7 +42,7 @@ from node.tasks.arith_format import DATASETS, answer_width, make_problem  # noqa
 OP_MIX: dict[str, float] = {"add": 0.8, "sub": 0.1, "mul": 0.1}
 EVAL_OPS = ("add",)
 BUILD_FORMAT = 1  # bump when a change to this script changes what the same options build
-CACHE_ROOT = Path(__file__).resolve().parent.parent / "runs" / "tiny-bases"
+CACHE_ROOT = Path(__file__).resolve().parents[2] / "runs" / "tiny-bases"
 BATCH_SIZE = 128
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 50
@@ -341,7 +341,7 @@ def cached_base(options: list[str], name: str = "base", cache_root: Path = CACHE
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = cache_root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(tmp), *options],
                           env=env, capture_output=True, text=True)
     if done.returncode != 0 and not (tmp / "build_info.json").is_file():

@@ -1,4 +1,4 @@
-"""Figures of one ``scripts/wan_swarm.py`` scenario, from its nodes' traces, metrics and the emulator's counters.
+"""Figures of one ``scripts/lab/wan_swarm.py`` scenario, from its nodes' traces, metrics and the emulator's counters.
 
 ``analyse`` turns what the nodes wrote (``trace.jsonl``: every batch published, accepted, rejected or not
 pulled, with times; ``metrics.jsonl``: one row a step with the transport's counters) into per-node rows
@@ -13,7 +13,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from netns_lib import percentile
+from netns_lab import percentile
 
 _COUNTERS = ("polls", "poll_ms", "poll_key_timeouts", "pulls_failed", "pulls_stalled", "stalls_forgiven",
              "stalls_retried", "pulls_unreachable", "publish_failed", "handoffs_sent", "handoffs_held",

@@ -7,7 +7,7 @@ process, so its peak resident memory is its own; the time is the median of ``--r
 warm-up step.
 
 Usage:
-    python scripts/bench_train_step.py [-c configs/smollm2-silo.yaml] [--groups 8] [--reps 3] [--threads 1]
+    python scripts/bench/bench_train_step.py [-c configs/smollm2-silo.yaml] [--groups 8] [--reps 3] [--threads 1]
                                        [key=value ...]
 
 The groups are the config's own: its task source draws the tasks and formats the prompts exactly as the
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MODES = ("shared", "full")

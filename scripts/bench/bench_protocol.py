@@ -1,6 +1,6 @@
 """Benchmark the protocol codec on one core: encode+sign and decode+verify throughput, and size vs JSON.
 
-Usage: python scripts/bench_protocol.py [--groups 8] [--completions 8] [--tokens 40] [--seconds 2]
+Usage: python scripts/bench/bench_protocol.py [--groups 8] [--completions 8] [--tokens 40] [--seconds 2]
 
 Rollouts are shaped like real traffic: an arithmetic prompt, a ~40-token completion, uint32-range
 token ids and float log-probs. Goals (issue 3): >= 2,000 rollouts/s decode+verify on one core, and

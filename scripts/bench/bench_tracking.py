@@ -11,7 +11,7 @@ process used a step, the CPU time of a step (this process and its children) agai
 the same round, and the load average before and after. On a loaded machine the step-time ratios carry
 that machine's noise; CPU time a step depends far less on it.
 
-    python scripts/bench_tracking.py --rounds 8 --steps 10
+    python scripts/bench/bench_tracking.py --rounds 8 --steps 10
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 ARMS = ("none", "tensorboard", "wandb", "both")

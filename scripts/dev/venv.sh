@@ -2,7 +2,7 @@
 # torch is installed first from a pinned CPU-friendly version, so the range in pyproject.toml is already
 # satisfied and pip does not pull a multi-GB CUDA build; set SWARM_NODE_TORCH to choose another.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${SWARM_NODE_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 EXTRAS="${1:-}"

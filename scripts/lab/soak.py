@@ -1,6 +1,6 @@
 """Soak a local swarm: N real node processes (each its own Python and p2pd) on 127.0.0.1 for M minutes.
 
-    scripts/soak.sh 16 30                       # or: .venv/bin/python scripts/soak.py 16 30 [key=value ...]
+    scripts/soak.sh 16 30                       # or: .venv/bin/python scripts/lab/soak.py 16 30 [key=value ...]
 
 Node 0 bootstraps the others; every node runs ``swarm-node start`` on the tiny model with
 ``configs/tiny-swarm.yaml`` (overrides after the two numbers go to every node). A bounded sampling loop
@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
 NODE_DEFAULTS = [
     "train.steps=1000000000",  # bounded by time, not steps

@@ -1,6 +1,6 @@
 """The status API under load: does serving 200 concurrent clients slow the training step?
 
-Usage: python scripts/bench_api.py [--rounds 6] [--steps 8] [--clients 200] [--threads 2] [key=value ...]
+Usage: python scripts/bench/bench_api.py [--rounds 6] [--steps 8] [--clients 200] [--threads 2] [key=value ...]
 
 One silo node (``configs/tiny-silo.yaml`` plus the overrides) trains in this process with its API on a
 free port, exactly as ``swarm-node silo`` runs it (the API in its own thread). A load generator in a
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PATHS = ["api/status", "api/peers", "api/metrics?since={since}", "healthz", "metrics", "api/status"]
 
 

@@ -1,10 +1,10 @@
 """Measure how nodes behind NAT share: hand-off vs circuit relay vs nothing, in real network namespaces.
 
-    sudo .venv/bin/python scripts/bench_nat.py --modes handoff,relay,direct
+    sudo .venv/bin/python scripts/bench/bench_nat.py --modes handoff,relay,direct
 
-For each mode, a fresh lab (``scripts/netns_lib.py``): ``--public`` public hosts (the first is the
+For each mode, a fresh lab (``scripts/lib/netns_lab.py``): ``--public`` public hosts (the first is the
 bootstrap peer every node is given) and ``--nat`` hosts behind a masquerading router, each running
-``scripts/swarm_probe.py`` (a real ``SwarmTransport`` with its own p2pd; NATed ones in ``client_mode``
+``scripts/lab/swarm_probe.py`` (a real ``SwarmTransport`` with its own p2pd; NATed ones in ``client_mode``
 with ``nat_sharing=<mode>``). After ``--warmup`` seconds every node publishes a small batch every
 ``--publish-every`` seconds; the run ends ``--grace`` seconds after the last publish. Per pair kind
 (author -> receiver: NAT->public, NAT->NAT, public->NAT, public->public) it prints the success rate
@@ -20,9 +20,9 @@ import sys
 import time
 from collections import defaultdict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 
-from netns_lib import NetLab, Probe, netns_unavailable_reason  # noqa: E402
+from netns_lab import NetLab, Probe, netns_unavailable_reason  # noqa: E402
 
 PORT = 31337
 

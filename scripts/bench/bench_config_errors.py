@@ -1,6 +1,6 @@
 """How long a user waits for a configuration error: the CLI on bad configs, measured as real processes.
 
-Usage: python scripts/bench_config_errors.py [--reps 3]
+Usage: python scripts/bench/bench_config_errors.py [--reps 3]
 
 Each case runs ``python -m node.cli ...`` (the same code as the ``swarm-node`` command) in a fresh
 process and times it from start to exit; every case must exit with code 2 and print exactly one line.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PEER_ID = "12D3KooWDePaggDhKViWWG9BiNRGvevgFHi49xfYoAErMVvSS9oA"
 GOAL_SECONDS = 2.0
 

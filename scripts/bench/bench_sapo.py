@@ -1,9 +1,9 @@
 """Does sharing pay? SAPO on K nodes in one process, exchanging signed batches over the real wire path.
 
 Usage:
-    python scripts/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
-    python scripts/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.3 CPU-hours
-    python scripts/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
+    python scripts/bench/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
+    python scripts/bench/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.3 CPU-hours
+    python scripts/bench/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
                                  [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
                                  [--first-seed 0] [--group-size 8] [--set [TYPE:]key=value ...] [--jobs 2]
                                  [--out DIR]
@@ -20,12 +20,12 @@ GRPO, ratio fixed at 1; baseline ``silo_grpo``), ``topr_uncorrected`` (TOPR with
 ``topr_corrected`` (TOPR taper with behaviour log-probs) and ``rec`` (REC clipping), all three against the
 TOPR ``silo``; and ``remix``, the TOPR silo with a ReMix adapter of the same active rank, against the LoRA
 silo at the same split (``remix_lr2`` against ``lora_lr2``: both at twice the learning rate, the latter
-against the silo). Lever arms (``sapo_lib.LEVER_ARMS``), TOPR corrected with one change each, against
+against the silo). Lever arms (``sapo_runs.LEVER_ARMS``), TOPR corrected with one change each, against
 the TOPR silo: ``topr_fixed_loss`` (the loss summed over a fixed I x G sequences), ``topr_2_updates`` (two
 optimizer steps a training step), ``topr_by_reward`` (peer groups by their re-scored mean reward),
 ``topr_low_signal`` (peer groups first on the datasets where the node's own carry the least signal),
 ``topr_above_own`` (only peer groups whose mean reward beats the node's own on their dataset).
-Settings (``sapo_lib.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
+Settings (``sapo_runs.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
 re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym;
@@ -58,9 +58,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from sapo_lib import (  # noqa: E402
+from sapo_runs import (  # noqa: E402
     ARMS,
     BASELINE_OF,
     BASES,

@@ -1,6 +1,6 @@
 """One swarm transport in its own process, for multi-process tests and benchmarks (no model, no torch).
 
-    python scripts/swarm_probe.py --seconds 60 --publish-every 2 --set initial_peers='["/ip4/.../p2p/..."]'
+    python scripts/lab/swarm_probe.py --seconds 60 --publish-every 2 --set initial_peers='["/ip4/.../p2p/..."]'
 
 It starts a ``SwarmTransport`` with the given settings, publishes a small valid batch every
 ``--publish-every`` seconds (numbered 0, 1, ...), polls ``collect()`` every 20 ms, and writes one JSON
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import psutil  # noqa: E402
 

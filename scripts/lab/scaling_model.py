@@ -1,10 +1,10 @@
 """The per-node cost of the swarm protocol as a function of the swarm's size N (``docs/scaling.md``).
 
-    python scripts/scaling_model.py --check runs/camp_n4.json runs/camp_n8.json runs/camp_n16.json
-    python scripts/scaling_model.py --extrapolate
-    python scripts/scaling_model.py --measure-costs
+    python scripts/lab/scaling_model.py --check runs/camp_n4.json runs/camp_n8.json runs/camp_n16.json
+    python scripts/lab/scaling_model.py --extrapolate
+    python scripts/lab/scaling_model.py --measure-costs
 
-``--check`` compares the model with ``scripts/wan_swarm.py --json`` measurements (probes on ``lan``):
+``--check`` compares the model with ``scripts/lab/wan_swarm.py --json`` measurements (probes on ``lan``):
 bytes a poll brings in, DHT and pull traffic a second, find and store requests, and CPU, predicted from
 the measured poll rate (the bytes, requests and CPU of a poll are the model; how often a node polls on a
 loaded 2-core machine is its CPU queue, not the protocol). The free parameters (``find_base``,
@@ -133,7 +133,7 @@ def measure_costs(batch_kib: float, repeats: int) -> None:
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [os.path.dirname(here), here]
+    sys.path[:0] = [os.path.dirname(os.path.dirname(here)), here]
     from swarm_probe import probe_batch
 
     from protocol.codec import decode_manifest, encode_batch, encode_manifest, make_manifest

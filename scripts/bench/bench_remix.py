@@ -1,8 +1,8 @@
 """Benchmark ReMix step time against a single LoRA of the same active rank (issue 6, step-time half).
 
-Usage: python scripts/bench_remix.py [--n 8] [--k 2] [--rank 4] [--routings 2] [--batch 32] [--tokens 16]
+Usage: python scripts/bench/bench_remix.py [--n 8] [--k 2] [--rank 4] [--routings 2] [--batch 32] [--tokens 16]
                                      [--reps 30] [--threads 2] [--profile]
-       python scripts/bench_remix.py --rewards [--steps 150] [--seeds 3] [--local-groups 16] [--group-size 8]
+       python scripts/bench/bench_remix.py --rewards [--steps 150] [--seeds 3] [--local-groups 16] [--group-size 8]
                                      [--alpha 16] [--threads 1] [--out runs/bench_remix] [--extra k=v ...]
 
 One training step = forward + backward + AdamW step on the tiny Llama shape of ``tiny-base`` (hidden 128,
@@ -39,7 +39,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from node.policy.remix import MLP_PROJECTIONS, attach_remix
 from node.policy.tiny import char_vocab
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # remix_curves
 
 Step = Callable[[], None]
 

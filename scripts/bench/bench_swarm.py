@@ -1,6 +1,6 @@
 """Benchmark a local swarm: publish-to-visible latency, pull throughput and memory per node, in one run.
 
-    .venv/bin/python scripts/bench_swarm.py --nodes 8
+    .venv/bin/python scripts/bench/bench_swarm.py --nodes 8
 
 Starts N ``SwarmTransport`` nodes on 127.0.0.1 in this process (node 0 bootstraps the rest; each node has
 its own network thread and its own p2pd). Then:
@@ -12,7 +12,7 @@ its own network thread and its own p2pd). Then:
    batch handler ``--pulls`` times; reports MiB/s;
 3. memory: RSS of this process (its growth per node, over the baseline after imports) and of each p2pd.
 
-With ``--processes`` the same measurements run over N real processes instead (``scripts/swarm_probe.py``:
+With ``--processes`` the same measurements run over N real processes instead (``scripts/lab/swarm_probe.py``:
 each its own Python and p2pd, node 0 bootstrapping the rest), in two rounds:
 
 1. latency: every process publishes ``--rounds`` small batches, staggered so one batch goes out every
@@ -36,7 +36,7 @@ import time
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from protocol.codec import encode_batch  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
@@ -47,8 +47,8 @@ from swarm.core import _PullProgress  # noqa: E402
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from netns_lib import Probe, delivery, percentile  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from netns_lab import Probe, delivery, percentile  # noqa: E402
 
 SWARM_ID = "bench-swarm"
 MIB = 1024 * 1024

@@ -1,7 +1,7 @@
 """What the hostile-peer bounds save, measured side by side: bounded stage against the same stage unbounded.
 
-    python scripts/bench_hostile.py            # all four, about a minute on 2 idle cores
-    python scripts/bench_hostile.py --only cpu
+    python scripts/bench/bench_hostile.py            # all four, about a minute on 2 idle cores
+    python scripts/bench/bench_hostile.py --only cpu
 
 * ``cpu``: ingesting an honest batch plus an attacker's batch naming 40 distinct task seeds (each a new
   10,000-problem arith table), with the default caps (2 seeds per peer and epoch, 16 groups per peer and
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 _MIB = 1024 * 1024
 

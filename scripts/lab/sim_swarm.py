@@ -1,7 +1,7 @@
 """A discrete-event simulation of the swarm's manifest and pull protocol, at sizes the machine cannot run.
 
-    python scripts/sim_swarm.py --nodes 1000 --mix continental:0.5,intercontinental:0.3,bad-home:0.2
-    python scripts/sim_swarm.py --nodes 8 --mix lan:1 --collect-interval 0.25 --cpu-share 0.14   # as a lab run
+    python scripts/lab/sim_swarm.py --nodes 1000 --mix continental:0.5,intercontinental:0.3,bad-home:0.2
+    python scripts/lab/sim_swarm.py --nodes 8 --mix lan:1 --collect-interval 0.25 --cpu-share 0.14   # as a lab run
 
 What it simulates, per node (``docs/scaling.md`` gives the model and where every cost comes from):
 
@@ -21,7 +21,7 @@ What it simulates, per node (``docs/scaling.md`` gives the model and where every
 * CPU: every operation costs the CPU measured for it (``Costs``), served by a FIFO per node at
   ``--cpu-share`` of a core.
 
-Links are the ``scripts/netns_lib.py`` profiles: one-way delay on what a node sends, loss, uplink rate;
+Links are the ``scripts/lib/netns_lab.py`` profiles: one-way delay on what a node sends, loss, uplink rate;
 the downlink is ``--down-factor`` times the uplink (0: unlimited, as the lab emulates it).
 
 At large N only ``--tracked`` readers are simulated in full; the others are a mean field: the load
@@ -44,11 +44,12 @@ import random
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from netns_lib import PROFILES, percentile  # noqa: E402
+from netns_lab import PROFILES, percentile  # noqa: E402
 
 MSS = 1448.0
 
@@ -415,7 +416,7 @@ class Swarm:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=100)
-    p.add_argument("--mix", default="continental", help="profile:share,... (netns_lib.PROFILES)")
+    p.add_argument("--mix", default="continental", help="profile:share,... (netns_lab.PROFILES)")
     p.add_argument("--first", default="", help="the profile of node 0 (a bootstrap node)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--warmup-epochs", type=int, default=1)

@@ -1,6 +1,6 @@
 """A swarm of real nodes over emulated wide-area links, beside a loopback run, in one invocation.
 
-    sudo .venv/bin/python scripts/wan_swarm.py --nodes 8 --scenarios silo,loopback,lan,intercontinental,bad-home,mix
+    sudo .venv/bin/python scripts/lab/wan_swarm.py --nodes 8 --scenarios silo,loopback,lan,intercontinental,bad-home,mix
 
 Each scenario starts N ``swarm-node start`` processes (tiny-base, ``configs/public-swarm.yaml`` with small
 per-step settings: 16 groups of 4 completions generated a step, 8 own and up to 8 peer groups trained on,
@@ -9,13 +9,13 @@ against 16 own in silo; every node its own Python and p2pd) and lets them train 
 * ``loopback``: all on 127.0.0.1, no namespaces (the figures the README had so far);
 * ``silo``: the same N processes as ``swarm-node silo``: the step time with no network at all;
 * a profile (``lan``, ``continental``, ``intercontinental``, ``bad-home``): every node in its own
-  network namespace of the lab (``scripts/netns_lib.py``), its link emulated (``scripts/linkem.py``:
+  network namespace of the lab (``scripts/lib/netns_lab.py``), its link emulated (``scripts/lab/linkem.py``:
   delay, jitter, loss, rate limit); ``bad-home`` nodes sit behind the lab's NAT router in client mode,
   handing their batches to the 2 public nodes (``continental``) the scenario adds for them;
 * ``mix``: the profiles in turn (node 0 ``continental``, then lan, intercontinental, bad-home, ...);
 * or a comma list of profiles joined by ``+`` (``continental+bad-home+bad-home``).
 
-``--kind probe`` runs ``scripts/swarm_probe.py`` instead of real nodes: the same transport and settings
+``--kind probe`` runs ``scripts/lab/swarm_probe.py`` instead of real nodes: the same transport and settings
 (the ``swarm:`` section of the config and the overrides), no model, publishing an incompressible batch of
 ``--batch-kib`` every ``epoch_seconds / 8`` (the rate a fast node publishes at): pulls of the size a real
 model's batch has (tiny-base's batches are about 3 KB), without the CPU of N models.
@@ -56,12 +56,12 @@ from typing import Any
 import psutil
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 
-from netns_lib import PROBE, PROFILES, Host, NetLab, netns_unavailable_reason  # noqa: E402
+from netns_lab import PROBE, PROFILES, Host, NetLab, netns_unavailable_reason  # noqa: E402
 from soak import p2pd_of, stop_all, watchdogs_of  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PORT = 31337
 CONFIG = "configs/public-swarm.yaml"
 NODE_SETTINGS = [

@@ -1,7 +1,7 @@
 """A tiny network lab in Linux network namespaces: hosts on a simulated internet, NAT, partitions.
 
-Used by the NAT and partition tests and by ``scripts/bench_nat.py``. Needs root, ``ip`` (iproute2) and
-``nft`` (nftables); ``scripts/ci_deps.sh`` installs them. Every name carries a random tag, so runs never
+Used by the NAT and partition tests and by ``scripts/bench/bench_nat.py``. Needs root, ``ip`` (iproute2) and
+``nft`` (nftables); ``scripts/dev/ci_deps.sh`` installs them. Every name carries a random tag, so runs never
 collide, and ``close()`` removes every namespace (and with it every interface) it made, after killing
 whatever still runs inside, even when a test failed half-way.
 
@@ -16,7 +16,7 @@ veth pair on its own /30, with the router as default gateway.
 included) until ``heal()``. Only documentation address ranges are used, and nothing leaves the namespaces.
 
 Wide-area links: ``add_host(link=PROFILES["intercontinental"])`` joins the host to the router through the
-user-space link emulator (``scripts/linkem.py``, one process per lab, started with the first such host)
+user-space link emulator (``scripts/lab/linkem.py``, one process per lab, started with the first such host)
 instead of a veth pair: two TUN devices, with the profile's delay, jitter, loss and rate applied to what
 the host sends (as ``tc netem`` on the host's interface would; the kernel here has no netem). So the
 round trip between two emulated hosts is the sum of their delays. A profile with ``nat`` puts the host
@@ -56,7 +56,7 @@ def netns_unavailable_reason() -> str | None:
         return "network namespaces need root"
     for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
         if shutil.which(tool) is None:
-            return f"`{tool}` not found (install {package}: scripts/ci_deps.sh)"
+            return f"`{tool}` not found (install {package}: scripts/dev/ci_deps.sh)"
     lab = NetLab()
     try:
         lab.add_host(nat=True)
@@ -92,9 +92,9 @@ PROFILES = {
     "intercontinental": LinkProfile("intercontinental", delay_ms=150, jitter_ms=40, loss=0.01, rate_mbit=20),
     "bad-home": LinkProfile("bad-home", delay_ms=250, jitter_ms=80, loss=0.03, rate_mbit=5, nat=True),
 }
-"""The wide-area profiles of ``scripts/wan_swarm.py`` (issue: lan, continental, intercontinental, bad-home)."""
+"""The wide-area profiles of ``scripts/lab/wan_swarm.py`` (issue: lan, continental, intercontinental, bad-home)."""
 
-LINKEM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "linkem.py")
+LINKEM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab", "linkem.py")
 
 
 @dataclass(eq=False)
@@ -293,11 +293,11 @@ def lab_namespaces(tag: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(tag)]
 
 
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "swarm_probe.py")
+PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab", "swarm_probe.py")
 
 
 class Probe:
-    """A ``scripts/swarm_probe.py`` process (in a lab host, or on this machine when ``host`` is None);
+    """A ``scripts/lab/swarm_probe.py`` process (in a lab host, or on this machine when ``host`` is None);
     its JSON events are collected by a reader thread into ``events``."""
 
     def __init__(

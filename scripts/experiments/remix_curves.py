@@ -32,7 +32,7 @@ import torch
 from node.config import load_config
 from node.runner import Node
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-silo.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-silo.yaml"
 MLP = "[gate_proj,up_proj,down_proj]"
 
 ARMS: dict[str, list[str]] = {

@@ -1,7 +1,7 @@
 """How a receiver's model sees a peer model's completions: the mechanism behind a weak node learning (or not)
 from a strong one.
 
-Usage: python scripts/probe_peer_text.py [--models smollm2,small-base] [--datasets spell_backward,gcd]
+Usage: python scripts/experiments/probe_peer_text.py [--models smollm2,small-base] [--datasets spell_backward,gcd]
                                          [--tasks 8] [--samples 8] [--threads 2]
 
 Each model (its own config: ``configs/smollm2-silo.yaml``, ``configs/small-silo.yaml``) samples ``--samples``
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import load_config  # noqa: E402
 from node.engines.base import SamplingSettings  # noqa: E402
@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     print(f"probe_peer_text: load average {os.getloadavg()[0]:.1f}", flush=True)
     nodes = {}
     for name in args.models.split(","):

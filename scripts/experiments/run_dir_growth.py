@@ -2,7 +2,7 @@
 and prints the size of each part of its run dir (metrics.jsonl, checkpoints, node.log, the rest) every
 ``--every`` steps, then the totals, the wall time, the CPU time and the machine's load average.
 
-    python scripts/run_dir_growth.py --steps 10000 --every 1000 -- -c configs/tiny-silo.yaml \\
+    python scripts/experiments/run_dir_growth.py --steps 10000 --every 1000 -- -c configs/tiny-silo.yaml \\
         sapo.local_groups=8 generation.group_size=4 tasks.eval_size=32
 
 Arguments after ``--`` go to ``swarm-node silo`` (``--mode start`` for a swarm node); ``train.steps`` and

@@ -1,11 +1,11 @@
 """The embedded ``small-base`` model: its figures, a rebuild from the recipe, and the check of a rebuild.
 
-    python scripts/build_small_base.py                     # the shipped model's figures (node/assets/small-base)
-    python scripts/build_small_base.py --out DIR           # rebuild from the recipe into DIR, then compare it
+    python scripts/build/build_small_base.py                     # the shipped model's figures (node/assets/small-base)
+    python scripts/build/build_small_base.py --out DIR           # rebuild from the recipe into DIR, then compare it
                                                            # with the shipped model (exit 1 if outside margins)
-    python scripts/build_small_base.py --compare DIR       # compare an earlier rebuild in DIR
-    python scripts/build_small_base.py --measure 200       # reward of the shipped model on 200 tasks a dataset
-    python scripts/build_small_base.py --out DIR --seed 1  # a rebuild with another seed (how margins were measured)
+    python scripts/build/build_small_base.py --compare DIR       # compare an earlier rebuild in DIR
+    python scripts/build/build_small_base.py --measure 200       # reward of the shipped model on 200 tasks a dataset
+    python scripts/build/build_small_base.py --out DIR --seed 1  # a rebuild with another seed (how margins were measured)
 
 Every node runs the shipped folder, so its figures hold on every machine. A rebuild follows the same recipe
 (``node.policy.small_recipe.FULL``), but only this machine reproduces the shipped bytes: other machines'

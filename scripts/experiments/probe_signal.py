@@ -1,12 +1,12 @@
 """Where a base model gives RL signal: held-out reward and the share of groups with signal, per dataset and
 prompt variant, measured with the node's own task sources, prompt formatting, generation backend and scoring.
 
-Usage: python scripts/probe_signal.py [--model smollm2-135m] [--source reasoning_gym]
+Usage: python scripts/experiments/probe_signal.py [--model smollm2-135m] [--source reasoning_gym]
                                       [--datasets basic_arithmetic,syllogism,...] [--dataset-configs easy]
                                       [--variants none,default,example] [--tasks 12] [--samples 8]
                                       [--max-new-tokens 96] [--backend vllm] [--dtype float32] [--threads 2]
                                       [--out runs/probe_signal.json] [key=value ...]
-       python scripts/probe_signal.py --source arith --datasets add --variants default,none \
+       python scripts/experiments/probe_signal.py --source arith --datasets add --variants default,none \
                                       model.chat_template=always --max-new-tokens 8
 
 For every prompt variant, the same held-out tasks (``--tasks`` per dataset, the node's evaluation split) get
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import NodeConfig, load_config  # noqa: E402
 from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402

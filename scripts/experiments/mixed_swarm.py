@@ -2,7 +2,7 @@
 ``swarm-node start`` processes on 127.0.0.1, each training on the other two's groups (re-tokenized,
 re-scored and anchored by the receiver), then a table of who accepted and trained on whose groups.
 
-    python scripts/mixed_swarm.py [--seconds 900] [--until-trained] [--out runs/mixed-swarm]
+    python scripts/experiments/mixed_swarm.py [--seconds 900] [--until-trained] [--out runs/mixed-swarm]
                                   [--backend hf|vllm] [key=value ...]      # overrides for every node
 
 The three share the task source and swarm of ``configs/tiny-swarm.yaml`` (2-digit addition, swarm
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NODES = (("tiny-base", "configs/tiny-swarm.yaml"), ("small-base", "configs/small-swarm.yaml"),
          ("smollm2", "configs/smollm2-arith-swarm.yaml"))
 # Small steps, so the slowest node (smollm2, 134.5M parameters) publishes every few tens of seconds on 2 cores.
