@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -55,8 +55,13 @@ class RemixAdapter:
     """Handle on the ReMix parts attached to a model: modes, routing state, losses, persistence.
 
     The LoRAs and routers live inside the model (``layer.mlp.<proj>`` is a :class:`RemixLinear`,
-    ``layer.remix_router`` the router), so ``model.to(device)`` moves them; this object keeps the routing
-    of the current batch and the selection counts. Build it with :func:`attach_remix`.
+    ``layer.remix_router`` the router, ``layer.remix_counts`` the selection counts, a buffer), so
+    ``model.to(device)`` moves them; this object keeps the routing of the current batch. Build it with
+    :func:`attach_remix`.
+
+    Nothing that training updates in place is created or moved inside a forward: a forward may run under
+    ``torch.inference_mode`` (generation), and a tensor made there cannot be updated outside it. The counts
+    are a buffer for that reason: they move with the model, where the model moves.
     """
 
     def __init__(self, model: nn.Module, spec: RemixSpec) -> None:
@@ -70,7 +75,6 @@ class RemixAdapter:
         self._m = 1
         self._generator: torch.Generator | None = None
         self._prompt_mask: torch.Tensor | None = None
-        self._counts = torch.zeros(len(self._layers), spec.n, dtype=torch.long)
         self._hooks: list[Any] = []
 
     # ----- building ---------------------------------------------------------------------------------
@@ -92,10 +96,12 @@ class RemixAdapter:
             router.to(device=weight.device, dtype=weight.dtype)
             nn.init.zeros_(router.weight)
             layer.remix_router = router
+            # Not persistent: a checkpoint holds the trainable state; the counts are a metric since the last reset.
+            layer.register_buffer("remix_counts", torch.zeros(spec.n, dtype=torch.long, device=weight.device),
+                                  persistent=False)
             self._routers.append(router)
             self._linears.append(wrapped)
             self._hooks.append(layer.register_forward_pre_hook(self._make_hook(index), with_kwargs=True))
-        self._counts = self._counts.to(weight.device)
 
     def _make_hook(self, index: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -184,9 +190,11 @@ class RemixAdapter:
             else:
                 indices = gumbel_topk(logits, self.spec.k, self._generator)
         routing.set(x_pool, indices, self.spec.n)
-        if self._counts.device != indices.device:  # the model was moved after attach
-            self._counts = self._counts.to(indices.device)
-        self._counts[index] += torch.bincount(indices.flatten(), minlength=self.spec.n)
+        counts = self._counts_of(index)  # in place: allowed on a buffer made outside inference mode
+        counts += torch.bincount(indices.flatten(), minlength=self.spec.n).to(counts.device)
+
+    def _counts_of(self, index: int) -> torch.Tensor:
+        return cast(torch.Tensor, self._layers[index].remix_counts)  # the buffer _install registered
 
     def _routing_of(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         routing = self._routings[index]
@@ -250,10 +258,11 @@ class RemixAdapter:
 
         Every row of every batch counts (all ``M*B`` rows in sampled mode), each adding k selections.
         """
-        return self._counts.detach().cpu().clone()
+        return torch.stack([self._counts_of(i).detach().cpu() for i in range(len(self._layers))]).clone()
 
     def reset_selection_counts(self) -> None:
-        self._counts.zero_()
+        for index in range(len(self._layers)):
+            self._counts_of(index).zero_()
 
     # ----- parameters and persistence -----------------------------------------------------------------------
     def trainable_parameters(self) -> dict[str, list[torch.Tensor]]:
