@@ -7,9 +7,10 @@ Modules, top to bottom:
 
 - ``transport``  ``SwarmTransport``: the thread-safe synchronous facade (start, publish, collect, peers,
   stats, network_status, peer_stats, restart, close) over one network thread with its own asyncio loop.
-- ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; join / publish / collect /
-  health loops, the ``rpc_get_batch`` handler that serves signed batches by id and the ``rpc_put_batch``
-  handler that takes batches handed over by nodes behind NAT.
+- ``core``       ``SwarmCore``: the async side, one p2pd + one ``DHTNode``; a package with one module a
+  job: ``join``, ``publish``, ``pull`` (the collect loop), ``serve`` (the ``rpc_get_batch`` handler that
+  serves signed batches by id and the ``rpc_put_batch`` handler that takes batches handed over by nodes
+  behind NAT), ``health``, ``shutdown``; ``base`` holds the shared state, ``lifecycle`` composes them.
 - ``intake``     the checks every announced or handed-over batch passes (manifest, peer-book screening,
   verification, outcome), shared by ``core`` and ``memory`` (pure).
 - ``memory``     ``InMemoryHub``: an in-process swarm carrying the same signed bytes through ``intake``.

@@ -43,7 +43,7 @@ from protocol.identity import Identity  # noqa: E402
 from protocol.limits import Limits  # noqa: E402
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams  # noqa: E402
 from protocol.taskref import TaskRef  # noqa: E402
-from swarm.core import _PullProgress  # noqa: E402
+from swarm.core.pull import PullProgress as _PullProgress  # noqa: E402
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
 

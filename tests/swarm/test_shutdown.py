@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from swarm.core import _cancel_all
+from swarm.core.shutdown import cancel_all as _cancel_all
 
 
 async def _loop_that_drops_one_cancellation(ticks: list[int]) -> None:

@@ -1,0 +1,205 @@
+"""What every part of ``SwarmCore`` shares: the state it holds, the wire constants, address parsing,
+dialing a peer and paced transfers, and the batches held here to serve.
+
+``CoreBase`` carries the state; each job (``join``, ``publish``, ``pull``, ``serve``, ``health``) is a
+mixin on top of it, and ``SwarmCore`` (``swarm.core.lifecycle``) composes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure, P2PDaemonError
+from hivemind.utils.multiaddr import Multiaddr
+
+from protocol.identity import Identity
+from protocol.limits import Limits
+from protocol.records import Manifest
+from swarm.handoff import HandoffStore
+from swarm.hivemind_compat import dial
+from swarm.settings import SwarmSettings
+from swarm.state import SharedState
+from swarm.validator import ManifestValidator
+from swarm.watchdog import P2pdWatchdog
+
+logger = logging.getLogger(__name__)
+
+ID_BYTES = 64  # a batch id on the wire: 64 ASCII hex chars
+LEN_BYTES = 8  # big-endian length prefix of a served batch; 0 means "not held here"
+HEALTH_PERIOD = 1.0
+_CHUNK = 64 * 1024  # bytes read at a time from a batch stream
+_CIRCUIT = "/p2p-circuit"
+NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
+
+
+def handler_name(swarm_id: str) -> str:
+    """The libp2p protocol name of a swarm's batch handler."""
+    return f"/swarm-node/{swarm_id}/get_batch/1"
+
+
+def put_handler_name(swarm_id: str) -> str:
+    """The libp2p protocol name of a swarm's hand-off handler."""
+    return f"/swarm-node/{swarm_id}/put_batch/1"
+
+
+@dataclass(frozen=True)
+class PublishItem:
+    """A batch ready to go out: signed bytes, signed manifest bytes and where the manifest goes."""
+
+    batch_id: str
+    data: bytes
+    manifest_data: bytes
+    key: str
+    subkey: str
+    expires_at: float
+    holders: tuple[str, ...] = ()
+    """Full multiaddrs of the peers to hand the batch to before its manifest is stored (NAT hand-off)."""
+    created_at: float = 0.0
+    """The batch's ``created_at`` (DHT time), for the trace."""
+
+
+
+def parse_peer_maddr(maddr: str) -> tuple[PeerID, Multiaddr] | None:
+    """``(peer id, address to dial)`` of a full multiaddr, or None if it does not parse.
+
+    The peer is the last ``/p2p/`` component, so a relayed address
+    ``/ip4/R/tcp/P/p2p/<relay>/p2p-circuit/p2p/<peer>`` is dialed through the relay.
+    """
+    head, sep, peer = maddr.rpartition("/p2p/")
+    if not sep or not head or "/" in peer:
+        return None
+    try:
+        return PeerID.from_base58(peer), Multiaddr(head)
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as one short line for status pages (``p2pd exited``, ``TimeoutError``)."""
+    return str(exc) or type(exc).__name__
+
+
+def libp2p_ids(maddrs: tuple[str, ...]) -> list[str]:
+    """The libp2p peer ids named by full multiaddrs (``.../p2p/<id>``); others are skipped."""
+    return [parsed[0].to_base58() for parsed in map(parse_peer_maddr, maddrs) if parsed is not None]
+
+
+def by_peer(maddrs: tuple[str, ...] | list[str]) -> dict[PeerID, list[Multiaddr]]:
+    """Parsed addresses grouped by peer, in the order peers first appear."""
+    grouped: dict[PeerID, list[Multiaddr]] = {}
+    for parsed in map(parse_peer_maddr, maddrs):
+        if parsed is not None:
+            grouped.setdefault(parsed[0], []).append(parsed[1])
+    return grouped
+
+
+def order_maddrs(maddrs: list[str], relayed_first: bool) -> list[str]:
+    """Relayed (circuit) addresses first when behind NAT with a relay: the direct ones cannot be dialed."""
+    return sorted(maddrs, key=lambda m: _CIRCUIT not in m) if relayed_first else maddrs
+
+
+class CoreBase:
+    """The state of one node's network side, and the steps its jobs share."""
+
+    def __init__(
+        self,
+        settings: SwarmSettings,
+        identity: Identity,
+        limits: Limits,
+        shared: SharedState,
+        validator: ManifestValidator,
+        p2p: P2P,
+        dht: DHTNode,
+        watchdog: P2pdWatchdog | None,
+    ) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.limits = limits
+        self.shared = shared
+        self.validator = validator
+        self.p2p = p2p
+        self.dht = dht
+        self.watchdog = watchdog
+        self.held: OrderedDict[str, bytes] = OrderedDict()
+        self.held_bytes = 0
+        self.handoffs = HandoffStore(
+            max_per_author_epoch=settings.max_handoffs_per_author_epoch,
+            max_bytes_per_author_epoch=settings.max_handoff_bytes_per_author_epoch,
+            max_total_bytes=settings.max_handoff_bytes,
+            read_epochs=settings.read_epochs,
+        )
+        self._handoffs_in_flight = 0
+        self.publish_queue: asyncio.Queue[PublishItem] = asyncio.Queue()
+        self._seen_manifests: dict[bytes, tuple[int, str]] = {}  # raw manifest -> (epoch seen, batch id)
+        self._deferred: dict[bytes, Manifest] = {}  # checked manifests whose pull waits for a slot
+        self._bad_entries: dict[tuple[int, int, str, str], int] = {}  # unreadable DHT entries -> epoch
+        self._digests: dict[bytes, int] = {}  # content hash of every accepted group -> epoch
+        self._pulls: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # hand-off copies still going after the first landed
+        self._running_pulls: Counter[str] = Counter()  # author -> pulls in progress
+        self._newcomer_pulls = 0
+        self._decode_slot = asyncio.Semaphore(1)
+        self._handler = handler_name(settings.swarm_id)
+        self._put_handler = put_handler_name(settings.swarm_id)
+        self._relayed = settings.client_mode and settings.nat_sharing == "relay"
+
+    async def _dial(self, peer_id: PeerID, addrs: list[Multiaddr]) -> bool:
+        """Connect to ``peer_id`` (at once if already connected; its addresses are tried together)."""
+        try:
+            await asyncio.wait_for(dial(self.p2p, peer_id, addrs), self.settings.request_timeout)
+        except NETWORK_ERRORS as exc:
+            logger.debug("could not dial %s at %s: %r", peer_id, addrs, exc)
+            return False
+        return True
+
+    # -- transfers ------------------------------------------------------------------------------------
+
+    def transfer_seconds(self, nbytes: int) -> float:
+        """The longest a transfer of ``nbytes`` batch bytes may take: ``pull_timeout`` to get going, then
+        at least ``pull_min_rate`` bytes a second."""
+        return self.settings.pull_timeout + nbytes / self.settings.pull_min_rate
+
+    async def _read_paced(self, reader: asyncio.StreamReader, size: int, started: float) -> bytes:
+        """``size`` bytes of a batch transfer that began at ``started`` (the loop's clock).
+
+        No read may wait longer than ``request_timeout`` (no progress at all: a stall), and the transfer
+        must keep its pace: by ``started + pull_timeout + k / pull_min_rate`` it has delivered ``k`` bytes.
+        So a large batch over a slow link gets the time it needs, while a peer that trickles bytes to hold
+        a pull slot is cut off about ``pull_timeout`` after the stream opened. Raises ``TimeoutError`` or
+        ``IncompleteReadError``.
+        """
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        buf = bytearray()
+        while len(buf) < size:
+            wait = min(s.request_timeout, started + s.pull_timeout + (len(buf) + 1) / s.pull_min_rate - loop.time())
+            if wait <= 0:
+                raise asyncio.TimeoutError(f"transfer below {s.pull_min_rate:.0f} B/s after {len(buf)} bytes")
+            chunk = await asyncio.wait_for(reader.read(min(_CHUNK, size - len(buf))), wait)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(buf), size)
+            buf += chunk
+        return bytes(buf)
+
+    # -- batches held here ----------------------------------------------------------------------------
+
+    def hold(self, bid: str, data: bytes) -> None:
+        """Keep signed batch bytes to serve; the least recently added go first (bounded in count and bytes)."""
+        previous = self.held.pop(bid, None)
+        self.held_bytes -= len(previous) if previous is not None else 0
+        self.held[bid] = data
+        self.held_bytes += len(data)
+        while len(self.held) > self.settings.max_held_batches or self.held_bytes > self.settings.max_held_bytes:
+            _, dropped = self.held.popitem(last=False)
+            self.held_bytes -= len(dropped)
+
+    def _local(self, bid: str) -> bytes | None:
+        """A batch this node already holds (collected before, or handed over to it), else None."""
+        data = self.held.get(bid)
+        return data if data is not None else self.handoffs.get(bid)
