@@ -75,7 +75,7 @@ REJECT_REASONS = frozenset({
     "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
     "score_error", "score_timeout", "scorer_unavailable", "peer_offended", "penalize_failed",
 })
-"""Every reason ``ingest_rejected`` counts (the README names each)."""
+"""Every reason ``ingest_rejected`` counts (docs/trust.md names each)."""
 SURPLUS_REASONS = frozenset({"peer_budget", "step_budget", "not_needed"})
 """Why groups were left unread (``ingest_surplus``): budgets and the step's needs, not the peer's fault."""
 

@@ -95,7 +95,7 @@ class SwarmSettings(BaseModel):
     """How a ``client_mode`` node gets its batches to peers that cannot dial it. ``handoff``: push each
     batch to ``handoff_copies`` reachable initial peers, which hold and serve it (within their quotas);
     ``relay``: become reachable through a libp2p circuit relay (the initial peers); ``direct``: neither
-    (only peers already connected to it can pull). See the README's "Joining a public swarm"."""
+    (only peers already connected to it can pull). See docs/swarm.md, "Joining a swarm"."""
     handoff_copies: int = Field(default=2, ge=1, le=8)
     """``handoff``: how many reachable peers receive each batch."""
     accept_handoffs: bool = True
@@ -167,7 +167,7 @@ class SwarmSettings(BaseModel):
     pull_min_rate: float = Field(default=16 * 1024, gt=0)
     """Bytes a second a batch transfer must keep once ``pull_timeout`` has passed: by ``pull_timeout +
     k / pull_min_rate`` seconds it has moved ``k`` bytes. Far below what a lossy home link carries (see
-    the README's wide-area figures), far above what a peer that holds a slot on purpose sends."""
+    docs/results/wide-area.md), far above what a peer that holds a slot on purpose sends."""
     stall_grace: int = Field(default=2, ge=0)
     """Stalled pulls forgiven to an established peer (one with an accepted batch) per ``max_ban_seconds``:
     retried instead of banned, so an honest peer on an overloaded machine is not cut off; the same grace

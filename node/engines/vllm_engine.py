@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 SyncMode = Literal["merge", "lora"]
 
 # How a new policy reaches the engine when generation.vllm.sync=auto, by device type. CPU, measured by
-# scripts/bench/bench_generation.py (README): generation with a LoRARequest ran at a quarter to a half of the
+# scripts/bench/bench_generation.py (docs/results/generation-throughput.md): generation with a LoRARequest ran at a quarter to a half of the
 # merged engine's speed, and lost with the sync included at every size. GPU: not
 # measured yet (scripts/gpu_check.sh measures both); merge, the only mode that also carries trained norms.
 AUTO_SYNC: dict[str, SyncMode] = {"cpu": "merge", "cuda": "merge"}

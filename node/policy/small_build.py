@@ -347,7 +347,7 @@ def loss_curve(losses: list[float], windows: int = LOSS_WINDOWS) -> list[float]:
 
 
 # How far a rebuild may fall from the shipped model and still count as the recipe's model, from builds
-# measured against it (README, "small-base"): the recipe on one thread instead of two (same seed and data
+# measured against it (docs/results/small-base-build.md): the recipe on one thread instead of two (same seed and data
 # order, other float sums: the closest stand-in for another machine), seeds 1 and 2, and three builds on
 # other machines (their sampled rewards only). Largest differences seen: a loss-curve window 0.337 (seed 1;
 # one thread 0.300), a sampled reward 0.118 (propositional_logic, another machine; seeds 0.106, one thread

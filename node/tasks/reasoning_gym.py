@@ -26,7 +26,7 @@ The easy nine, read in reasoning-gym 0.1.25 (all 4096-char adversarial answers s
   (``_COIN_FLIP_NUMBER``; the reference answers are such numbers, e.g. ``3.051757812e-05``).
 
 Candidates refused: none of the nine examined failed a check. Others were not examined: a dataset is
-admitted when a measurement gives a reason (the README's table of where smollm2-135m has signal).
+admitted when a measurement gives a reason (docs/results/smollm2-signal.md: where smollm2-135m has signal).
 
 reasoning-gym builds item ``idx`` of a dataset from ``random.Random(dataset_seed + idx)`` alone, so one
 item is regenerated without the items before it (well under a millisecond each; ``bf`` about 0.6 ms,
@@ -39,7 +39,7 @@ Scoring extracts the final answer (``prompting.extract_answer``) and calls the d
 (system prompt, worked examples, the answer instruction the model sees) is the node's own and does not
 enter the ``config_hash``: a task's text always ends in ``ANSWER_INSTRUCTION``, which ``format_prompt``
 replaces when the node is configured with another (its ``e.g. <answer>42</answer>`` is copied verbatim
-by smollm2-135m: README).
+by smollm2-135m: docs/results/smollm2-signal.md).
 """
 
 from __future__ import annotations

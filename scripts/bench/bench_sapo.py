@@ -84,7 +84,7 @@ from sapo_runs import (  # noqa: E402
 MAIN_ARM = "topr_corrected"
 QUICK: dict[str, Any] = {"settings": ["homogeneous", "capability"], "arms": [MAIN_ARM], "nodes": 4,
                          "steps": 30, "seeds": 1, "splits": ["8/0", "4/4", "8+8"], "ablation_splits": None}
-# The README's grid. Splits by setting: the homogeneous goal is "at every split"; the heterogeneous
+# The grid of docs/results/sapo-tiny.md. Splits by setting: the homogeneous goal is "at every split"; the heterogeneous
 # settings are run at one equal-compute and one on-top split. The ablation arms (on-policy GRPO, TOPR
 # uncorrected, REC) run at one split per setting beside TOPR corrected.
 FULL: dict[str, Any] = {

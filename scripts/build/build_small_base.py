@@ -12,7 +12,7 @@ Every node runs the shipped folder, so its figures hold on every machine. A rebu
 kernels sum floats in other orders, and training turns that into another model of the same quality.
 ``compare_builds`` (``node.policy.small_build``) says whether a rebuild is one, with margins measured across
 builds. To replace the shipped model, rebuild into an empty folder and copy its files over
-``node/assets/small-base`` (then update the README's figures from its ``build_info.json``).
+``node/assets/small-base`` (then update docs/results/small-base-build.md's figures from its ``build_info.json``).
 """
 
 from __future__ import annotations

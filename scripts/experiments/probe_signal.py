@@ -20,7 +20,7 @@ scorer exactly as the node scores (``TaskSource.score``). Per dataset and varian
   partial credit, which e.g. gcd and letter_counting give to answers that contain the right number);
 - ``tagged``: the share of sampled completions with an ``<answer>`` tag (the format the scorers read first).
 
-Variants set ``tasks.prompt`` (see the README): ``none`` (no system prompt, no example: a chat template's
+Variants set ``tasks.prompt`` (docs/tasks.md; results: docs/results/smollm2-signal.md): ``none`` (no system prompt, no example: a chat template's
 own default system turn, if it has one), ``default`` (the source's default system prompt, no example; for
 arith under ``model.chat_template=always`` its own system prompt and an example of its dataset),
 ``example`` (the default system prompt and the worked example ``What is 3 + 4?`` -> ``3 + 4 = 7.``

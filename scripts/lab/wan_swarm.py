@@ -6,7 +6,7 @@ Each scenario starts N ``swarm-node start`` processes (tiny-base, ``configs/publ
 per-step settings: 16 groups of 4 completions generated a step, 8 own and up to 8 peer groups trained on,
 against 16 own in silo; every node its own Python and p2pd) and lets them train and exchange:
 
-* ``loopback``: all on 127.0.0.1, no namespaces (the figures the README had so far);
+* ``loopback``: all on 127.0.0.1, no namespaces (the figures of docs/results/local-swarm.md);
 * ``silo``: the same N processes as ``swarm-node silo``: the step time with no network at all;
 * a profile (``lan``, ``continental``, ``intercontinental``, ``bad-home``): every node in its own
   network namespace of the lab (``scripts/lib/netns_lab.py``), its link emulated (``scripts/lab/linkem.py``:

@@ -161,8 +161,8 @@ SETTINGS: dict[str, Setting] = {
     "mixture": Setting(("add", "sub"), (0.5, 0.5), ("add-heavy", "sub-heavy"),
                        "the shipped tiny-base on add-heavy and sub-heavy mixtures alternating"),
     # Two models, two tokenizers: every peer group is re-tokenized, re-scored and anchored by its receiver.
-    # The datasets are those where both models have signal and smollm2 the more (README, "Does it pay on a
-    # real model?"): its sampled reward is 5 to 7 times small-base's there. Each node prompts as its own
+    # The datasets are those where both models have signal and smollm2 the more (docs/results/sapo-models.md,
+    # "Datasets where both models have signal"): its sampled reward is 5 to 7 times small-base's there. Each node prompts as its own
     # config does.
     "models": Setting(("spell_backward", "gcd"), (0.5, 0.5), ("smollm2", "small-base", "small-base", "small-base"),
                       "one smollm2-135m node (strong) to three small-base nodes (weak), on spell_backward and gcd",

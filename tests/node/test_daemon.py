@@ -192,7 +192,7 @@ def test_a_swarm_node_without_a_seed_takes_one_from_its_identity(tmp_path):
 
 @pytest.mark.slow
 def test_a_fixed_port_and_p2p_identity_keep_the_printed_address_across_restarts(tmp_path):
-    """The README's recipe for a stable bootstrap address, through the CLI (the transport-level check,
+    """The recipe for a stable bootstrap address (docs/swarm.md), through the CLI (the transport-level check,
     in the default run, is tests/swarm/test_integration.py)."""
     run = tmp_path / "boot"
     from tests.swarm.conftest import free_port

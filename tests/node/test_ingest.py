@@ -155,7 +155,7 @@ def test_groups_past_the_budgets_are_surplus_not_rejections():
 
 
 def test_every_rejection_reason_in_the_code_is_declared():
-    """``REJECT_REASONS`` (which the README names one by one) holds every reason ``node/ingest.py`` counts."""
+    """``REJECT_REASONS`` (which docs/trust.md names one by one) holds every reason ``node/ingest.py`` counts."""
     import re
     from pathlib import Path
 

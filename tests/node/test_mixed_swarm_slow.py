@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_each_of_three_tokenizers_trains_on_the_other_twos_groups(tmp_path: Path, smollm2: Path) -> None:
     # smollm2 earns a reward on few of its own addition groups (3 of 32 had signal), so the pairs it authors
-    # are the last to be trained on: 510 s at load 9 in the run the README gives; 40 minutes is the limit.
+    # are the last to be trained on: 510 s at load 9 in the run of docs/results/mixed-tokenizer-swarm.md; 40 minutes is the limit.
     summary = load_script("experiments/mixed_swarm").run(tmp_path, 2400, True, ["generation.backend=hf"], echo=lambda line: None)
     nodes = {n["node"]: n for n in summary["nodes"]}
     assert set(nodes) == {"tiny-base", "small-base", "smollm2"}

@@ -164,7 +164,7 @@ SHIPPED_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json",
 @pytest.mark.timeout(1800)
 def test_build_script_rebuilds_deterministically_to_the_shipped_quality(tmp_path: Path) -> None:
     """Two rebuilds on one machine write the same bytes. The shipped bytes are not reproduced elsewhere, even
-    with the same library versions (another machine's kernels round differently: the README's rebuild on
+    with the same library versions (another machine's kernels round differently: the rebuild of docs/results/tiny-base-build.md on
     this project's machine took 250 steps, not 300), so a rebuild is held to the shipped quality instead:
     the same target reached, greedy accuracy within the target's band."""
     shipped = json.loads((tiny_base_path() / "build_info.json").read_text())
