@@ -156,3 +156,11 @@ def test_the_results_index_links_every_page_and_every_plot_is_shown() -> None:
     for plot in (RESULTS / "plots").glob("*.png"):
         assert f"](plots/{plot.name})" in shown, f"no results page shows {plot.name}"
     assert not list((ROOT / "docs").glob("*_curves.png")), "plots belong in docs/results/plots/"
+
+
+def test_the_scripts_index_lists_every_script() -> None:
+    index = (ROOT / "scripts" / "README.md").read_text(encoding="utf-8")
+    scripts = [p for p in (ROOT / "scripts").rglob("*") if p.suffix in (".py", ".sh") and p.name != "__init__.py"]
+    assert len(scripts) > 30
+    missing = [str(p.relative_to(ROOT)) for p in scripts if f"`{p.name}" not in index]
+    assert not missing, f"scripts/README.md does not list {missing}"
