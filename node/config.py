@@ -31,8 +31,8 @@ from node.modes import (
 )
 from swarm.settings import SwarmSettings, initial_peers_from_env
 
-__all__ = ["API_TOKEN_ENV", "ApiConfig", "ConfigError", "NodeConfig", "apply_overrides", "load_config", "resolve_api",
-           "with_initial_peers"]
+__all__ = ["API_TOKEN_ENV", "ApiConfig", "ConfigError", "NodeConfig", "apply_overrides", "load_config",
+           "load_config_data", "resolve_api", "validate_config", "with_initial_peers"]
 
 _PEER_TOKENS_FACTOR = 4
 _RENAMED = {"swarm.staleness_epochs": "swarm.read_epochs"}
@@ -439,8 +439,9 @@ def _format_errors(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> NodeConfig:
-    """Load a YAML config (or the defaults when ``path`` is None), apply overrides, validate."""
+def load_config_data(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A YAML config (or nothing when ``path`` is None) with ``overrides`` applied, not yet validated: what
+    the user set, for a check that must tell set keys from defaults (``node.swarm_join``)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -453,11 +454,20 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections at the top level")
         data = loaded or {}
-    apply_overrides(data, overrides or [])
+    return apply_overrides(data, overrides or [])
+
+
+def validate_config(data: dict[str, Any]) -> NodeConfig:
+    """A ``NodeConfig`` from ``load_config_data``'s mapping; one ``ConfigError`` naming every bad field."""
     try:
         return NodeConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config: {_format_errors(exc)}") from None
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> NodeConfig:
+    """Load a YAML config (or the defaults when ``path`` is None), apply overrides, validate."""
+    return validate_config(load_config_data(path, overrides))
 
 
 def resolve_initial_peers(cfg: NodeConfig, cli_peers: list[str] | None) -> list[str]:

@@ -10,6 +10,7 @@ no network I/O; the only I/O is reading and writing a key file.
 - ``limits``: ``Limits``, every bound a receiver enforces on peer input, and ``DEFAULT_LIMITS``.
 - ``identity``: ``Identity`` (Ed25519 key pair: key file, signing, peer id), ``verify_signature``.
 - ``records``: the exchanged records: ``Rollout``, ``RolloutGroup``, ``RolloutBatch``, ``Manifest``.
+- ``descriptor``: ``SwarmDescriptor``, the signed ``swarm.yaml`` that says what a swarm's members share.
 - ``codec``: canonical signed encoding of batches and manifests, checked decoders, ``batch_id``.
 - ``_wire``: byte-level envelope (header, signature) and bounded zstd, used by ``codec``.
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 __all__ = [
     "BadSignatureError",
+    "DescriptorError",
+    "DescriptorExpiredError",
+    "DescriptorSignatureError",
+    "DescriptorVersionError",
     "IdentityError",
     "MalformedError",
     "ProtocolError",
@@ -48,10 +52,30 @@ class IdentityError(ProtocolError):
     """A key file that is missing, unreadable, corrupt or too permissive, or a mismatched key."""
 
 
+class DescriptorError(ProtocolError):
+    """A swarm descriptor that does not parse or does not fit its schema; the message names the field."""
+
+
+class DescriptorSignatureError(DescriptorError):
+    """A swarm descriptor that is unsigned, or whose signature does not match its content or owner."""
+
+
+class DescriptorExpiredError(DescriptorError):
+    """A swarm descriptor past its expiry."""
+
+
+class DescriptorVersionError(DescriptorError):
+    """A swarm descriptor of another descriptor format or wire protocol version than this node's."""
+
+
 _REASONS: dict[type[ProtocolError], str] = {
     MalformedError: "malformed",
     TooLargeError: "too_large",
     BadSignatureError: "bad_signature",
     UnsupportedVersionError: "unsupported_version",
     IdentityError: "identity",
+    DescriptorError: "descriptor",
+    DescriptorSignatureError: "descriptor_signature",
+    DescriptorExpiredError: "descriptor_expired",
+    DescriptorVersionError: "descriptor_version",
 }

@@ -2,7 +2,8 @@
 
     sudo .venv/bin/python scripts/lab/wan_swarm.py --nodes 8 --scenarios silo,loopback,lan,intercontinental,bad-home,mix
 
-Each scenario starts N ``swarm-node start`` processes (tiny-base, ``configs/public-swarm.yaml`` with small
+Each scenario starts N ``swarm-node start`` processes (tiny-base, ``configs/public-swarm.yaml`` and the shared
+settings of ``configs/swarm-shared.yaml``, as a public swarm's descriptor gives them, with small
 per-step settings: 16 groups of 4 completions generated a step, 8 own and up to 8 peer groups trained on,
 against 16 own in silo; every node its own Python and p2pd) and lets them train and exchange:
 
@@ -63,7 +64,8 @@ from soak import p2pd_of, stop_all, watchdogs_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 31337
-CONFIG = "configs/public-swarm.yaml"
+MEMBER_CONFIG = "configs/public-swarm.yaml"
+SHARED_CONFIG = "configs/swarm-shared.yaml"
 NODE_SETTINGS = [
     "train.steps=1000000000",  # bounded by time
     "train.checkpoint_every=1000000",
@@ -189,9 +191,27 @@ class NodeRun:
             return 0.0, 0.0
 
 
+def _merge(into: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    for key, value in top.items():
+        into[key] = _merge(dict(into.get(key) or {}), value) if isinstance(value, dict) else value
+    return into
+
+
+def public_config(base: Path) -> Path:
+    """A public swarm member's config as the swarm's descriptor completes it: the member's own settings
+    (``configs/public-swarm.yaml``) with the shared ones (``configs/swarm-shared.yaml``) and tiny-base."""
+    merged = _merge(yaml.safe_load((ROOT / MEMBER_CONFIG).read_text()), yaml.safe_load((ROOT / SHARED_CONFIG).read_text()))
+    merged = _merge(merged, {"model": {"name_or_path": "tiny-base"}, "swarm": {"swarm_id": "tiny-public",
+                                                                                "p2p_identity_path": None}})
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / "public-swarm.yaml"
+    path.write_text(yaml.safe_dump(merged, sort_keys=False))
+    return path
+
+
 def node_command(args: argparse.Namespace, mode: str, i: int, run_dir: Path, settings: list[str]) -> list[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "node", "--step-seconds", str(args.step_seconds), "--",
-           mode, "-c", CONFIG, "--run-dir", str(run_dir), "--no-progress", f"seed={i}", *NODE_SETTINGS,
+           mode, "-c", str(args.config), "--run-dir", str(run_dir), "--no-progress", f"seed={i}", *NODE_SETTINGS,
            *(SILO_SETTINGS if mode == "silo" else SWARM_SETTINGS),
            f"swarm.epoch_seconds={args.epoch_seconds}", *settings, *args.overrides]
     return cmd
@@ -199,7 +219,7 @@ def node_command(args: argparse.Namespace, mode: str, i: int, run_dir: Path, set
 
 def probe_command(args: argparse.Namespace, run_dir: Path, settings: list[str], initial: list[str]) -> list[str]:
     """A ``swarm_probe.py`` with the config's ``swarm:`` section, the swarm overrides and ``settings``."""
-    values: dict[str, Any] = dict((yaml.safe_load((ROOT / CONFIG).read_text()) or {}).get("swarm") or {})
+    values: dict[str, Any] = dict((yaml.safe_load(Path(args.config).read_text()) or {}).get("swarm") or {})
     for item in [f"swarm.epoch_seconds={args.epoch_seconds}", *settings, *args.overrides]:
         key, _, raw = item.partition("=")
         if key.startswith("swarm."):
@@ -391,6 +411,7 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="wan-swarm-") as tmp:
         root = Path(args.base or tmp)
+        args.config = public_config(root)
         for scenario in scenarios:
             try:
                 result = run_scenario(args, scenario, root / scenario)
