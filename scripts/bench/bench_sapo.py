@@ -6,7 +6,7 @@ Usage:
     python scripts/bench/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
                                  [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
                                  [--first-seed 0] [--group-size 8] [--set [TYPE:]key=value ...] [--jobs 2]
-                                 [--out DIR]
+                                 [--eval-every N] [--checkpoint-every N] [--out DIR]
                                  [--report]                   # tables and plot from the finished runs only
 
 Each run: K nodes joined to an in-memory swarm (``swarm.memory``) that carries the same
@@ -31,7 +31,8 @@ addition); ``models``, two models with two tokenizers (smollm2-135m beside small
 re-tokenized, re-scored and anchored); ``smollm2``, homogeneous smollm2-135m nodes on reasoning-gym;
 ``smollm2-pair``, base smollm2-135m nodes (weak) beside smollm2-135m nodes started from a 20-step silo
 run's adapter (strong, ``adapter.init_from``); ``smollm2-mix3``, smollm2-135m on three datasets of
-different kinds (for ReMix). A job of these settings holds about 4 GB resident (7 GB with ReMix).
+different kinds (for ReMix); ``small`` (homogeneous small-base) and ``smollm2-arith`` (smollm2-135m on
+basic_arithmetic alone, where its own groups run dry within 20 steps), for long horizons. A job of these settings holds about 4 GB resident (7 GB with ReMix).
 
 Pairing: node i of a seed index has the same seed, base and task stream in every arm, so each sharing run
 is compared with its silo seed by seed; deltas are means over seeds with a 95% t-interval.
@@ -39,8 +40,11 @@ is compared with its silo seed by seed; deltas are means over seeds with a 95% t
 Output: one line per finished run; per setting a table of cumulative reward (each node's sampled reward
 on its own tasks averaged over the run, then over the nodes of a type) and final greedy accuracy on
 held-out tasks, with the change against the paired silo; the per-step cost of the exchange; the goals.
-``--out`` gets ``runs/*.json`` (one per run: a rerun skips finished runs, so a long grid can be resumed),
-``results.json``, ``table.md`` and ``reward_curves.png``.
+``--out`` gets ``runs/*.json`` (one per run: a rerun skips finished runs, so a long grid can be resumed;
+each holds the commit, command and load average of every process that ran part of it),
+``results.json``, ``table.md``, ``reward_curves.png`` and ``signal_curves.png`` (the share of own groups
+with signal beside reward and held-out accuracy). With ``--checkpoint-every N`` a run's nodes checkpoint
+every N steps under ``--out``'s ``work/``, and a rerun of a stopped run resumes there.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -60,6 +65,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
+from sapo_plots import reward_curves, signal_curves  # noqa: E402
 from sapo_runs import (  # noqa: E402
     ARMS,
     BASELINE_OF,
@@ -119,6 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, help="seed indices a configuration")
     p.add_argument("--first-seed", type=int, default=0, help="first seed index (to add seeds to an earlier run)")
     p.add_argument("--group-size", type=int, default=8, help="G completions a group")
+    p.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: the last only)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="checkpoint every N steps under --out's work/, so a stopped run resumes (0: never)")
     p.add_argument("--set", dest="extra", nargs="*", default=[], metavar="key=value",
                    help="node config overrides for every run (e.g. sapo.dataset_preference=low_signal); "
                    "TYPE:key=value for the nodes of one type (e.g. smollm2:generation.backend=vllm)")
@@ -154,7 +163,8 @@ def build_grid(args: argparse.Namespace) -> list[RunSpec]:
     """Every sharing arm at every sharing split (other arms than the main one only at the ablation splits),
     plus the silos they are paired with, and every variant arm (remix) at every silo split, for every seed."""
     silo_arms = list(dict.fromkeys(BASELINE_OF[a] for a in args.arms))
-    common = dict(nodes=args.nodes, steps=args.steps, group_size=args.group_size, extra=tuple(args.extra))
+    common = dict(nodes=args.nodes, steps=args.steps, group_size=args.group_size, extra=tuple(args.extra),
+                  eval_every=args.eval_every)
     grid = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for setting in args.settings:
@@ -181,21 +191,35 @@ def _end(rewards: list[float]) -> float:
     return statistics.fmean(rewards[-max(1, len(rewards) // 4) :])
 
 
-def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list[dict[str, Any]]:
-    """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run; with
-    ``run`` False, only the finished ones (the missing ones are named)."""
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+def same_spec(saved: dict[str, Any], spec: RunSpec) -> bool:
+    """Whether a saved run's spec is ``spec`` (a field the saved one predates counts at its default)."""
+    wanted = json.loads(json.dumps(asdict(spec)))
+    defaults = json.loads(json.dumps(asdict(RunSpec(spec.setting, spec.arm, spec.split, spec.seed_index))))
+    return all(saved.get(key, defaults[key]) == value for key, value in wanted.items())
+
+
+def _finished(grid: list[RunSpec], runs_dir: Path) -> tuple[list[dict[str, Any]], list[RunSpec]]:
+    """The runs of ``grid`` already saved in ``runs_dir``, and the specs still to run."""
     results: list[dict[str, Any]] = []
     todo: list[RunSpec] = []
     for spec in grid:
         path = runs_dir / f"{spec.name}.json"
         if path.is_file():
             res = json.loads(path.read_text())
-            if res["spec"] == json.loads(json.dumps(asdict(spec))):
+            if same_spec(res["spec"], spec):
                 results.append(res)
                 continue
         todo.append(spec)
+    return results, todo
+
+
+def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True, checkpoint_every: int = 0) -> list[dict[str, Any]]:
+    """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run; with
+    ``run`` False, only the finished ones (the missing ones are named). A run's nodes live in
+    ``out/work/NAME`` while it runs (checkpoints every ``checkpoint_every`` steps: a rerun resumes there)."""
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    results, todo = _finished(grid, runs_dir)
     if results:
         print(f"bench_sapo: {len(results)} finished runs reused from {runs_dir}", flush=True)
     if not run:
@@ -204,8 +228,13 @@ def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list
         return results
     t0 = time.perf_counter()
 
+    def work(spec: RunSpec) -> Path | None:
+        return out / "work" / spec.name if checkpoint_every else None
+
     def report(res: dict[str, Any]) -> None:
         (runs_dir / f"{res['name']}.json").write_text(json.dumps(res))
+        if checkpoint_every:
+            shutil.rmtree(out / "work" / res["name"], ignore_errors=True)  # its checkpoints: the run is done
         results.append(res)
         cum = statistics.fmean(_cum(r) for r in res["rewards"])
         acc = statistics.fmean(res["accuracy"])
@@ -224,14 +253,14 @@ def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True) -> list
     if jobs <= 1 or len(todo) <= 1:
         for spec in todo:
             try:
-                res = run_one(spec)
+                res = run_one(spec, 1, work(spec), checkpoint_every)
             except Exception as exc:  # one run's failure must not lose the grid's other runs
                 failure(spec, exc)
                 continue
             report(res)
     else:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(run_one, spec): spec for spec in todo}
+            futures = {pool.submit(run_one, spec, 1, work(spec), checkpoint_every): spec for spec in todo}
             for fut in as_completed(futures):
                 try:
                     res = fut.result()
@@ -418,45 +447,6 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def plot(results: list[dict[str, Any]], path: Path, window: int = 10) -> None:
-    """Rows: (setting, node type); columns: sharing arms; each panel the silo (dashed) and every split."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = list(dict.fromkeys((r["spec"]["setting"], t) for r in results for t in r["node_types"]))
-    arms = [a for a in BASELINE_OF if any(r["spec"]["arm"] == a for r in results)] or ["silo"]
-    fig, axes = plt.subplots(len(panels), len(arms), figsize=(5 * len(arms), 3.4 * len(panels)), squeeze=False,
-                             sharey="row")
-    for a, (setting, kind) in enumerate(panels):
-        for b, arm in enumerate(arms):
-            ax = axes[a][b]
-            curves: dict[str, list[list[float]]] = {}
-            baselines: set[str] = set()  # drawn dashed
-            for res in results:
-                s = res["spec"]
-                if s["setting"] != setting or s["arm"] not in (arm, BASELINE_OF.get(arm, arm)):
-                    continue
-                label = f"{s['split']} {s['arm']}" if s["arm"] in VARIANT_OF else (
-                    f"{s['split']} silo" if s["arm"] not in SILO_OF else s["split"])
-                if s["arm"] != arm or arm not in BASELINE_OF:
-                    baselines.add(label)
-                curves.setdefault(label, []).extend(r for r, t in zip(res["rewards"], res["node_types"]) if t == kind)
-            for label in sorted(curves, key=lambda x: (x not in baselines, x)):
-                mean = [statistics.fmean(col) for col in zip(*curves[label])]
-                smooth = [statistics.fmean(mean[max(0, i - window + 1) : i + 1]) for i in range(len(mean))]
-                ax.plot(range(1, len(mean) + 1), smooth, "--" if label in baselines else "-", label=label)
-            ax.set_title(f"{setting} / {kind} nodes, {arm}", fontsize=9)
-            ax.set_xlabel("step")
-            ax.set_ylabel(f"sampled reward ({window}-step mean)", fontsize=8)
-            ax.legend(fontsize=7)
-            ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     grid = build_grid(args)
@@ -471,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in dict.fromkeys(k for s in args.settings for k in SETTINGS[s].node_types):
         if (trained := NODE_TYPES[kind].trained) is not None:  # a missing run stops here, with its command
             print(f"bench_sapo: {kind} nodes start from {trained_run(trained)}", flush=True)
-    results = execute(grid, args.jobs, out, run=not args.report)
+    results = execute(grid, args.jobs, out, run=not args.report, checkpoint_every=args.checkpoint_every)
     if not results:
         print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)
         return 1
@@ -482,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     extra_lines = [line for line in (*end_lines(rows), cost_line(rows), *goals(rows)) if line]
     for line in extra_lines:
         print(line)
-    plot(results, out / "reward_curves.png")
+    reward_curves(results, out / "reward_curves.png")
+    signal_curves(results, out / "signal_curves.png")
     (out / "table.md").write_text("\n".join([*table_lines(rows, markdown=True), *extra_lines]) + "\n")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     timed = [r["cpu_seconds"] for r in results if "cpu_seconds" in r]

@@ -22,6 +22,7 @@ split.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 import tempfile
@@ -33,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 sys.path.insert(0, str(ROOT / "scripts" / "build"))  # build_tiny_base
+
+from sapo_progress import PER_STEP, resume, save_progress, step_into, with_segment  # noqa: E402
 
 # Peer-data treatment, one arm each. The TOPR silo is the baseline of the TOPR and REC arms (on a node's
 # own fresh samples the ratio is 1, so TOPR, its uncorrected form and REC train identically there); the
@@ -177,6 +180,13 @@ SETTINGS: dict[str, Setting] = {
                             ("smollm2-trained", "smollm2"), "smollm2-135m nodes 20 silo steps along (strong) "
                             "alternating with base smollm2-135m nodes (weak), on configs/smollm2-silo.yaml's datasets",
                             goal="weak_gain"),
+    # Long horizons (where a node's own groups run dry): homogeneous small-base nodes on the two datasets of
+    # configs/small-silo.yaml, and smollm2-135m on basic_arithmetic alone, where its own signal falls from
+    # 0.75-0.875 to 0.0-0.375 within 20 silo steps.
+    "small": Setting(("calendar_arithmetic", "propositional_logic"), (0.5, 0.5), ("small-base",),
+                     "small-base nodes on the two datasets of configs/small-silo.yaml", goal="within"),
+    "smollm2-arith": Setting(("basic_arithmetic",), (1.0,), ("smollm2",),
+                             "smollm2-135m nodes on basic_arithmetic (2 terms of 1-2 digits, + and -)", goal="within"),
     # ReMix against one LoRA on a real model: three datasets of different kinds (arithmetic, logic, spelling).
     "smollm2-mix3": Setting(("basic_arithmetic", "syllogism", "spell_backward"), (1 / 3, 1 / 3, 1 / 3), ("smollm2",),
                             "smollm2-135m in silo on basic_arithmetic, syllogism and spell_backward"),
@@ -217,6 +227,7 @@ class RunSpec:
     group_size: int = 8
     eval_size: int = 128
     extra: tuple[str, ...] = field(default=())  # further config overrides for every node
+    eval_every: int = 0  # held-out evaluation every this many steps (0: at the last step only)
 
     @property
     def name(self) -> str:
@@ -273,7 +284,7 @@ def node_config(spec: RunSpec, index: int, run_dir: str) -> Any:
         f"sapo.external_groups={external}",
         f"sapo.generated_groups={generated_groups(spec.split)}",
         f"train.steps={spec.steps}",
-        f"train.eval_every={spec.steps}",
+        f"train.eval_every={spec.eval_every or spec.steps}",
         f"train.checkpoint_every={10 * spec.steps + 1}",
         *setting.overrides,
         *arm,
@@ -334,13 +345,18 @@ def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:
     return nodes, hub
 
 
-_COSTS = ("exchange_seconds", "wire_encode_seconds", "wire_verify_seconds", "ingest_seconds")
-
-
-def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
+def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoint_every: int = 0) -> dict[str, Any]:
     """Run ``spec``; return ``rewards[node][step]``, ``signal[node][step]`` (fraction of own groups with
-    signal), ``peer_groups[node][step]``, ``accuracy[node]``, node types, the exchange's costs, and the
-    run's wall-clock and CPU seconds (CPU time does not grow with the load of a shared machine)."""
+    signal), ``peer_groups`` and ``local_groups[node][step]`` (groups trained on), ``decisions`` and
+    ``alignment[node][step]`` (a deciding node's), ``accuracy[node]`` (the last evaluation), ``evals``
+    (``[step, [accuracy by node]]`` at every evaluation), node types, the exchange's costs, the run's
+    wall-clock and CPU seconds (CPU time does not grow with the load of a shared machine) and its segments
+    (a process's part of the run: commit, command, load average at its start and end).
+
+    With ``work``, the nodes' run dirs live there and every ``checkpoint_every`` steps (0: never) each node
+    writes a checkpoint and the run's progress is saved: a run stopped any way resumes from there. A resumed
+    sharing run is not bit-identical to an uninterrupted one: the peer groups the nodes held for selection
+    at the stop (at most ``sapo.staleness_epochs`` epochs' worth) are not kept."""
     import warnings
 
     import torch
@@ -348,40 +364,37 @@ def run_one(spec: RunSpec, threads: int = 1) -> dict[str, Any]:
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers deprecation notices, once a node
     torch.set_num_threads(threads)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    n = spec.nodes
-    rewards: list[list[float]] = [[] for _ in range(n)]
-    signal: list[list[float]] = [[] for _ in range(n)]
-    peer_groups: list[list[int]] = [[] for _ in range(n)]
-    accuracy = [0.0] * n
-    costs = {key: 0.0 for key in ("step_seconds", *_COSTS)}
-    rejected: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="bench_sapo_") as tmp:
-        nodes, hub = _build_nodes(spec, Path(tmp))
-        try:
-            for _ in range(spec.steps):
-                for i, node in enumerate(nodes):
-                    record = node.train_step()
-                    rewards[i].append(float(record["reward_mean"]))
-                    signal[i].append(float(record["local_signal_fraction"]))
-                    peer_groups[i].append(int(record["n_peer_groups"]))
-                    costs["step_seconds"] += float(record["step_seconds"])
-                    costs["exchange_seconds"] += float(record.get("exchange_seconds", 0.0))
-                    costs["ingest_seconds"] += float(record.get("ingest_seconds", 0.0))  # this step's
-                    if "eval_accuracy" in record:
-                        accuracy[i] = float(record["eval_accuracy"])
-                hub.epoch += 1
-            for node in nodes:  # cumulative counters, read once at the end
-                if node.exchange is not None:
-                    m = node.exchange.metrics()
-                    for key in ("wire_encode_seconds", "wire_verify_seconds"):  # cumulative
-                        costs[key] += float(m.get(key, 0.0))
-                    for reason, count in {**m["batches_rejected"], **m["ingest_rejected"]}.items():
-                        rejected[reason] = rejected.get(reason, 0) + int(count)
-        finally:
-            for node in nodes:
-                node.close()
-    node_steps = n * spec.steps
-    return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(n)],
-            "rewards": rewards, "signal": signal, "peer_groups": peer_groups, "accuracy": accuracy,
-            "cost_per_node_step": {k: v / node_steps for k, v in costs.items()}, "rejected": rejected,
-            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0}
+    with contextlib.ExitStack() as stack:
+        if work is None:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_sapo_")))
+            checkpoint_every = 0
+        work.mkdir(parents=True, exist_ok=True)
+        progress = resume(spec, work)
+        nodes, hub = _build_nodes(spec, work)
+        stack.callback(lambda: [node.close() for node in nodes])
+        if any(node.step != progress["step"] for node in nodes):
+            raise RuntimeError(f"{spec.name}: the nodes resumed at steps {[node.step for node in nodes]}, the "
+                               f"run's progress at {progress['step']}; delete {work} to start it afresh")
+        hub.epoch = progress["step"]
+        while progress["step"] < spec.steps:
+            evals = []
+            for i, node in enumerate(nodes):
+                record = node.train_step()
+                step_into(progress, i, record)
+                if "eval_accuracy" in record:
+                    progress["accuracy"][i] = float(record["eval_accuracy"])
+                    evals.append(float(record["eval_accuracy"]))
+            progress["step"] += 1
+            hub.epoch += 1
+            if evals:
+                progress["evals"].append([progress["step"], evals])
+            if checkpoint_every and progress["step"] % checkpoint_every == 0 and progress["step"] < spec.steps:
+                for node in nodes:
+                    node.save_checkpoint()
+                save_progress(work, with_segment(progress, nodes, t0, cpu0))
+        progress = with_segment(progress, nodes, t0, cpu0)
+    node_steps = spec.nodes * spec.steps
+    result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "seconds", "cpu_seconds",
+                                             "segments")}
+    return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(spec.nodes)],
+            **result, "cost_per_node_step": {k: v / node_steps for k, v in progress["costs"].items()}}

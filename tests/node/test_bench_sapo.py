@@ -258,3 +258,40 @@ def test_the_pair_setting_starts_its_strong_nodes_from_the_trained_run_and_names
     trained = str(tmp_path / "runs" / "trained-adapters" / "smollm2-silo20")
     assert [c.adapter.init_from for c in cfgs] == [trained, None, trained, None]
     assert {c.model.name_or_path for c in cfgs} == {"smollm2-135m"} and {c.adapter.rank for c in cfgs} == {16}
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_and_gives_the_uninterrupted_result(tmp_path, monkeypatch):
+    """A silo run stopped after step 3 (its last checkpoint at step 2) and run again resumes at step 2 and
+    ends where the run that was never stopped ends: the same rewards, signal and held-out accuracy."""
+    lib = _load("sapo_runs")
+    spec = lib.RunSpec("homogeneous", "silo", "2/0", 0, nodes=2, steps=4, group_size=4, eval_size=8, eval_every=2)
+    whole = lib.run_one(spec, work=tmp_path / "whole", checkpoint_every=2)
+    assert [step for step, _ in whole["evals"]] == [2, 4] and whole["accuracy"] == whole["evals"][-1][1]
+
+    from node.runner import Node
+
+    real_step, calls, stopped = Node.train_step, [], []
+
+    class Stopped(Exception):
+        pass
+
+    def stop_at_step_4(self):
+        calls.append(self.step)
+        if self.step == 3 and not stopped:  # as if the process were stopped during step 4
+            stopped.append(True)
+            raise Stopped
+        return real_step(self)
+
+    monkeypatch.setattr(Node, "train_step", stop_at_step_4)
+    work = tmp_path / "stopped"
+    with pytest.raises(Stopped):
+        lib.run_one(spec, work=work, checkpoint_every=2)
+    saved = json.loads((work / "progress.json").read_text())
+    assert saved["step"] == 2 and len(saved["rewards"][0]) == 2
+    assert len(saved["segments"]) == 1 and len(saved["segments"][0]["load_start"]) == 3
+    calls.clear()
+    again = lib.run_one(spec, work=work, checkpoint_every=2)
+    assert calls == [2, 2, 3, 3]  # both nodes resumed at step 2: steps 3 and 4 only
+    for key in ("rewards", "signal", "local_groups", "accuracy", "evals"):
+        assert again[key] == whole[key], key
+    assert [s["from_step"] for s in again["segments"]] == [0, 2] and again["segments"][1]["to_step"] == 4
