@@ -24,19 +24,20 @@ class StatusMixin(NodeState):
             self._publish_status(rows[-1])
 
     def _publish_status(self, row: dict[str, Any]) -> None:
-        """Hand the API an immutable picture of this step (a few small copies; no tensors)."""
+        """Hand the API an immutable picture of this step (a few small copies; no tensors): the row, the
+        medians of the recent steps (an evaluation is not part of a step's time) and the exchange's counts."""
         ex = self.exchange
-        exchange: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         if isinstance(row.get("step_seconds"), float):
             self._recent.append((row["step_seconds"], float(row.get("tokens_per_s") or 0.0)))
         if self._recent:
-            exchange.update(recent_steps=len(self._recent),
-                            step_seconds_median=statistics.median(r[0] for r in self._recent),
-                            tokens_per_s_median=statistics.median(r[1] for r in self._recent))
+            fields.update(recent_steps=len(self._recent),
+                          step_seconds_median=statistics.median(r[0] for r in self._recent),
+                          tokens_per_s_median=statistics.median(r[1] for r in self._recent))
         if ex is not None:
-            exchange = {"published_batches": ex.seq, "published_groups": ex.groups_shared,
-                        "peer_ingest": {peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected),
-                                                         groups_trained=self._trained_by_peer.get(peer, 0))
-                                        for peer, (n, rejected) in ex.ingestor.by_peer.items()}}
+            fields.update(published_batches=ex.seq, published_groups=ex.groups_shared,
+                          peer_ingest={peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected),
+                                                        groups_trained=self._trained_by_peer.get(peer, 0))
+                                       for peer, (n, rejected) in ex.ingestor.by_peer.items()})
         self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
-                                        **exchange))
+                                        **fields))

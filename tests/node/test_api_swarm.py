@@ -9,6 +9,7 @@ import gc
 import json
 import os
 import signal
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -126,6 +127,19 @@ def test_status_and_metrics_agree_with_metrics_jsonl(pair):
     body = urllib.request.urlopen(a.api.url + "metrics", timeout=10).read().decode()
     assert f"swarm_node_batches_accepted_total {float(rows[-1]['batches_accepted'])}" in body
     assert "swarm_node_connected 1.0" in body and "swarm_node_dht_neighbours 1.0" in body
+
+
+def test_status_in_swarm_mode_gives_the_median_of_the_recent_steps(pair):
+    a, _ = pair
+    status = get_json(a.api.url + "api/status")
+    rows = read_metrics(a.run_dir / "metrics.jsonl")[-20:]  # the node keeps the last 20 steps
+    assert len(rows) >= 2
+    recent = status["recent"]
+    assert recent["steps"] == len(rows)
+    assert recent["step_seconds_median"] == statistics.median(r["step_seconds"] for r in rows)
+    assert recent["tokens_per_s_median"] == statistics.median(r["tokens_per_s"] for r in rows)
+    code, text = status_command(a.api.url, None)
+    assert code == EXIT_OK and f"(median of the last {len(rows)} steps; last step" in text
 
 
 def test_dashboard_peers_table_shows_what_the_api_says(pair):
