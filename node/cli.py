@@ -1,5 +1,6 @@
 """The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``export``, ``eval``, ``keygen``, ``fetch``,
-``swarm`` (a swarm's descriptor: ``node.swarm_cmd``).
+``swarm`` (a swarm's descriptor: ``node.swarm_cmd``), ``doctor`` (the stack and the models' golden checks:
+``node.doctor``).
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -93,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "into the cache (once; nodes then load it offline)")
     fetch.add_argument("model", help="a model name (smollm2-135m) or the path of a .gguf file")
     add_swarm_parser(sub)
+    doctor = sub.add_parser("doctor", help="print the stack and check each embedded and fetched model against its "
+                            "golden record (exit 0: all pass; 1: one FAIL line per failure)")
+    doctor.add_argument("--model", action="append", metavar="NAME", help="check only this model (repeat)")
+    doctor.add_argument("--device", default="auto", help="where to run the models (default: auto, as model.device)")
+    doctor.add_argument("--no-vllm", action="store_true", help="do not try `import vllm` (it takes seconds)")
     return parser
 
 
@@ -344,9 +350,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
     model = registry_model(args.model)
     if model is not None:
-        path = fetch(model)
+        path = fetch(model, recheck=True)
     elif (gguf := gguf_file_of(args.model, None)) is not None:
-        path = convert_local_gguf(gguf)
+        path = convert_local_gguf(gguf, recheck=True)
     else:
         raise ConfigError(f"{args.model!r} is neither a model the node can fetch ({', '.join(registry_names())}) nor "
                           "a .gguf file")
@@ -354,12 +360,20 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
+    _quiet_loading()
+    from node.doctor import run_doctor
+
+    return run_doctor(args.model, device_name=args.device, vllm=not args.no_vllm)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
     handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen,
-                "export": cmd_export, "eval": cmd_eval, "fetch": cmd_fetch, "swarm": cmd_swarm}
+                "export": cmd_export, "eval": cmd_eval, "fetch": cmd_fetch, "swarm": cmd_swarm, "doctor": cmd_doctor}
     try:
         return handlers[args.command](args)
     except (ConfigError, CheckpointError) as exc:

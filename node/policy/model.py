@@ -12,6 +12,7 @@ import json
 import logging
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from node.config import AdapterConfig, ModelConfig
 from node.errors import PolicyError
 from node.policy.embedded import embedded_names
-from node.policy.locate import locate_model
+from node.policy.fetched import fetch_command, registry_model
+from node.policy.locate import ModelLocation, locate_model
+from node.policy.model_check import Finding, check_agreement_with, check_folder, refuse
 
 logger = logging.getLogger(__name__)
 
@@ -55,20 +58,22 @@ def model_fingerprint(name_or_path: str, model: PreTrainedModel) -> str:
 
 
 def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load the base model and tokenizer by name or path; the model comes back frozen, in eval mode."""
+    """Load the base model and tokenizer by name or path; the model comes back frozen, in eval mode.
+
+    The tokenizer is checked before the weights load (``check_loaded``): a folder whose tokenizer disagrees
+    with its configs, its GGUF or its golden record is refused in one line."""
     where = locate_model(cfg.name_or_path, gguf_file=cfg.gguf_file)  # a hub name not in the cache fails here
     if where.build is not None:
         where.build()  # a model made once on this machine and cached (e.g. fetched and converted)
     options: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code, "local_files_only": where.local_files_only}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where.path, **options)
-        model = AutoModelForCausalLM.from_pretrained(where.path, dtype=_DTYPES[cfg.dtype], **options)
-    except (OSError, ValueError) as exc:
-        raise PolicyError(
-            f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({str(exc).strip().splitlines()[0]}); "
-            f"give a local folder in save_pretrained format, a model in the local Hugging Face cache, or one of "
-            f"{embedded_names()}"
-        ) from exc
+    folder = Path(where.path) if Path(where.path).is_dir() else None
+    tokenizer = _from_pretrained(cfg, AutoTokenizer, where.path, **options)
+    if folder is not None:
+        check_loaded(where, cfg.name_or_path, check_folder(folder, tokenizer, golden_name=where.golden))
+    model = _from_pretrained(cfg, AutoModelForCausalLM, where.path, dtype=_DTYPES[cfg.dtype], **options)
+    if folder is None:  # a hub name in the local cache: its configs as loaded
+        configs = {"config.json": model.config.to_dict(), "generation_config.json": model.generation_config.to_dict()}
+        check_loaded(where, cfg.name_or_path, check_agreement_with(tokenizer, configs))
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise PolicyError(f"tokenizer of {cfg.name_or_path!r} has neither a pad nor an eos token")
@@ -77,6 +82,32 @@ def load_base(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     model.requires_grad_(False)
     model.eval()
     return model, tokenizer
+
+
+def _from_pretrained(cfg: ModelConfig, loader: Any, path: str, **options: Any) -> Any:
+    try:
+        return loader.from_pretrained(path, **options)
+    except (OSError, ValueError) as exc:
+        raise PolicyError(
+            f"model.name_or_path={cfg.name_or_path!r} could not be loaded ({str(exc).strip().splitlines()[0]}); "
+            f"give a local folder in save_pretrained format, a model in the local Hugging Face cache, or one of "
+            f"{embedded_names()}"
+        ) from exc
+
+
+def check_loaded(where: ModelLocation, name: str, findings: list[Finding]) -> None:
+    """Refuse (one ``PolicyError`` line) a model whose tokenizer disagrees with its configs, with what its
+    conversion recorded of its GGUF, or with the repository's golden record of it (``node.policy.model_check``),
+    naming the command that fixes it."""
+    fetched = registry_model(where.golden or "")
+    if fetched is not None:
+        fix = f"run `{fetch_command(fetched.name)}` to convert it again"
+    elif where.golden is not None:
+        fix = "the package's model folder was changed: reinstall swarm-node"
+    else:
+        fix = "make its tokenizer and configs agree, or convert it again (`swarm-node fetch` for a .gguf file)"
+    folder = Path(where.path)
+    refuse(findings, model=name, folder=folder if folder.is_dir() else None, fix=fix)
 
 
 def _norm_module_names(model: nn.Module) -> list[str]:

@@ -43,20 +43,26 @@ def echo_stderr(line: str) -> None:
 
 
 def ensure_cached(key: str, make: Callable[[Path], None], *, what: str,
-                  echo: Callable[[str], None] | None = None) -> Path:
+                  echo: Callable[[str], None] | None = None,
+                  recheck: Callable[[Path], str | None] | None = None) -> Path:
     """The complete cached folder ``key``, made first by ``make(staging_folder)`` if it is not there yet.
 
     ``make`` writes the folder's files and ``DONE_FILE`` last; ``what`` says in one line what making it
     involves (shown before it starts). Raises whatever ``make`` raises, leaving no partial folder behind.
+    ``recheck`` looks at a complete folder first: when it returns a reason, the folder is made again (e.g.
+    one converted by a library version that got a field wrong).
     """
     path = cached_folder(key)
-    if is_complete(path):
+    if is_complete(path) and recheck is None:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process making it: wait, then reuse its folder
         if is_complete(path):
-            return path
+            reason = recheck(path) if recheck is not None else None
+            if reason is None:
+                return path
+            (echo or echo_stderr)(f"{key}: the cached folder fails its checks ({reason}); making it again")
         (echo or echo_stderr)(f"{key}: {what}; once, into {path} (reused afterwards)")
         staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=path.parent))
         staging.chmod(0o755)  # mkdtemp's 0700: the finished folder reads like any model folder

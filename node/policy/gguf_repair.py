@@ -1,0 +1,89 @@
+"""Where a library's GGUF conversion disagrees with what the GGUF states, the GGUF's value.
+
+transformers 5.17 converts SmolLM2's GGUF with ``eos_token`` ``<|im_start|>`` (id 1) and no pad token, although
+the file states ``tokenizer.ggml.eos_token_id = 2`` and ``padding_token_id = 2``; a node trained on that
+conversion samples completions that never end where the model ends them. The fields a GGUF states and a
+conversion can get wrong without changing the vocabulary are set back to the file's values here: special
+tokens, the ids in the model's config and generation config, the chat template, and, for a byte-level BPE
+(``tokenizer.ggml.model = gpt2``, which decodes losslessly), decoding that loses text (``clean_up_tokenization_spaces``,
+a decoder other than byte-level). Each repair is returned as a record for ``build_info.json``; what cannot be
+repaired (a different vocabulary) is left to the checks, which refuse it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.policy.gguf_facts import SourceTokenizer
+from node.policy.golden import FIXED_STRINGS
+
+
+def _record(field: str, library: Any, gguf: Any) -> dict[str, Any]:
+    return {"field": field, "library": library, "gguf": gguf}
+
+
+def lossless_failures(tokenizer: Any) -> list[str]:
+    """The fixed strings a tokenizer does not give back unchanged after encoding and decoding."""
+    failures = []
+    for text in FIXED_STRINGS:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if tokenizer.decode(ids, skip_special_tokens=False) != text:
+            failures.append(text)
+    return failures
+
+
+def _repair_special_tokens(tokenizer: Any, source: SourceTokenizer) -> list[dict[str, Any]]:
+    repairs = []
+    tokens = source.tokens or []
+    for name, token_id in source.special_ids.items():
+        found = getattr(tokenizer, f"{name}_token_id", None)
+        if found == token_id or not 0 <= token_id < len(tokens):
+            continue
+        before = {"token": getattr(tokenizer, f"{name}_token", None), "id": found}
+        setattr(tokenizer, f"{name}_token", tokens[token_id])
+        repairs.append(_record(f"{name}_token", before, {"token": tokens[token_id], "id": token_id}))
+    return repairs
+
+
+def _repair_config_ids(model: Any, source: SourceTokenizer) -> list[dict[str, Any]]:
+    repairs = []
+    for holder, where in ((model.config, "config"), (model.generation_config, "generation_config")):
+        for name in ("bos", "eos", "pad"):
+            want = source.special_ids.get(name)
+            found = getattr(holder, f"{name}_token_id", None)
+            if want is None or found == want or (isinstance(found, list) and want in found):
+                continue
+            setattr(holder, f"{name}_token_id", want)
+            repairs.append(_record(f"{where}.{name}_token_id", found, want))
+    return repairs
+
+
+def _repair_decoding(tokenizer: Any) -> list[dict[str, Any]]:
+    """A byte-level BPE decodes every string it encodes back unchanged; where it does not, undo what the
+    conversion added: the text clean-up, then a decoder other than plain byte-level."""
+    from tokenizers import decoders
+
+    repairs: list[dict[str, Any]] = []
+    if not lossless_failures(tokenizer):
+        return repairs
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        tokenizer.clean_up_tokenization_spaces = False
+        repairs.append(_record("clean_up_tokenization_spaces", True, False))
+    backend = tokenizer.backend_tokenizer
+    if lossless_failures(tokenizer) and type(backend.decoder).__name__ != "ByteLevel":
+        repairs.append(_record("decoder", type(backend.decoder).__name__, "ByteLevel"))
+        backend.decoder = decoders.ByteLevel()
+    return repairs
+
+
+def repair_from_source(tokenizer: Any, model: Any, source: SourceTokenizer) -> list[dict[str, Any]]:
+    """Set what ``tokenizer`` and ``model`` get wrong of what ``source`` states; the repairs made, in order."""
+    repairs = _repair_special_tokens(tokenizer, source)
+    repairs += _repair_config_ids(model, source)
+    template = getattr(tokenizer, "chat_template", None)
+    if source.chat_template is not None and template != source.chat_template:
+        tokenizer.chat_template = source.chat_template
+        repairs.append(_record("chat_template", template, source.chat_template))
+    if source.model == "gpt2":
+        repairs += _repair_decoding(tokenizer)
+    return repairs
