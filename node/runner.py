@@ -20,15 +20,18 @@ lifecycle and the step.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import random
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from node.checkpoint import CheckpointManager, CheckpointState, capture_rng
 from node.engines.base import SamplingSettings
@@ -87,7 +90,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             self._start_from(init)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=self.step,
                                      max_bytes=int(self.cfg.tracking.metrics_max_mb * 1024 * 1024),
-                                     eval_every=self.cfg.train.eval_every)
+                                     eval_every=self.cfg.train.eval_every or 1)
         self.tracking = build_trackers(self.cfg, self.run_dir, self.step)
         self.eval_tasks: list[Task] = self._build_eval_tasks()
         if self._transport_factory is not None:
@@ -114,26 +117,42 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
     def run(self) -> int:
         """Train until ``train.steps`` (until a stop signal when it is None); return the last completed step."""
         total = self.cfg.train.steps
-        bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
         self.board.set_state("training")
         saved = self.step
         try:
-            while (total is None or self.step < total) and not self.stop_requested:
-                record = self.train_step()
-                bar.update(1)
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
-                                **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
-                if self._checkpoint_due(total):
-                    self.save_checkpoint()
-                    saved = self.step
+            with self._progress(total) as bar:
+                saved = self._run_steps(total, bar, saved)
             if self.stop_requested:
                 self.board.set_state("stopping")
             if self.stop_requested and saved != self.step:
                 self.save_checkpoint()
         finally:
-            bar.close()
             self.board.set_state("finished" if total is not None and self.step >= total else "stopped")
         return self.step
+
+    def _run_steps(self, total: int | None, bar: tqdm, saved: int) -> int:
+        """Steps until ``total`` or a stop signal, checkpoints when due; returns the last step saved."""
+        while (total is None or self.step < total) and not self.stop_requested:
+            record = self.train_step()
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
+                            **({"eval": f"{record['eval_accuracy']:.3f}"} if "eval_accuracy" in record else {}))
+            if self._checkpoint_due(total):
+                self.save_checkpoint()
+                saved = self.step
+        return saved
+
+    @contextlib.contextmanager
+    def _progress(self, total: int | None) -> Iterator[tqdm]:
+        """The steps' progress bar (an evaluation shows on it too); while it shows, log lines print above it."""
+        bar = tqdm(total=total, initial=self.step, disable=not self.show_progress, unit="step", dynamic_ncols=True)
+        self._bar = bar
+        try:
+            with logging_redirect_tqdm() if self.show_progress else contextlib.nullcontext():
+                yield bar
+        finally:
+            self._bar = None
+            bar.close()
 
     def _checkpoint_due(self, total: int | None) -> bool:
         """A checkpoint every ``train.checkpoint_every`` steps, at each milestone (``train.keep_every``) and
@@ -203,7 +222,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             record["exchange_seconds"] = t_exchange
             record["peer_reward_mean"] = _mean([r for grp in external for r in grp.rewards])  # re-scored here
             record.update(self.exchange.metrics())
-        if self.step % cfg.train.eval_every == 0 or self.step == cfg.train.steps:
+        if self._evaluation_due():
             record["eval_accuracy"] = self.evaluate()
             self._last_eval = (self.step, record["eval_accuracy"])
         row = self.metrics.write(record)
@@ -221,10 +240,30 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         logger.log(level, "%d task(s) skipped this step: prompt at least as long as the %s-token context "
                    "(first: %s)", len(tasks), self.generator.max_len, tasks[0].ref.key())
 
+    def _evaluation_due(self) -> bool:
+        """Every ``train.eval_every`` steps and at a run's last step; never when it is 0 or null."""
+        every = self.cfg.train.eval_every
+        if not every:
+            return False
+        return self.step % every == 0 or self.step == self.cfg.train.steps
+
     def evaluate(self) -> float:
-        g = self.cfg.generation
-        return greedy_accuracy(self.generator, self.policy, self.source, self.eval_tasks,
-                               max_new_tokens=g.max_new_tokens)
+        """The greedy mean reward on the held-out tasks (logged as ``eval_accuracy``). On a real model it
+        takes minutes, so it says so: on the progress bar while it runs, and in the log."""
+        n, g = len(self.eval_tasks), self.cfg.generation
+        logger.info("evaluating %d held-out tasks (greedy) ...", n)
+        if self._bar is not None:
+            self._bar.set_description_str(f"evaluating {n} tasks", refresh=True)
+        started = time.perf_counter()
+        try:
+            value = greedy_accuracy(self.generator, self.policy, self.source, self.eval_tasks,
+                                    max_new_tokens=g.max_new_tokens)
+        finally:
+            if self._bar is not None:
+                self._bar.set_description_str("", refresh=True)
+        logger.info("evaluated %d held-out tasks in %.1f s: greedy mean reward %.3f", n,
+                    time.perf_counter() - started, value)
+        return value
 
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)

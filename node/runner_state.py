@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm import tqdm
 
 from node.api.board import StatusBoard
 from node.checkpoint import CheckpointManager
@@ -71,3 +72,4 @@ class NodeState:
         self._warned_too_long = False
         self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_STEPS)  # (step seconds, tokens/s)
         self.tracking = Trackers([], histogram_every=1)  # the configured ones are built in setup()
+        self._bar: tqdm | None = None  # the progress bar while run() runs

@@ -52,7 +52,9 @@ class TrainConfig(Section):
     keep_checkpoints: int = Field(3, ge=1)
     keep_every: int | None = Field(None, ge=1, description="also keep every checkpoint whose step is a multiple of "
                                    "this (milestones, never pruned; a checkpoint is written at each)")
-    eval_every: int = Field(25, ge=1)
+    eval_every: int | None = Field(
+        25, ge=0, description="steps between held-out evaluations (greedy, on tasks.eval_size tasks), and one at "
+        "the last step of a run with train.steps; 0 or null: no evaluation at all, neither periodic nor final")
 
 
 class SapoConfig(Section):

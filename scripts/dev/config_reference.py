@@ -78,7 +78,6 @@ MEANINGS = {
     "train.eps_high": "rec and grpo: the ratio's upper bound is 1 + eps_high",
     "train.checkpoint_every": "steps between checkpoints",
     "train.keep_checkpoints": "newest checkpoints kept (older ones pruned, milestones aside)",
-    "train.eval_every": "steps between held-out evaluations (the last step evaluates too)",
     "sapo.selection": "order in which peer groups are picked: uniform, highest_reward, round_robin",
     "sapo.max_per_peer": "peer groups from one peer a step, at most (null: no cap)",
     "sapo.staleness_epochs": "how many epochs old a peer group may be when trained on",
