@@ -1,6 +1,6 @@
 """The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``export``, ``eval``, ``keygen``, ``fetch``,
-``swarm`` (a swarm's descriptor: ``node.swarm_cmd``), ``doctor`` (the stack and the models' golden checks:
-``node.doctor``).
+``swarm`` (a swarm's descriptor: ``node.swarm_cmd``), ``host`` (a swarm's model-less host: ``node.host_cmd``),
+``doctor`` (the stack and the models' golden checks: ``node.doctor``).
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -21,6 +21,7 @@ from typing import Any
 from node.api.client import api_banner
 from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, with_initial_peers
 from node.errors import CheckpointError, ConfigError, TaskError
+from node.host_cmd import add_host_parser, cmd_host
 from node.policy.locate import locate_model
 from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
 from node.runs import init_source
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--model", action="append", metavar="NAME", help="check only this model (repeat)")
     doctor.add_argument("--device", default="auto", help="where to run the models (default: auto, as model.device)")
     doctor.add_argument("--no-vllm", action="store_true", help="do not try `import vllm` (it takes seconds)")
+    add_host_parser(sub)
     return parser
 
 
@@ -373,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     handlers = {"silo": cmd_silo, "start": cmd_start, "status": cmd_status, "keygen": cmd_keygen,
-                "export": cmd_export, "eval": cmd_eval, "fetch": cmd_fetch, "swarm": cmd_swarm, "doctor": cmd_doctor}
+                "export": cmd_export, "eval": cmd_eval, "fetch": cmd_fetch, "swarm": cmd_swarm, "doctor": cmd_doctor,
+                "host": cmd_host}
     try:
         return handlers[args.command](args)
     except (ConfigError, CheckpointError) as exc:

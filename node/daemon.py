@@ -19,6 +19,7 @@ from pathlib import Path
 from node.api.client import api_banner
 from node.config import NodeConfig
 from node.runner import Node, load_identity
+from node.swarm_join import PeerKeeper
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
 from swarm.state import NetworkStatus
@@ -86,6 +87,7 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
     explicit_seed = "seed" in cfg.model_fields_set
     cfg = with_identity_seed(cfg)
     node = Node(cfg, show_progress=show_progress, transport=start_swarm_transport)
+    keeper: PeerKeeper | None = None
     try:
         node.setup()
         node.install_signal_handlers()
@@ -94,6 +96,8 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
             raise RuntimeError("setup() built no exchange although a transport factory was given")
         transport = exchange.transport
         addrs = _wait_for_network(transport, cfg) if isinstance(transport, SwarmTransport) else []
+        if isinstance(transport, SwarmTransport):
+            keeper = PeerKeeper(transport, cfg.run_dir)
         print("swarm-node: peer id " + exchange.identity.peer_id, flush=True)
         if not explicit_seed:
             print(f"swarm-node: seed {cfg.seed} (from the identity; set seed=N to choose one)", flush=True)
@@ -109,4 +113,7 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
         print(f"swarm-node: stopped at step {step}", file=sys.stderr, flush=True)
         return 0
     finally:
+        if keeper is not None:
+            keeper.keep()  # the neighbours of the end too: the next start may need them
+            keeper.close()
         node.close()

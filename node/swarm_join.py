@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,8 +31,8 @@ from node.errors import ConfigError
 from protocol.descriptor import MAX_DESCRIPTOR_BYTES, Scalar, SwarmDescriptor, parse_descriptor
 from protocol.errors import DescriptorError
 
-__all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SHARED_SETTINGS", "apply_descriptor", "hardware_class",
-           "known_swarms_path", "pinned_owners", "read_descriptor", "remember_peers", "remembered_peers", "shared_values",
+__all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SHARED_SETTINGS", "PeerKeeper", "apply_descriptor", "get_key", "hardware_class",
+           "known_swarms_path", "pinned_owners", "read_descriptor", "remember_peers", "remembered_peers", "set_key", "shared_values",
            "trust_descriptor"]
 
 KNOWN_SWARMS_ENV = "SWARM_NODE_KNOWN_SWARMS"
@@ -164,7 +165,8 @@ def trust_descriptor(descriptor: SwarmDescriptor, *, owner: str | None = None, k
 
 # -- the member's config -----------------------------------------------------------------------------------
 
-def _get(data: dict[str, Any], key: str) -> tuple[bool, Any]:
+def get_key(data: dict[str, Any], key: str) -> tuple[bool, Any]:
+    """``(whether the raw config sets key, its value)`` for a dotted key such as ``swarm.epoch_seconds``."""
     node: Any = data
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -173,7 +175,8 @@ def _get(data: dict[str, Any], key: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _set(data: dict[str, Any], key: str, value: Any) -> None:
+def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key in a raw config, making its sections as needed."""
     *sections, last = key.split(".")
     node = data
     for part in sections:
@@ -200,26 +203,30 @@ def fixed_by(descriptor: SwarmDescriptor) -> dict[str, Any]:
             "tasks.dataset_configs": dict(t.dataset_configs), **descriptor.settings}
 
 
-def apply_descriptor(data: dict[str, Any], descriptor: SwarmDescriptor, *, hardware: str) -> list[str]:
+def apply_descriptor(data: dict[str, Any], descriptor: SwarmDescriptor, *, hardware: str | None,
+                     section: str | None = None) -> list[str]:
     """Put the descriptor's settings into a member's raw config (``load_config_data``'s mapping) in place:
     a key the member set to another value is a ``ConfigError`` naming it; the recommended model of
-    ``hardware`` fills what the member left unset. Returns what to tell the user."""
+    ``hardware`` fills what the member left unset (None: no recommendation). ``section``: only the keys of
+    that section (``swarm``: a host's). Returns what to tell the user."""
     fixed = fixed_by(descriptor)
     for key, value in fixed.items():
-        present, local = _get(data, key)
+        if section is not None and not key.startswith(section + "."):
+            continue
+        present, local = get_key(data, key)
         if present and local != value:
             raise ConfigError(f"{key}={local!r} is set locally, but the swarm {descriptor.swarm_id} sets {value!r} for "
                               f"every member ({SHARED_SETTINGS.get(key, 'shared')}); remove it from your config "
                               "and overrides")
-        _set(data, key, value)
+        set_key(data, key, value)
     notes = []
-    recommended = descriptor.recommended_models.get(hardware, {})
+    recommended = descriptor.recommended_models.get(hardware, {}) if hardware is not None else {}
     for key, value in recommended.items():
         if key in fixed:
             raise ConfigError(f"swarm descriptor of {descriptor.swarm_id}: recommended_models.{hardware} sets {key}, "
                               "a shared setting; its owner moves it to settings")
-        if not _get(data, key)[0]:
-            _set(data, key, value)
+        if not get_key(data, key)[0]:
+            set_key(data, key, value)
             notes.append(f"{key}={value} (recommended by the swarm for {hardware})")
     if notes:
         return ["taking " + ", ".join(notes)]
@@ -308,3 +315,32 @@ def remember_peers(run_dir: str | os.PathLike[str], maddrs: list[str]) -> None:
     tmp.write_text("# peers this node met; used to join again when every host of the swarm is gone\n"
                    + "".join(f"{m}\n" for m in kept), encoding="utf-8")
     os.replace(tmp, path)
+
+
+class PeerKeeper:
+    """Every ``every`` seconds, a member's current DHT neighbours are saved in its run dir (``remember_peers``)
+    and handed to its transport as bootstrap peers: a restarted member, or one whose every neighbour is
+    gone, joins again through them when every host of the swarm is down. A thread; ``close()`` stops it."""
+
+    def __init__(self, transport: Any, run_dir: str | os.PathLike[str], every: float = 30.0) -> None:
+        self.transport, self.run_dir, self.every = transport, run_dir, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="peer-keeper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.keep()
+
+    def keep(self) -> list[str]:
+        """Save and hand over the current neighbours once; returns them."""
+        maddrs = self.transport.neighbour_maddrs()
+        if maddrs:
+            self.transport.add_bootstrap_peers(maddrs)
+            with contextlib.suppress(OSError):
+                remember_peers(self.run_dir, maddrs)
+        return list(maddrs)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

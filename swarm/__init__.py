@@ -11,6 +11,9 @@ Modules, top to bottom:
   job: ``join``, ``publish``, ``pull`` (the collect loop), ``serve`` (the ``rpc_get_batch`` handler that
   serves signed batches by id and the ``rpc_put_batch`` handler that takes batches handed over by nodes
   behind NAT), ``health``, ``shutdown``; ``base`` holds the shared state, ``lifecycle`` composes them.
+- ``host``       ``SwarmHost``: a model-less member others join through (stable address, hand-offs, relay,
+  p2pd limits), with ``members`` (``MemberTable``: who publishes what, as its DHT view shows) and the health
+  of the swarm's other hosts.
 - ``intake``     the checks every announced or handed-over batch passes (manifest, peer-book screening,
   verification, outcome), shared by ``core`` and ``memory`` (pure).
 - ``memory``     ``InMemoryHub``: an in-process swarm carrying the same signed bytes through ``intake``.
@@ -26,5 +29,7 @@ Modules, top to bottom:
 - ``settings``   ``SwarmSettings`` (pydantic) and ``SWARM_INITIAL_PEERS`` parsing.
 - ``maddr``      multiaddr checks with hivemind's own parser, loaded without importing hivemind.
 - ``hivemind_compat``  the hivemind internals the layer relies on, in one place.
+- ``hivemind_lean``    hivemind's DHT and p2p modules without the package inits that import torch (a host's).
+- ``p2p_keys``   libp2p key files and their peer ids (a host's address before it first starts).
 - ``errors``     ``SwarmError`` root.
 """

@@ -11,7 +11,10 @@ hivemind's public API lacks four things a node needs:
   dropping the connections to a peer (``P2P._client.disconnect``), to tell whether it can still be dialed;
 * the current DHT neighbours (``DHTNode.protocol.routing_table.peer_id_to_uid``);
 * counting the DHT's outgoing requests (``DHTNode.protocol.call_find`` and ``call_store``, wrapped on the
-  instance), for the node's statistics.
+  instance), for the node's statistics;
+* p2pd flags ``P2P.create`` has no argument for (the connection manager's and the relay service's limits
+  of a host): ``P2P._make_process_args`` is wrapped once to add the flags ``p2pd_flags`` sets for the
+  current task, so another node started in the same process at the same time gets none of them.
 
 Each accessor checks that the attribute is still there and raises ``HivemindCompatError`` naming it
 otherwise, so a hivemind upgrade that renames one fails loudly (``tests/swarm/test_hivemind_compat.py``
@@ -25,7 +28,10 @@ the same test file checks that it agrees with ``hivemind.utils.multiaddr``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import hivemind
@@ -36,7 +42,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from swarm.errors import SwarmError
 
 __all__ = ["HivemindCompatError", "count_dht_requests", "dht_neighbours", "dial", "disconnect", "own_session_p2pd",
-           "p2pd_pid", "p2pd_process"]
+           "p2pd_flags", "p2pd_pid", "p2pd_process"]
 
 TESTED_VERSIONS = ("1.1.10", "1.1.11", "1.1.12")
 """hivemind releases these accessors were checked against (``pyproject.toml`` pins ``<1.2``)."""
@@ -144,3 +150,25 @@ def dht_neighbours(dht: DHTNode) -> list[PeerID]:
     """The peers in ``dht``'s routing table."""
     table = _attribute(_attribute(dht, "protocol"), "routing_table")
     return list(_attribute(table, "peer_id_to_uid"))
+
+
+_P2PD_FLAGS: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
+    "swarm_p2pd_flags", default=types.MappingProxyType({}))
+
+
+@contextlib.contextmanager
+def p2pd_flags(flags: Mapping[str, object]) -> Iterator[None]:
+    """Within this block, a p2pd that ``P2P.create`` starts from the current task gets ``flags`` too
+    (``{"connHi": 512}`` becomes ``-connHi=512``; they replace hivemind's own flags of the same name)."""
+    make = _attribute(P2P, "_make_process_args")
+    if not getattr(make, "_adds_swarm_flags", False):
+        def with_flags(*args: Any, **kwargs: Any) -> Any:
+            return make(*args, **{**kwargs, **_P2PD_FLAGS.get()})
+
+        with_flags._adds_swarm_flags = True  # type: ignore[attr-defined]
+        P2P._make_process_args = staticmethod(with_flags)
+    token = _P2PD_FLAGS.set(dict(flags))
+    try:
+        yield
+    finally:
+        _P2PD_FLAGS.reset(token)

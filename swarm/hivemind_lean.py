@@ -9,7 +9,7 @@ import from it, so ``swarm.transport`` and everything under it import in a fract
 
 Only a process that trains nothing uses it (``swarm-node host``), and it must call ``load()`` before
 anything imports hivemind; a process that already imported hivemind keeps it as it is.
-``tests/swarm/test_hivemind_lean.py`` starts a host where importing torch raises.
+``tests/node/test_host.py`` runs a host where importing torch raises.
 """
 
 from __future__ import annotations

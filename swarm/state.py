@@ -11,6 +11,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from protocol.records import RolloutBatch
+from swarm.members import MemberTable
 from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
 from swarm.trace import TraceLog
@@ -107,6 +108,11 @@ class SharedState:
     """Running estimate of how long publishing one batch takes (hand-offs included); 0 before the first."""
     trace: TraceLog = field(default_factory=lambda: TraceLog(None))
     """Optional JSON-lines event record (``swarm.trace_path``), written by the network thread."""
+    members: MemberTable | None = None
+    """A host's view of the swarm's members (``swarm.members``), fed with every new manifest read and every
+    batch handed over; None on a training node."""
+    bootstrap_peers: list[str] = field(default_factory=list)
+    """Peers met while running (full multiaddrs), dialed with the initial peers when every neighbour is gone."""
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SharedState:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
@@ -29,8 +29,10 @@ from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem, SwarmCore, describe_error
-from swarm.hivemind_compat import p2pd_pid
+from swarm.core.base import parse_peer_maddr
+from swarm.hivemind_compat import dht_neighbours, p2pd_pid
 from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey, shard_of
+from swarm.members import MemberTable
 from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
 from swarm.state import NetworkStatus, SharedState, network_reason
@@ -49,11 +51,16 @@ StatValue = int | float | dict[str, int]
 class SwarmTransport:
     """One node's connection to a swarm: ``start``, ``publish``, ``collect``, ``stats``, ``close``."""
 
-    def __init__(self, settings: SwarmSettings, identity: Identity, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, settings: SwarmSettings, identity: Identity, limits: Limits = DEFAULT_LIMITS, *,
+                 members: MemberTable | None = None, p2pd_options: Mapping[str, object] | None = None) -> None:
+        """``members``: a table to feed with every manifest read and batch handed over (a host's);
+        ``p2pd_options``: more flags for p2pd (a host's connection and relay limits)."""
         self.settings = settings
         self.identity = identity
         self.limits = limits
         self._shared = SharedState.from_settings(settings)
+        self._shared.members = members
+        self._p2pd_options = dict(p2pd_options or {})
         self._validator = ManifestValidator(
             settings.swarm_id,
             epoch_seconds=settings.epoch_seconds,
@@ -159,7 +166,7 @@ class SwarmTransport:
             try:
                 core = await asyncio.wait_for(
                     SwarmCore.create(
-                        self.settings, self.identity, self.limits, self._shared, self._validator
+                        self.settings, self.identity, self.limits, self._shared, self._validator, self._p2pd_options
                     ),
                     self.settings.startup_timeout + 2 * self.settings.request_timeout,
                 )
@@ -304,6 +311,51 @@ class SwarmTransport:
         """libp2p ids of this node's current DHT neighbours."""
         with self._shared.lock:
             return list(self._shared.dht_peers)
+
+    def add_bootstrap_peers(self, maddrs: list[str]) -> None:
+        """Peers met while running (full multiaddrs), dialed with the initial peers whenever every neighbour is
+        gone: a member's way back in when every host of its swarm is down (at most 64, the newest kept)."""
+        with self._shared.lock:
+            known = self._shared.bootstrap_peers
+            self._shared.bootstrap_peers = list(dict.fromkeys([*maddrs, *known]))[:64]
+
+    def neighbour_maddrs(self, timeout: float | None = None) -> list[str]:
+        """Full multiaddrs (``.../p2p/<id>``) of this node's DHT neighbours as p2pd knows them: peers that
+        accept connections, worth remembering to join again. Empty while the network side is not running."""
+
+        async def listed(core: SwarmCore) -> list[str]:
+            servers = {p.to_base58() for p in dht_neighbours(core.dht)}
+            infos = await asyncio.wait_for(core.p2p.list_peers(), self.settings.request_timeout)
+            found = []
+            for info in infos:
+                peer = info.peer_id.to_base58()
+                addrs = [str(a) for a in info.addrs if "/p2p-circuit" not in str(a)]
+                public = [a for a in addrs if not a.startswith(("/ip4/127.", "/ip6/::1/"))]
+                if peer in servers:
+                    found += [f"{a}/p2p/{peer}" for a in (public or addrs)]
+            return found
+
+        try:
+            return self._await_on_loop(listed, timeout or self.settings.request_timeout + 1)
+        except (RuntimeError, TimeoutError, *_START_ERRORS):
+            return []
+
+    def ping(self, maddr: str) -> float | None:
+        """Dial ``maddr`` (a full multiaddr) and ping it over the DHT protocol: the round trip in seconds, or
+        None if it does not answer within ``request_timeout`` (or the network side is not running)."""
+
+        async def answered(core: SwarmCore) -> float | None:
+            parsed = parse_peer_maddr(maddr)
+            if parsed is None:
+                return None
+            started = time.monotonic()
+            ok = await asyncio.wait_for(core._dial_and_ping(*parsed), 2 * self.settings.request_timeout)
+            return time.monotonic() - started if ok else None
+
+        try:
+            return self._await_on_loop(answered, 2 * self.settings.request_timeout + 1)
+        except (RuntimeError, TimeoutError, *_START_ERRORS):
+            return None
 
     def p2pd_pid(self) -> int | None:
         """The pid of this node's p2pd while the network side runs, else None (for tools and tests)."""

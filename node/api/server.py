@@ -20,12 +20,9 @@ With a token configured, everything but the dashboard's static files needs ``Aut
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,10 +31,11 @@ from typing import Any
 from aiohttp import web
 
 from node.api.board import StatusBoard
+from node.api.budget import CpuBudget
 from node.api.metrics_index import MetricsIndex
+from node.api.threaded import ThreadedApp
 from node.api.views import health_doc, peers_doc, status_doc
 from node.config import ApiConfig
-from node.errors import ConfigError
 from node.exchange import BatchTransport
 from node.metrics import render_prometheus
 
@@ -46,7 +44,6 @@ logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_ROWS = 10_000
 _TTL = 1.0  # seconds a computed answer is served again before it is rebuilt
-_MIN_PAUSE = 0.1  # seconds; the shortest wait of a request held back by the CPU budget
 _JSON = "application/json"
 _PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
@@ -59,84 +56,21 @@ def _dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
-class ApiServer:
+class ApiServer(ThreadedApp):
     """``start()`` binds and serves in a background thread; ``url`` and ``port`` tell where."""
 
     def __init__(self, cfg: ApiConfig, board: StatusBoard, metrics_path: str | Path, *,
                  transport: BatchTransport | None = None) -> None:
         if cfg.port is None:
             raise ValueError("ApiServer needs api.port (0 for any free port)")
+        super().__init__(cfg.host, cfg.port, name="swarm-node-api", what="the status API", port_key="api.port")
         self.cfg = cfg
         self.board = board
         self.transport = transport
         self.index = MetricsIndex(metrics_path)
-        self.port = 0
         self._token = cfg.token.encode() if cfg.token else None
         self._cache: dict[Any, tuple[float, bytes]] = {}
-        self._thread: threading.Thread | None = None
-        self.thread_native_id: int | None = None  # for tools that watch the API thread's CPU time
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: Exception | None = None
         self._budget = CpuBudget(cfg.max_cpu_share)
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
-        return f"http://{host}:{self.port}/"
-
-    # -- lifecycle ----------------------------------------------------------------------------------
-
-    def start(self, timeout: float = 30.0) -> None:
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._thread_main, args=(ready,), name="swarm-node-api", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout):
-            raise RuntimeError(f"the status API did not start within {timeout:.0f} s")
-        if isinstance(self._error, OSError):  # in use, not ours to bind, a host name that does not resolve
-            self._thread.join(timeout)
-            raise ConfigError(f"api.port: cannot listen on {self.cfg.host}:{self.cfg.port} ({self._error}); "
-                              "choose another port, or api.port=0 for any free one") from None
-        if self._error is not None:
-            self._thread.join(timeout)
-            raise RuntimeError("the status API failed to start") from self._error
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Close the listening socket and open connections, stop the loop, join the thread (bounded)."""
-        thread, loop, stop = self._thread, self._loop, self._stop
-        self._thread = None
-        if thread is None:
-            return
-        if loop is not None and stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout)
-        if thread.is_alive():
-            logger.warning("status API thread did not stop within %.0f s", timeout)
-
-    def _thread_main(self, ready: threading.Event) -> None:
-        self.thread_native_id = threading.get_native_id()
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop, self._stop = loop, asyncio.Event()
-        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
-        try:
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, self.cfg.host, self.cfg.port, backlog=512, reuse_address=True)
-            loop.run_until_complete(site.start())
-            self.port = int(runner.addresses[0][1])  # the bound port, also when api.port is 0
-        except Exception as exc:  # handed to start(), in the caller's thread
-            self._error = exc
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-            ready.set()
-            return
-        ready.set()
-        try:
-            loop.run_until_complete(self._stop.wait())
-        finally:
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
 
     # -- the application ------------------------------------------------------------------------------
 
@@ -232,34 +166,6 @@ class ApiServer:
 
         return web.Response(body=self._cached("prometheus", build),
                             headers={**_HEADERS, "Content-Type": _PROMETHEUS_TYPE})
-
-
-class CpuBudget:
-    """Keeps the API thread's CPU time under ``share`` of one core: a request waits (in line, without
-    polling) while the thread has used more than its share. The training thread shares the process, its
-    GIL and the machine's cores with this one, so a crowd of clients gets slower answers, never a slower node.
-    """
-
-    def __init__(self, share: float, burst_seconds: float = 0.05) -> None:
-        self.share = share
-        self.burst = burst_seconds  # CPU seconds that may be spent at once after a quiet spell
-        self._tokens = burst_seconds
-        self._wall = 0.0
-        self._cpu: float | None = None  # read in the serving thread: thread_time() is per thread
-        self._line = asyncio.Lock()
-
-    def _refill(self) -> None:
-        wall, cpu = time.monotonic(), time.thread_time()  # this thread's CPU: parsing, handlers, writing
-        if self._cpu is not None:
-            self._tokens = min(self.burst, self._tokens + self.share * (wall - self._wall) - (cpu - self._cpu))
-        self._wall, self._cpu = wall, cpu
-
-    async def wait(self) -> None:
-        async with self._line:
-            self._refill()
-            while self._tokens < 0:  # pauses of at least _MIN_PAUSE: few wake-ups, answers in bursts
-                await asyncio.sleep(max(_MIN_PAUSE, -self._tokens / self.share))
-                self._refill()
 
 
 def _is_public(path: str) -> bool:

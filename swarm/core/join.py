@@ -66,7 +66,11 @@ class JoinMixin(CoreBase):
             delay = min(delay * 2, self.settings.join_retry_max_seconds)
 
     async def _join_once(self) -> bool:
-        targets = [p for p in map(parse_peer_maddr, self.settings.initial_peers) if p is not None]
+        """Dial the initial peers and the peers met while running (``SharedState.bootstrap_peers``) at once;
+        whether any answered. When every host of a swarm is gone, the members it met still are."""
+        with self.shared.lock:
+            met = [m for m in self.shared.bootstrap_peers if m not in self.settings.initial_peers]
+        targets = [p for p in map(parse_peer_maddr, [*self.settings.initial_peers, *met]) if p is not None]
         results = await asyncio.gather(*(self._dial_and_ping(peer, addr) for peer, addr in targets))
         if not any(results):
             return False

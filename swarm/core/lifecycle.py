@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
@@ -20,7 +21,7 @@ from swarm.core.publish import PublishMixin
 from swarm.core.pull import PullMixin
 from swarm.core.serve import ServeMixin
 from swarm.core.shutdown import cancel_all, shutdown_p2p
-from swarm.hivemind_compat import count_dht_requests, own_session_p2pd, p2pd_pid
+from swarm.hivemind_compat import count_dht_requests, own_session_p2pd, p2pd_flags, p2pd_pid
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
 from swarm.validator import ManifestValidator
@@ -40,25 +41,15 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
         limits: Limits,
         shared: SharedState,
         validator: ManifestValidator,
+        p2pd_options: Mapping[str, object] | None = None,
     ) -> SwarmCore:
-        """Start p2pd (in its own session, with an orphan watchdog) and a DHT node; joining peers happens
-        in ``run``. A Ctrl-C at the node's terminal reaches the node, not p2pd: the node shuts it down."""
+        """Start p2pd (in its own session, with an orphan watchdog; ``p2pd_options``: more of its flags, e.g.
+        a host's connection limits) and a DHT node; joining peers happens in ``run``. A Ctrl-C at the node's
+        terminal reaches the node, not p2pd: the node shuts it down."""
         own_session_p2pd()
         relayed = settings.client_mode and settings.nat_sharing == "relay"
-        p2p = await P2P.create(
-            host_maddrs=settings.host_maddrs,
-            announce_maddrs=settings.announce_maddrs or None,
-            dht_mode="client" if settings.client_mode else "server",
-            startup_timeout=settings.startup_timeout,
-            identity_path=settings.p2p_identity_path,
-            check_if_identity_free=False,
-            # Behind NAT with a relay: reserve a slot on the initial peers (trusted, static relays) at once
-            # instead of waiting for AutoNAT to find out that nobody can dial in.
-            # A reachable node says so at once, which also starts its relay service for such peers.
-            use_auto_relay=relayed,
-            force_reachability="private" if relayed else (None if settings.client_mode else "public"),
-            trusted_relays=settings.initial_peers if relayed else None,
-        )
+        with p2pd_flags(p2pd_options or {}):
+            p2p = await cls._start_p2pd(settings, relayed)
         pid = p2pd_pid(p2p)
         watchdog = P2pdWatchdog(pid) if pid is not None else None
         started = False
@@ -96,6 +87,24 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
             logger.info("network side listening (not connected until a peer answers); others can join with: %s",
                         " ".join(maddrs))
         return self
+
+    @staticmethod
+    async def _start_p2pd(settings: SwarmSettings, relayed: bool) -> P2P:
+        """p2pd, listening and announcing as ``settings`` say; a DHT server unless in client mode."""
+        return await P2P.create(
+            host_maddrs=settings.host_maddrs,
+            announce_maddrs=settings.announce_maddrs or None,
+            dht_mode="client" if settings.client_mode else "server",
+            startup_timeout=settings.startup_timeout,
+            identity_path=settings.p2p_identity_path,
+            check_if_identity_free=False,
+            # Behind NAT with a relay: reserve a slot on the initial peers (trusted, static relays) at once
+            # instead of waiting for AutoNAT to find out that nobody can dial in.
+            # A reachable node says so at once, which also starts its relay service for such peers.
+            use_auto_relay=relayed,
+            force_reachability="private" if relayed else (None if settings.client_mode else "public"),
+            trusted_relays=settings.initial_peers if relayed else None,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
 

@@ -129,9 +129,11 @@ class PullMixin(CoreBase):
             return
         if value in self._seen_manifests:
             return
-        manifest = self._deferred.pop(value, None) or self.validator.read_entry(
-            epoch, shard, subkey, value, expiration
-        )
+        deferred = self._deferred.pop(value, None)
+        manifest = deferred or self.validator.read_entry(epoch, shard, subkey, value, expiration)
+        members = self.shared.members
+        if members is not None and deferred is None and manifest is not None and manifest.author != self.identity.public_key:
+            members.manifest_seen(manifest, time.time())
         if manifest is None or manifest.author == self.identity.public_key:
             self._seen_manifests[value] = (current, "")
         elif self._screen_and_pull(manifest, current):

@@ -104,7 +104,10 @@ class ServeMixin(CoreBase):
         if batch.swarm_id != self.settings.swarm_id or banned:
             return self.handoffs.refuse(HandoffStatus.INVALID)
         current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
-        return self.handoffs.add(bid, data, author, batch.epoch, current)
+        status = self.handoffs.add(bid, data, author, batch.epoch, current)
+        if status == HandoffStatus.OK and self.shared.members is not None:
+            self.shared.members.batch_seen(batch, time.time(), handed_off=True)
+        return status
 
     def _count_handoff(self, status: int) -> None:
         if status == HandoffStatus.OK:

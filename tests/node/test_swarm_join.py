@@ -292,3 +292,30 @@ def test_swarm_init_sign_and_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert again.name == "Renamed" and again.expires < d.expires
     assert main(["swarm", "init", "--id", "demo", "--host", HOST, "--key", str(key), "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_the_peer_keeper_saves_and_hands_over_the_neighbours(tmp_path: Path) -> None:
+    from node.swarm_join import PeerKeeper
+
+    class Transport:
+        def __init__(self) -> None:
+            self.neighbours = [HOST]
+            self.bootstrap: list[str] = []
+
+        def neighbour_maddrs(self) -> list[str]:
+            return list(self.neighbours)
+
+        def add_bootstrap_peers(self, maddrs: list[str]) -> None:
+            self.bootstrap += maddrs
+
+    transport = Transport()
+    keeper = PeerKeeper(transport, tmp_path, every=0.05)
+    try:
+        deadline = time.monotonic() + 5
+        while not transport.bootstrap and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert transport.bootstrap[:1] == [HOST] and remembered_peers(tmp_path) == [HOST]
+        transport.neighbours = []  # nobody left: what was remembered stays
+        assert keeper.keep() == [] and remembered_peers(tmp_path) == [HOST]
+    finally:
+        keeper.close()

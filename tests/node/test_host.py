@@ -1,0 +1,208 @@
+"""``swarm-node host`` as a process where importing torch raises: its lines, its status page and API (the
+page checked in Chromium against the API), ``/healthz``, ``/metrics``, the descriptor it serves, members
+seen from real peers on 127.0.0.1, its mistakes (one line, exit 2) and a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.descriptor import SwarmDescriptor, TaskSet, owner_text, parse_descriptor
+from protocol.identity import Identity
+from tests.chromium import Chromium, chromium_or_skip
+from tests.swarm.batches import make_batch
+from tests.swarm.conftest import free_port, make_transport, wait_for  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCH = 600.0
+OWNER = Identity.generate()
+
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is not allowed in a host")
+sys.meta_path.insert(0, NoTorch())
+from node.cli import main
+code = main(sys.argv[1:])
+assert "torch" not in sys.modules
+sys.exit(code)
+"""
+
+
+def host_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", NO_TORCH, "host", *args]
+
+
+def make_descriptor(tmp_path: Path, hosts: list[str], **settings: object) -> Path:
+    from node.config import load_config
+    from node.swarm_join import shared_values, task_config_hash
+
+    cfg = load_config(ROOT / "configs" / "swarm-shared.yaml", ["swarm.swarm_id=test-swarm",
+                                                                 *(f"{k}={v}" for k, v in settings.items())])
+    owner = OWNER
+    d = SwarmDescriptor(swarm_id="test-swarm", name="Test swarm", protocol_version=1, hosts=hosts,
+                        expires=datetime.now(timezone.utc) + timedelta(days=1), settings=shared_values(cfg),
+                        tasks=TaskSet(source="arith", datasets=["add"], config_hash=task_config_hash(cfg)),
+                        owner=owner_text(owner.public_key)).sign(owner)
+    path = tmp_path / "swarm.yaml"
+    path.write_text(d.to_yaml())
+    return path
+
+
+def host_key(tmp_path: Path) -> tuple[Path, str]:
+    from swarm.p2p_keys import ensure_p2p_key
+
+    key = tmp_path / "host" / "p2p.key"
+    return key, ensure_p2p_key(key)
+
+
+class HostProcess:
+    def __init__(self, tmp_path: Path, descriptor: Path, *extra: str) -> None:
+        self.run_dir = tmp_path / "host"
+        env = {**os.environ, "SWARM_NODE_KNOWN_SWARMS": str(tmp_path / "known"), "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            host_command("--swarm", str(descriptor), "-c", str(ROOT / "configs" / "host.yaml"), "--run-dir",
+                         str(self.run_dir), "api.port=0", "api.host=127.0.0.1", "swarm.collect_interval=0.2",
+                         "health_every=1", *extra),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.lines: list[str] = []
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            if "members join with" in line:
+                break
+        assert any("status page at" in ln for ln in self.lines), (self.lines, self.proc.stderr.read())  # type: ignore[union-attr]
+        self.url = (self.run_dir / "api_url").read_text().strip()
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def doc(self) -> dict[str, Any]:
+        return json.loads(self.get("api/swarm?epochs=4")[1])
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[tuple[HostProcess, str]]:
+    key, peer = host_key(tmp_path)
+    address = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer}"
+    dead = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+    descriptor = make_descriptor(tmp_path, [address, dead], **{"swarm.epoch_seconds": EPOCH})
+    proc = HostProcess(tmp_path, descriptor)
+    try:
+        yield proc, address
+    finally:
+        code = proc.stop()
+        assert code == 0, proc.proc.stderr.read() if proc.proc.stderr else ""
+        assert not (proc.run_dir / "api_url").exists()
+
+
+def test_a_host_without_torch_serves_its_swarm(host: tuple[HostProcess, str], make_transport: Any) -> None:  # noqa: F811
+    proc, address = host
+    said = "\n".join(proc.lines)
+    assert f"announced as {address}" in said and "other hosts: 1" in said
+    status, body = proc.get("healthz")
+    assert status == 200 and json.loads(body)["listening"] == [address]
+    status, body = proc.get("swarm.yaml")
+    served = parse_descriptor(body)
+    served.verify()
+    assert served.hosts[0] == address
+    public = make_transport(initial_peers=[address], epoch_seconds=EPOCH)
+    natted = make_transport(initial_peers=[address], epoch_seconds=EPOCH, client_mode=True, handoff_copies=1)
+    for k, node in enumerate((public, natted)):
+        for i in range(2):  # distinct content: a copy of another author's groups would be a duplicate
+            assert node.publish(make_batch(node.identity, index=10 * k + i)) is not None
+    # The host reads every manifest, holds what the NATed member hands it and verifies every batch once (a
+    # handed-over one from its own copy).
+    assert wait_for(lambda: {m["peer_id"]: (m["announced"], m["pulled"], m["handed_off"]) for m in proc.doc()["members"]}
+                    == {public.identity.peer_id: (2, 2, 0), natted.identity.peer_id: (2, 2, 2)}, timeout=40), \
+        proc.doc()["members"]
+    doc = proc.doc()
+    natted_row = next(m for m in doc["members"] if m["peer_id"] == natted.identity.peer_id)
+    assert natted_row["natted"] and natted_row["handed_off"] == 2 and natted_row["model"] == "model-test"
+    assert wait_for(lambda: proc.doc()["hosts"][0]["ok"] is False, timeout=20)  # the other host is down
+    assert doc["host"]["rss_bytes"] < 200 * 2**20
+    metrics = proc.get("metrics")[1].decode()
+    assert "swarm_host_members 2.0" in metrics and "swarm_host_handoffs_held_total 2.0" in metrics
+    assert "swarm_host_other_hosts_up 0.0" in metrics
+
+    exe = chromium_or_skip()
+
+    async def look() -> dict[str, Any]:
+        async with Chromium(exe) as browser:
+            page = await browser.open(proc.url, 1280, 1000)
+            await page.wait_for("document.body.dataset.loaded && document.querySelectorAll('canvas').length >= 2")
+            seen = await page.evaluate("""(() => {
+                const v = (id) => document.getElementById(id).dataset.value;
+                const rows = [...document.querySelectorAll('#members-table tbody tr[data-member]')].map((tr) => {
+                    const cell = (f) => tr.querySelector(`[data-field="${f}"]`).dataset.value;
+                    return {peer: cell('peer'), natted: cell('natted'), announced: +cell('announced'),
+                            handed: +cell('handed_off'), model: cell('model')};
+                });
+                return {members: +v('members'), swarm: v('swarm'), hostsUp: +v('hosts-up'), handoffs: +v('handoffs'),
+                        rows, hostRows: document.querySelectorAll('#hosts-table tbody tr[data-host]').length,
+                        epochsChart: +document.getElementById('chart-epochs').dataset.points,
+                        error: document.getElementById('error').hidden ? '' : document.getElementById('error').textContent};
+            })()""")
+            await page.screenshot(proc.run_dir / "host.png")
+            assert not browser.exceptions, browser.exceptions
+            return seen
+
+    seen = asyncio.run(look())
+    api = proc.doc()
+    assert seen["error"] == "" and seen["swarm"] == "test-swarm"
+    assert seen["members"] == len(api["members"]) == 2 and seen["hostsUp"] == 0 and seen["hostRows"] == 1
+    assert seen["handoffs"] == api["host"]["counters"]["handoffs_held"] == 2
+    assert {r["peer"]: (r["natted"], r["announced"], r["handed"], r["model"]) for r in seen["rows"]} == {
+        m["peer_id"]: (str(m["natted"]).lower(), m["announced"], m["handed_off"], m["model"]) for m in api["members"]}
+    assert seen["epochsChart"] == 8  # the page asks for the 8 epochs a host keeps
+    assert (proc.run_dir / "host.png").stat().st_size > 10_000
+
+
+def _one_line_error(tmp_path: Path, descriptor: Path | str, *extra: str) -> str:
+    env = {**os.environ, "SWARM_NODE_KNOWN_SWARMS": str(tmp_path / "known"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(host_command("--swarm", str(descriptor), "--run-dir", str(tmp_path / "host"), *extra),
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_host_mistakes_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    key, peer = host_key(tmp_path)
+    other = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
+    line = _one_line_error(tmp_path, make_descriptor(tmp_path, [other]))
+    assert f"its peer id {peer} is none of the swarm's hosts" in line
+    mine = make_descriptor(tmp_path, [f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer}"])
+    line = _one_line_error(tmp_path, mine, "swarm.epoch_seconds=30")
+    assert line.startswith("swarm-node: error: swarm.epoch_seconds=30 is set locally")
+    assert "swarm.client_mode" in _one_line_error(tmp_path, mine, "swarm.client_mode=true")
+    tampered = tmp_path / "tampered.yaml"
+    tampered.write_text(mine.read_text().replace("swarm.key_shards: 4", "swarm.key_shards: 8"))
+    assert "does not match the content" in _one_line_error(tmp_path, tampered)
+    started = time.monotonic()
+    assert "cannot fetch it" in _one_line_error(tmp_path, f"http://127.0.0.1:{free_port()}/swarm.yaml")
+    assert time.monotonic() - started < 60
