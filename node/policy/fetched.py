@@ -32,6 +32,7 @@ from node.policy.model_cache import cached_folder, echo_stderr, ensure_cached, i
 
 CONVERTER_VERSION = 1  # part of every cache key: a change to the conversion makes new folders
 _HASH_CHUNK = 1 << 20
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file (the format's header)
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,21 @@ def gguf_file_of(name_or_path: str, gguf_file: str | None) -> Path | None:
     if not path.is_file():
         raise PolicyError(f"model.name_or_path / model.gguf_file: GGUF file {str(path)!r} not found; give the path "
                           "of a .gguf file (or a folder and model.gguf_file=NAME.gguf)")
+    check_gguf_magic(path)
     return path
+
+
+def check_gguf_magic(path: Path) -> None:
+    """A one-line ``PolicyError`` when ``path`` does not begin with the GGUF magic: checked first, before the
+    file is hashed or anything is written to the cache (a text file named .gguf fails at once)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise PolicyError(f"{path.name} is not a readable GGUF file ({exc.strerror})") from None
+    if head != GGUF_MAGIC:
+        raise PolicyError(f"{path.name} is not a readable GGUF file (it begins with {head!r}, not the GGUF magic "
+                          f"{GGUF_MAGIC!r}); model.name_or_path must name a GGUF model file")
 
 
 def gguf_cache_key(path: Path) -> str:
@@ -229,6 +244,7 @@ def gguf_cache_key(path: Path) -> str:
 def convert_local_gguf(path: Path, *, echo: Callable[[str], None] = echo_stderr, recheck: bool = False) -> Path:
     """The cached folder converted from the local GGUF file ``path`` (made first if need be, or again, with
     ``recheck``, if the folder fails the conversion checks)."""
+    check_gguf_magic(path)
     sha = _known_hash(path)
 
     def make(staging: Path) -> None:

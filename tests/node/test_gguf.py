@@ -109,8 +109,25 @@ def test_a_quantization_the_gguf_package_cannot_read_is_one_line(tmp_path: Path,
 def test_a_file_that_is_not_gguf_is_one_line(tmp_path: Path, cache: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all" * 10)
+    lines: list[str] = []
     with pytest.raises(PolicyError, match="bad.gguf is not a readable GGUF file"):
-        convert_local_gguf(bad, echo=_quiet)
+        convert_local_gguf(bad, echo=lines.append)
+    assert lines == [] and not cache.exists()  # no "converting ... once", no lock and no hash index left
+
+
+def test_a_text_file_named_gguf_is_refused_by_its_header_before_anything_is_cached(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("a text file, not a model\n" * 1000)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SWARM_NODE_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "node.cli", "silo", "-c", "configs/tiny-silo.yaml", "--no-progress",
+                           "--run-dir", str(tmp_path / "run"), f"model.name_or_path={bad}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "swarm-node: error: notes.gguf is not a readable GGUF file (it begins with b'a te', not the GGUF magic "
+        "b'GGUF'); model.name_or_path must name a GGUF model file"]
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
 # -- fetching from the registry, against a local package index ---------------------------------------------
