@@ -196,8 +196,13 @@ def _train_silo(cfg: NodeConfig, *, show_progress: bool) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from swarm.settings import expand_initial_peers, initial_peers_from_env
 
+    if importlib.util.find_spec("hivemind") is None:
+        raise ConfigError("swarm-node start joins a swarm through hivemind, which is not installed here: pip install "
+                          "'hivemind>=1.1.10,<1.2' (silo, eval, export, fetch and doctor work without it)")
     try:
         peers = expand_initial_peers(args.initial_peers or [])
     except ValueError as exc:
