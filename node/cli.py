@@ -185,6 +185,7 @@ def _train_silo(cfg: NodeConfig, *, show_progress: bool) -> int:
     try:
         node.setup()
         print(f"swarm-node silo: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        print(f"swarm-node silo: {node.describe_policy()}", flush=True)
         if cfg.train.steps is None:
             print("swarm-node silo: training until stopped (train.steps is not set; Ctrl-C ends the step and "
                   "writes a checkpoint)", flush=True)

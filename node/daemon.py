@@ -104,6 +104,7 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
         for line in connection_lines(cfg, transport.network_status(), addrs):
             print(line, flush=True)
         print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()}", flush=True)
+        print(f"swarm-node: {node.describe_policy()}", flush=True)
         if cfg.train.steps is None:
             print("swarm-node: training until stopped (Ctrl-C or SIGTERM: the step ends, a checkpoint is written)",
                   flush=True)

@@ -17,7 +17,7 @@ from node.engines.hf import HFBackend
 from node.errors import ConfigError, TaskError
 from node.exchange import SwarmExchange
 from node.ingest import IngestLimits
-from node.policy.model import Policy, build_policy
+from node.policy.model import Policy, build_policy, device_label
 from node.rollouts import split_by_fit
 from node.rundir import say_config_changes
 from node.runner_state import NodeState, TransportFactory
@@ -51,6 +51,11 @@ class SetupMixin(NodeState):
                 say_config_changes(old, yaml.safe_load(text), self.run_dir)
         _write_atomic(path, text)
 
+    def describe_policy(self) -> str:
+        """The start line that says where the model runs: ``model smollm2-135m (lora) on cpu in float32``."""
+        return (f"model {self.cfg.model.name_or_path} ({self.cfg.adapter.kind}) on {device_label(self.policy.device)} "
+                f"in {self.cfg.model.dtype} (model.device: {self.cfg.model.device})")
+
     def _node_info(self) -> NodeInfo:
         from importlib.metadata import PackageNotFoundError, version
 
@@ -65,6 +70,7 @@ class SetupMixin(NodeState):
         return NodeInfo(version=ver, mode="silo" if ex is None else "swarm",
                         peer_id=None if ex is None else ex.identity.peer_id,
                         swarm_id=None if ex is None else ex.swarm_id, model=name, adapter=self.cfg.adapter.kind,
+                        device=f"{device_label(self.policy.device)} · {self.cfg.model.dtype}",
                         run_dir=self.run_dir.resolve().name, total_steps=self.cfg.train.steps,
                         started_at=self._started_at)
 

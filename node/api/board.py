@@ -27,6 +27,8 @@ class NodeInfo:
     model: str
     adapter: str
     run_dir: str
+    device: str
+    """Where the policy runs and in what dtype: ``cpu · float32``, ``cuda:0 (NVIDIA H100 80GB HBM3) · bfloat16``."""
     total_steps: int | None
     """None: the node trains until stopped."""
     started_at: float

@@ -105,6 +105,7 @@ def render(url: str, status: dict[str, Any], peers: dict[str, Any], health: dict
     of_total = "" if s["total_steps"] is None else f" / {s['total_steps']}"
     summary = [
         ["node", f"{s['mode']} · {s['model']} ({s['adapter']}) · run {s['run_dir']} · v{s['version']}"],
+        ["device", str(s.get("device") or "-")],
         ["state", f"{s['state']} · step {s['step']}{of_total} · up {_duration(s['uptime_s'])}"],
         ["health", ("ok" if health["ok"] else "STALLED") + f" · last progress {health['seconds_since_progress']:.1f} s ago"
          f" (limit {health['stall_seconds']:.0f} s)"],

@@ -53,6 +53,7 @@ def status_doc(board: StatusBoard, network: NetworkStatus | None, stall_seconds:
         "swarm_id": info.swarm_id if info else None,
         "model": info.model if info else None,
         "adapter": info.adapter if info else None,
+        "device": info.device if info else None,
         "run_dir": info.run_dir if info else None,
         "state": board.state,
         "healthy": healthy,

@@ -37,6 +37,14 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def device_label(device: torch.device) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H100 80GB HBM3)``: where the node runs, as its start line and status say."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A hash of the vocabulary and the settings that change token ids: equal fingerprints, equal ids."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])

@@ -109,6 +109,8 @@ def test_the_url_is_printed_and_status_agrees_with_metrics_jsonl(node):
     assert (status["mode"], status["model"], status["adapter"], status["run_dir"]) == ("silo", "tiny-base", "lora", "run")
     assert (status["state"], status["healthy"], status["total_steps"]) == ("training", True, None)  # until stopped
     assert "swarm-node silo: training until stopped" in node.output()
+    assert status["device"] == "cpu · float32"  # where the policy runs, also in the start line
+    assert "swarm-node silo: model tiny-base (lora) on cpu in float32 (model.device: auto)" in node.output()
     recent = status["recent"]
     assert 1 <= recent["steps"] <= 20 and recent["step_seconds_median"] > 0 and recent["tokens_per_s_median"] > 0
     assert status["network"] == {"connected": False, "reason": "silo mode: no network", "neighbours": [], "restarts": 0,
@@ -160,7 +162,7 @@ def test_status_command_prints_a_summary_or_fails(node, capsys):
     assert " / " not in state  # no "of N": the node trains until stopped
     speed = next(line for line in out.splitlines() if line.startswith("speed"))
     assert "s a step (median of the last" in speed and "last step" in speed
-    assert "health   ok" in out
+    assert "health   ok" in out and "device   cpu · float32" in out
     dead = node.url.rsplit(":", 1)[0] + ":9/"
     assert main(["status", "--url", dead, "--timeout", "2"]) == EXIT_UNREACHABLE
     assert "not answering" in capsys.readouterr().err

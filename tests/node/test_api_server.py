@@ -39,7 +39,8 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes, dict[str, str]
 def _board(step: int = 3) -> StatusBoard:
     board = StatusBoard()
     board.set_info(NodeInfo(version="0.1.0", mode="silo", peer_id=None, swarm_id=None, model="tiny-base",
-                            adapter="lora", run_dir="run", total_steps=10, started_at=time.time()))
+                            adapter="lora", run_dir="run", device="cpu · float32", total_steps=10,
+                            started_at=time.time()))
     board.set_state("training")
     board.publish(StepSnapshot(step=step, record=freeze_record({"step": step, "reward_mean": 0.25}),
                                last_eval=None))
