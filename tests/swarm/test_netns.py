@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -173,3 +174,94 @@ def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> 
     # Every node is honest: a pull that stalled on a connection the split left stuck is no offence.
     for node in nodes.values():
         assert not last_stats(node)["offences"], last_stats(node)
+
+
+lab_swarm = load_script("lib/lab_swarm")
+SMALL_STEPS = ["train.eval_every=0", "train.checkpoint_every=1000", "tasks.eval_size=8", "sapo.local_groups=4",
+               "sapo.external_groups=4", "sapo.generated_groups=4", "generation.group_size=4"]
+
+
+def _exchanged(members: list[Any], ids: dict[Any, str], after: float = 0.0, among: list[Any] | None = None) -> bool:
+    """Every member accepted a batch (created after ``after``) of every other member of ``among``."""
+    others = among or members
+    return all(m.accepted_from(ids[o], after) > 0 for m in members for o in others if o is not m)
+
+
+def _why(members: list[Any], ids: dict[Any, str], after: float = 0.0) -> str:
+    return json.dumps({ids[m][:8]: {"steps": m.steps(), "exit": m.proc.poll(),
+                                    "from": {ids[o][:8]: m.accepted_from(ids[o], after) for o in members if o is not m}}
+                       for m in members})
+
+
+@pytest.mark.slow  # about 4 minutes on an idle 2-core machine: five tiny-base nodes and two hosts
+@pytest.mark.timeout(1200)
+def test_a_swarm_forms_from_its_descriptor_and_outlives_a_host(lab: Any, tmp_path: Any) -> None:
+    """Two hosts and four nodes (two behind NAT) join from the descriptor alone (its URL on host 1) and
+    exchange batches; host 1 is killed, the nodes keep training and exchanging through host 2, and a fifth
+    node joins through host 2 (the descriptor from host 2's URL). A tampered descriptor, an expired one and
+    one of another protocol version are each refused with one line and exit code 2."""
+    h1, h2 = lab.add_host(), lab.add_host()
+    hosts_of_nodes = [lab.add_host(), lab.add_host(), lab.add_host(nat=True), lab.add_host(nat=True)]
+    fifth_host = lab.add_host(nat=True)
+    descriptor, keys = lab_swarm.init_swarm(tmp_path, [h1.ip, h2.ip], overrides=["swarm.epoch_seconds=10"])
+    hosts = [lab_swarm.start_host(h.popen, str(descriptor), tmp_path / f"host{i}", keys[i], "health_every=5")
+             for i, h in enumerate((h1, h2))]
+    for i, proc in enumerate(hosts):
+        lab_swarm.wait_for_text(tmp_path / f"host{i}.log", "members join with", 120, proc)
+    url1, url2 = (f"http://{h.ip}:{lab_swarm.API_PORT}/swarm.yaml" for h in (h1, h2))
+    members = [lab_swarm.start_member(h.popen, url1, tmp_path / f"node{i}", h.ip, nat=h.nat, extra=SMALL_STEPS)
+               for i, h in enumerate(hosts_of_nodes)]
+    ids = {m: m.peer_id() for m in members}
+    assert wait_until(lambda: _exchanged(members, ids), 240), _why(members, ids)
+
+    hosts[0].kill()  # host 1 is gone, for good
+    hosts[0].wait(timeout=30)
+    killed = time.time()
+    steps = {m: m.steps() for m in members}
+    assert wait_until(lambda: _exchanged(members, ids, after=killed), 120), _why(members, ids, killed)
+    assert all(m.steps() > steps[m] for m in members)  # they kept training
+
+    fifth = lab_swarm.start_member(fifth_host.popen, url2, tmp_path / "node4", fifth_host.ip, nat=True,
+                                   extra=SMALL_STEPS)
+    ids[fifth] = fifth.peer_id()
+    everyone = [*members, fifth]
+    assert wait_until(lambda: _exchanged([fifth], ids, among=everyone)
+                      and all(m.accepted_from(ids[fifth]) > 0 for m in members), 240), _why(everyone, ids)
+    said = fifth.log.read_text()
+    assert "joining swarm lab-swarm" in said and "connected:" in said
+
+    for m in everyone:  # the members first: on their way out they save the neighbours they have
+        m.proc.send_signal(signal.SIGTERM)
+    assert [m.proc.wait(timeout=120) for m in everyone] == [0] * 5
+    hosts[1].send_signal(signal.SIGTERM)
+    assert hosts[1].wait(timeout=60) == 0
+    for m in everyone:  # nobody honest was banned, and each remembered the peers it met
+        offences = [e for e in m.trace() if e.get("ev") == "rej" and e.get("offence")]
+        assert not offences, offences
+        assert lab_swarm.remembered(m.run_dir), m.run_dir
+    _refusals(fifth_host, tmp_path, descriptor)
+
+
+def _refusals(host: Any, tmp_path: Any, descriptor: Any) -> None:
+    import yaml
+
+    good = descriptor.read_text()
+    doc = yaml.safe_load(good)
+    tampered = tmp_path / "tampered.yaml"
+    tampered.write_text(good.replace("swarm.epoch_seconds: 10.0", "swarm.epoch_seconds: 20.0"))
+    cases = {tampered: "does not match the content"}
+    for name, change, why in (("expired.yaml", {"expires": "2020-01-01T00:00:00Z"}, "expired at 2020-01-01"),
+                              ("v2.yaml", {"protocol_version": 2}, "wire protocol 2")):
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump({**doc, **change}))
+        subprocess.run(lab_swarm.cli("swarm", "sign", str(path), "--key", str(tmp_path / "owner.pem")), check=True,
+                       capture_output=True, cwd=lab_swarm.ROOT, env=lab_swarm.process_env(tmp_path))
+        cases[path] = why
+    for path, why in cases.items():
+        run_dir = tmp_path / f"refused-{path.stem}"
+        done = subprocess.run(host.command(*lab_swarm.member_command(str(path), run_dir, host.ip, nat=True)),
+                              capture_output=True, text=True, timeout=120, cwd=lab_swarm.ROOT,
+                              env=lab_swarm.process_env(tmp_path))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and why in lines[0], (path.name, done.stderr)
+        assert not run_dir.exists()
