@@ -340,7 +340,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         policy = model_policy(args.model)
         title = f"swarm-node eval: {args.model} · {args.backend} backend"
     backend = build_backend(policy, args.backend, batch_size=plan.batch_size, dtype=cfg.model.dtype,
-                            seed=args.seed, vllm=cfg.generation.vllm)
+                            seed=args.seed, vllm=cfg.generation.vllm, hf_weights=cfg.generation.hf.weights)
     try:
         result = evaluate(backend, policy, plan, show_progress=not (args.no_progress or args.json))
     finally:

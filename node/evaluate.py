@@ -24,6 +24,7 @@ from tqdm import tqdm
 from node.config import ModelConfig, NodeConfig, VllmConfig
 from node.engines.base import GenerationBackend, SamplingSettings
 from node.errors import ConfigError, PolicyError, TaskError
+from node.modes import HfWeights
 from node.policy.model import Policy
 from node.rollouts import score_tasks
 from node.tasks import Task, TaskSource, build_task_source
@@ -109,11 +110,11 @@ def model_policy(name_or_path: str, *, dtype: str = "float32", device: str = "cp
 
 
 def build_backend(policy: Policy, kind: str, *, batch_size: int, dtype: str, seed: int,
-                  vllm: VllmConfig | None = None) -> GenerationBackend:
+                  vllm: VllmConfig | None = None, hf_weights: HfWeights = "merged") -> GenerationBackend:
     if kind == "hf":
         from node.engines.hf import HFBackend
 
-        return HFBackend(policy, batch_size=batch_size)
+        return HFBackend(policy, batch_size=batch_size, weights=hf_weights)
     from node.engines.vllm_engine import VLLMBackend, base_model_path, require_vllm
 
     require_vllm(policy.device)

@@ -180,7 +180,7 @@ def generate(
     hit_eos = torch.zeros(batch, dtype=torch.bool, device=device)
     rows = torch.arange(batch, device=device)  # the batch row each computed row fills
     alive = torch.ones(batch, dtype=torch.bool, device=device)
-    length = 0
+    check_every = live_check_interval(device)
     for step in range(max_new_tokens):
         logits = last_logits.float()
         if greedy:
@@ -194,31 +194,47 @@ def generate(
         all_ids[rows, step] = tok
         all_lps[rows, step] = torch.where(alive, lp, torch.zeros_like(lp))
         all_mask[rows, step] = alive
-        length = step + 1
         if eos_id is not None:
             ended = alive & (tok == eos_id)
             hit_eos[rows] |= ended
             alive = alive & ~ended
         if max_len is not None:  # the token just drawn sits at next_pos: a row ends when that was the last one
             alive = alive & (next_pos.squeeze(-1) + 1 < max_len)
-        n_alive = int(alive.sum())
-        if step == max_new_tokens - 1 or n_alive == 0:
+        if step == max_new_tokens - 1:
             break
-        if compact and n_alive <= alive.numel() * _COMPACT_AT:
-            # Drop finished rows from the batch (and their KV cache): later steps cost what the live ones need.
-            keep = alive.nonzero().squeeze(-1)
-            past.batch_select_indices(keep)
-            if remix is not None:
-                remix.select_rows(keep)
-            rows, attn, next_pos, tok, alive = rows[keep], attn[keep], next_pos[keep], tok[keep], alive[keep]
-        out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=next_pos,
+        if (step + 1) % check_every == 0:  # reading the count waits for the device: not every step on a GPU
+            n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            if compact and n_alive <= alive.numel() * _COMPACT_AT:
+                # Drop finished rows from the batch (and their KV cache): later steps cost what the live ones need.
+                keep = alive.nonzero().squeeze(-1)
+                past.batch_select_indices(keep)
+                if remix is not None:
+                    remix.select_rows(keep)
+                rows, attn, next_pos, tok, alive = rows[keep], attn[keep], next_pos[keep], tok[keep], alive[keep]
+        positions = next_pos if max_len is None else next_pos.clamp(max=max_len - 1)  # finished rows run on
+        out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=positions,
                     past_key_values=past, use_cache=True, logits_to_keep=1)
         past, last_logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = next_pos + 1
     model.train(was_training)
+    # Steps run after every row had finished (between two checks) drew nothing: cut them off.
+    length = int(all_mask.any(0).nonzero().max()) + 1 if bool(all_mask.any()) else 0
     reasons = ["eos" if f else "length" for f in hit_eos.tolist()]
     return Completions(all_ids[:, :length].cpu(), all_lps[:, :length].cpu(), all_mask[:, :length].cpu(), reasons,
                        routing)
+
+
+def live_check_interval(device: torch.device) -> int:
+    """Decode steps between two reads of how many rows are still alive. Each read makes the host wait for
+    the device; on a GPU that stalls the queue of kernels the host runs ahead with, so it reads every
+    ``_GPU_CHECK_EVERY`` steps and runs at most that many steps more than needed, whose tokens are dropped
+    (finished rows draw padding). On the CPU the read costs nothing: every step."""
+    return 1 if device.type == "cpu" else _GPU_CHECK_EVERY
+
+
+_GPU_CHECK_EVERY = 8
 
 
 LOGIT_BYTES = 12

@@ -20,6 +20,7 @@ ChatTemplateMode = Literal["auto", "always", "never"]
 TaskSourceName = Literal["arith", "reasoning_gym"]
 GenerationBackendName = Literal["hf", "vllm"]
 EngineSync = Literal["auto", "merge", "lora"]
+HfWeights = Literal["merged", "adapter"]
 
 ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
@@ -32,3 +33,4 @@ CHAT_TEMPLATE_MODES: tuple[str, ...] = get_args(ChatTemplateMode)
 TASK_SOURCES: tuple[str, ...] = get_args(TaskSourceName)
 GENERATION_BACKENDS: tuple[str, ...] = get_args(GenerationBackendName)
 ENGINE_SYNCS: tuple[str, ...] = get_args(EngineSync)
+HF_WEIGHTS: tuple[str, ...] = get_args(HfWeights)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from node.config.section import Section
-from node.modes import EngineSync, GenerationBackendName, SamplingMode
+from node.modes import EngineSync, GenerationBackendName, HfWeights, SamplingMode
 
 _PEER_TOKENS_FACTOR = 4
 
@@ -22,6 +22,16 @@ class VllmConfig(Section):
                                 "seconds; false compiles, which on CPU needs a C++ compiler (figures: README)")
 
 
+class HfGenerationConfig(Section):
+    """The node's own sampling loop (``generation.backend=hf``)."""
+
+    weights: HfWeights = Field(
+        "merged", description="merged: sample from a copy of the model with the LoRA deltas merged into its weights, "
+        "refreshed after every optimizer step (about half the operations a token; the adapted weights held twice; "
+        "in bfloat16 it differs from the trainer as an engine does: see train.engine_is_cap); adapter: from the "
+        "adapters as trained. ReMix always runs its adapters")
+
+
 class GenerationConfig(Section):
     backend: GenerationBackendName = Field("hf", description="hf: the node's own sampling loop; vllm: a vLLM engine")
     group_size: int = Field(8, ge=1, description="completions per task (G)")
@@ -29,6 +39,7 @@ class GenerationConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     batch_size: int = Field(256, ge=1, description="sequences decoded at once (hf: per forward; vllm: max_num_seqs)")
+    hf: HfGenerationConfig = HfGenerationConfig()
     vllm: VllmConfig = VllmConfig()
 
     @property

@@ -16,26 +16,34 @@ import torch
 from torch import nn
 
 
-def _base_model(model: nn.Module) -> Any:
+def base_model_of(model: nn.Module) -> Any:
+    """The transformers model inside a peft model (``model`` itself when it is not one)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
 
+def merged_lora_weight(module: Any) -> torch.Tensor:
+    """The weight a peft LoRA linear layer computes with: ``W + scaling * B @ A`` summed over its active
+    adapters, in float32 (the base weight itself, untouched, when it has none or they are merged already)."""
+    weight: torch.Tensor = module.get_base_layer().weight.detach()
+    if getattr(module, "merged", False):
+        return weight
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if module.use_dora.get(name, False):
+            raise ValueError("DoRA adapters cannot be merged for an engine")
+        a = module.lora_A[name].weight.detach().float()
+        b = module.lora_B[name].weight.detach().float()
+        # W + scaling * B @ A in one pass, into a new float32 tensor (the base weight stays untouched)
+        weight = torch.addmm(weight.float(), b, a, alpha=module.scaling[name])
+    return weight
+
+
 def _merged_lora(module: Any) -> dict[str, torch.Tensor]:
     """``weight`` (LoRA deltas of the active adapters merged in) and ``bias`` of a peft LoRA linear layer."""
+    out = {"weight": merged_lora_weight(module)}
     base = module.get_base_layer()
-    weight = base.weight.detach()
-    if not getattr(module, "merged", False):
-        for name in module.active_adapters:
-            if name not in module.lora_A:
-                continue
-            if module.use_dora.get(name, False):
-                raise ValueError("DoRA adapters cannot be merged for an engine")
-            a = module.lora_A[name].weight.detach().float()
-            b = module.lora_B[name].weight.detach().float()
-            # W + scaling * B @ A in one pass, into a new float32 tensor (the base weight stays untouched)
-            weight = torch.addmm(weight.float(), b, a, alpha=module.scaling[name])
-    out = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         out["bias"] = base.bias.detach()
     return out
@@ -49,7 +57,7 @@ def effective_weights(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[st
     from peft.tuners.lora import LoraLayer
     from peft.utils import ModulesToSaveWrapper
 
-    base = _base_model(model)
+    base = base_model_of(model)
     out_embeddings = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     handled: list[str] = []  # wrapper prefixes whose children are already accounted for
     for name, module in base.named_modules():

@@ -4,6 +4,7 @@ Usage: python scripts/bench/bench_generation.py [--models tiny,small,small-long,
                                           [--dtype float32] [--device cpu] [--reps 2] [--scale 1.0]
                                           [--no-vllm] [--vllm-modes merge,lora] [--compile]
        python scripts/bench/bench_generation.py --train-steps 20 --models qwen0.5b --device cuda --dtype bfloat16
+       python scripts/bench/bench_generation.py --models smollm2 --count-ops
 
 Models: ``tiny`` (the embedded tiny-base), ``small`` (``small-base`` when this checkout has it, else a
 random-init Llama of its shape: hidden 512, 8 layers, head dim 64, vocabulary 8,192, about 25 M
@@ -20,7 +21,10 @@ Contenders, on the same prompts (one "step" = sequences x new tokens; tokens cou
 
 - ``generate/naive``: transformers ``generate`` one prompt at a time (on a subset of the prompts);
 - ``generate/batched``: ``generate`` on the whole batch (left-padded), sampling at temperature 1;
-- ``node-hf``: the node's own loop (``HFBackend``), which also returns exact behaviour log-probs;
+- ``node-hf``: the node's own loop (``HFBackend``) as the node runs it, from merged weights
+  (``generation.hf.weights=merged``; its sync after each step is the merged copy's refresh), which also
+  returns the behaviour log-probs of its samples;
+- ``node-hf-adapter``: the same loop on the adapter as trained (``generation.hf.weights=adapter``);
 - ``vllm``: the in-process vLLM engine, merged weights pushed after each step (``sync=merge``);
 - ``vllm-lora``: the same engine with the adapter hot-swapped as a LoRARequest (``sync=lora``);
 - ``vllm-compiled`` (with ``--compile``): the ``vllm`` contender with the engine's compilation on
@@ -37,6 +41,15 @@ log-prob of the sampled tokens. Times are the best of ``--reps`` runs after a wa
 timed interleaved so that a loaded machine's drift hits them alike: the three HF contenders take turns
 within each rep, and each vLLM step is followed by the node's HF loop on the same prompts, whose rate in
 those reps is what the vLLM rows' ``x node-hf`` ratio (sync included) divides by.
+
+``generate/naive`` runs at most 64 new tokens a prompt, on fewer prompts at larger scales (its rate is a
+sequence's, whatever their number): at ``--scale 8`` it was 8 prompts x 512 tokens one token at a time,
+which alone outlasted a 90 s limit on a GPU. ``--sequences`` and ``--tokens`` set a step's shape directly
+(the smollm2 silo's: ``--sequences 64 --tokens 48``).
+
+``--count-ops`` instead prints the profiler events a decode position costs (``generation_ops.py``): the
+node's HF backend as the node configures it (the model's silo config's adapter), and the adapter as
+trained beside it; bfloat16 unless ``--dtype`` says otherwise.
 
 ``--train-steps N`` instead trains N steps of the node loop's trainer on the first model (random
 advantages on its own samples, since a random-init model earns no reward), generation with vLLM,
@@ -61,7 +74,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
-from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402
+from node.engines.base import SamplingSettings  # noqa: E402
 from node.engines.hf import HFBackend  # noqa: E402
 from node.errors import PolicyError  # noqa: E402
 from node.generation import Completions, left_pad, sequence_logprobs  # noqa: E402
@@ -74,6 +87,9 @@ from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E
 WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "small-long": (256, 64), "qwen0.5b": (32, 32), "smollm2": (64, 64)}
 TASKS = {"smollm2": ("reasoning_gym", ["basic_arithmetic"])}  # a model's prompts (default: arith addition, raw)
 NAIVE_PROMPTS = 8  # naive per-prompt generate is timed on this many prompts (its rate does not depend on it)
+NAIVE_TOKENS = 64  # and at most this many new tokens a prompt
+NODE_CONFIGS = {"tiny": "configs/tiny-silo.yaml", "small": "configs/small-silo.yaml",
+                "smollm2": "configs/smollm2-silo.yaml"}  # the adapter the node trains each model with
 
 
 @dataclass
@@ -125,10 +141,12 @@ def random_model_folder(kind: str, root: Path, dtype: torch.dtype) -> str:
     return str(folder)
 
 
-def load_model(kind: str, root: Path, dtype: str, device: str) -> tuple[Policy, str, str, bool]:
+def load_model(kind: str, root: Path, dtype: str, device: str,
+               adapter: AdapterConfig | None = None) -> tuple[Policy, str, str, bool]:
     """The policy, the folder its base model loads from, a label, and whether its tokenizer can encode the
-    node's task prompts (else the prompts are random ids)."""
-    adapter = AdapterConfig(train_norms=False)
+    node's task prompts (else the prompts are random ids). The adapter: rank 8 on every projection, no
+    trained norms, unless ``adapter`` says otherwise."""
+    adapter = adapter or AdapterConfig(train_norms=False)
     if kind == "tiny":
         return build_policy(ModelConfig(name_or_path="tiny-base", dtype=dtype, device=device), adapter, 0), \
             resolve_model_path("tiny-base"), "tiny-base", True
@@ -245,30 +263,43 @@ def move_adapters(policy: Policy, seed: int) -> None:
                 p.add_((torch.randn(p.shape, generator=gen) * 1e-3).to(p.device, p.dtype))
 
 
-def bench_hf(policy: Policy, prompts: list[list[int]], tokens: int, reps: int) -> tuple[list[Row], HFBackend]:
-    """The transformers contenders and the node's loop, interleaved: every rep runs each once, back to back,
-    so a change in the machine's load hits all of them alike. Best of ``reps``."""
+def bench_hf(policy: Policy, prompts: list[list[int]], tokens: int, reps: int,
+             scale: float = 1.0) -> tuple[list[Row], HFBackend]:
+    """The transformers contenders and the node's loop (merged weights, and the adapter as trained),
+    interleaved: every rep moves the adapters (as an optimizer step would), syncs the node's backend and
+    runs each contender once, back to back, so a change in the machine's load hits all of them alike.
+    Best of ``reps``; the merged loop's sync is the median refresh."""
     eos = policy.tokenizer.eos_token_id
     settings = SamplingSettings(max_new_tokens=tokens)
     gen = torch.Generator(device=policy.device).manual_seed(0)
-    naive = prompts[:NAIVE_PROMPTS]
+    naive = prompts[: max(1, int(NAIVE_PROMPTS / max(scale, 1.0)))]
+    naive_tokens = min(tokens, NAIVE_TOKENS)
     backend = HFBackend(policy, batch_size=len(prompts))
+    adapter = HFBackend(policy, batch_size=len(prompts), weights="adapter")
     hf_generate(policy, naive[:2], 2)  # warm-up
-    backend.generate(naive[:2], SamplingSettings(max_new_tokens=2), gen)
-    best = {"naive": float("inf"), "batched": float("inf"), "node": float("inf")}
-    outs: dict[str, Any] = {}
-    contenders = {"naive": lambda: [hf_generate(policy, [p], tokens) for p in naive],
+    for b in (backend, adapter):
+        b.generate(naive[:2], SamplingSettings(max_new_tokens=2), gen)
+    contenders = {"naive": lambda: [hf_generate(policy, [p], naive_tokens) for p in naive],
                   "batched": lambda: hf_generate(policy, prompts, tokens),
-                  "node": lambda: backend.generate(prompts, settings, gen)}
-    for _ in range(reps):
+                  "node": lambda: backend.generate(prompts, settings, gen),
+                  "adapter": lambda: adapter.generate(prompts, settings, gen)}
+    best = dict.fromkeys(contenders, float("inf"))
+    outs: dict[str, Any] = {}
+    syncs: list[float] = []
+    for rep in range(reps):
+        move_adapters(policy, seed=1000 + rep)
+        syncs.append(time_best(backend.sync, 1)[0])
         for name, fn in contenders.items():
             seconds, outs[name] = time_best(fn, 1)
             best[name] = min(best[name], seconds)
-    node_out = outs["node"]
+    node_out, adapter_out = outs["node"], outs["adapter"]
+    sync = statistics.median(syncs) if backend.weights == "merged" else 0.0
     return [Row("generate/naive", sum(count_tokens(o, eos) for o in outs["naive"]), best["naive"]),
             Row("generate/batched", count_tokens(outs["batched"], eos), best["batched"]),
-            Row("node-hf", int(node_out.completion_mask.sum()), best["node"], gap=gap_of(policy, prompts, node_out))], \
-        backend
+            Row("node-hf", int(node_out.completion_mask.sum()), best["node"], sync_seconds=sync,
+                gap=gap_of(policy, prompts, node_out), notes=[f"weights {backend.weights}"]),
+            Row("node-hf-adapter", int(adapter_out.completion_mask.sum()), best["adapter"],
+                gap=gap_of(policy, prompts, adapter_out))], backend
 
 
 def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: int, args: argparse.Namespace,
@@ -357,10 +388,9 @@ def run_bench(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
         for kind in args.models.split(","):
             policy, folder, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device)
-            sequences, tokens = WORKLOADS[kind]
-            sequences, tokens = max(1, int(sequences * args.scale)), max(1, int(tokens * args.scale))
+            sequences, tokens = workload(kind, args)
             prompts = step_prompts(policy, sequences, tasks=tasks, kind=kind)
-            rows, hf = bench_hf(policy, prompts, tokens, args.reps)
+            rows, hf = bench_hf(policy, prompts, tokens, args.reps, args.scale)
             if not args.no_vllm:
                 for mode in args.vllm_modes.split(","):
                     rows.append(bench_vllm(policy, folder, prompts, tokens, args, mode, hf))
@@ -375,61 +405,46 @@ def run_bench(args: argparse.Namespace) -> None:
             gc.collect()
 
 
-def run_training(args: argparse.Namespace) -> None:
-    """N trainer steps of the first model with vLLM generation: tokens/s, step time, memory, gap."""
-    from node.engines.vllm_engine import VLLMBackend
-    from node.train.groups import TrainGroup
-    from node.train.trainer import Trainer
+def workload(kind: str, args: argparse.Namespace) -> tuple[int, int]:
+    """Sequences and new tokens of a step: the model's workload times ``--scale``, or as given."""
+    sequences, tokens = WORKLOADS[kind]
+    sequences, tokens = max(1, int(sequences * args.scale)), max(1, int(tokens * args.scale))
+    return args.sequences or sequences, args.tokens or tokens
 
-    kind = args.models.split(",")[0]
-    with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
-        policy, folder, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device)
-        sequences, tokens = WORKLOADS[kind]
-        sequences, tokens = max(2, int(sequences * args.scale)), max(1, int(tokens * args.scale))
-        prompts = step_prompts(policy, sequences, tasks=tasks, kind=kind)
-        group = 8 if sequences % 8 == 0 else 1
-        trainer = Trainer(policy, lr=1e-5, norm_lr=1e-3, router_lr=1e-3, weight_decay=0.0, max_grad_norm=1.0,
-                          loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
-                          temperature=1.0, gradient_checkpointing=args.gradient_checkpointing)
-        engine: GenerationBackend = VLLMBackend(policy, folder, engine_config(args, compiled=args.compile),
-                                                dtype=args.dtype, max_num_seqs=sequences, seed=0)
-        gen = torch.Generator(device=policy.device).manual_seed(0)
-        adv_gen = torch.Generator().manual_seed(1)
-        settings = SamplingSettings(max_new_tokens=tokens)
-        print(f"\n== training {label}: {args.train_steps} steps of {sequences} sequences x up to {tokens} tokens, "
-              f"{args.dtype}, gradient checkpointing {args.gradient_checkpointing}")
-        for step in range(1, args.train_steps + 1):
-            t0 = time.perf_counter()
-            out = engine.generate(prompts, settings, gen)
-            t_gen = time.perf_counter() - t0
-            groups = []
-            for g0 in range(0, sequences, group):
-                rows = [out.row(i) for i in range(g0, g0 + group)]
-                groups.append(TrainGroup(key=str(g0), peer_id="", epoch=0, prompt_ids=prompts[g0],
-                                         completions=[r[0] for r in rows], anchor_logprobs=[r[1] for r in rows],
-                                         rewards=[0.0] * group,
-                                         advantages=torch.randn(group, generator=adv_gen)))
-            stats = trainer.step(groups)
-            sync = engine.sync()["sync_seconds"]
-            sync_device()
-            dt = time.perf_counter() - t0
-            n_tok = int(out.completion_mask.sum())
-            mem = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-            print(f"step {step:>3}: {n_tok / t_gen:>8.0f} gen tok/s, {n_tok / dt:>8.0f} tok/s a step, "
-                  f"step {dt:6.2f} s (gen {t_gen:.2f}, sync {sync:.3f}), peak mem {mem:.1f} GiB, "
-                  f"gap |d| {stats.get('logprob_gap_abs', float('nan')):.2e} KL {stats.get('logprob_gap_kl', float('nan')):.1e}",
-                  flush=True)
-        engine.close()
+
+def run_count_ops(args: argparse.Namespace) -> None:
+    """Profiler events a decode position costs, each model's HF backend configured as its silo config does."""
+    from generation_ops import count_ops
+
+    from node.config import load_config
+
+    for kind in args.models.split(","):
+        cfg = load_config(NODE_CONFIGS[kind]) if kind in NODE_CONFIGS else None
+        adapter = cfg.adapter if cfg is not None else None
+        with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
+            policy, _, label, tasks = load_model(kind, Path(tmp), args.dtype, args.device, adapter)
+            print(f"\n== {label}: profiler events a decode position (the adapter of "
+                  f"{NODE_CONFIGS.get(kind, 'the bench defaults')})")
+            g = cfg.generation if cfg is not None else None
+            count_ops(policy, step_prompts(policy, 8, tasks=tasks, kind=kind)[0],
+                      g.hf.weights if g is not None else "merged", g.batch_size if g is not None else 256)
+            del policy
+            gc.collect()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,small,small-long,qwen0.5b")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="default: float32; bfloat16 with --count-ops")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply sequences and tokens of every workload")
+    parser.add_argument("--sequences", type=int, default=None, help="sequences a step (instead of the workload's)")
+    parser.add_argument("--tokens", type=int, default=None, help="new tokens a step (instead of the workload's)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="print the profiler events a decode position costs in the node's HF loop, and exit")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--vllm-modes", default="merge,lora",
                         help="the vLLM contenders' weight syncs, e.g. merge (leaves out the slower LoRA engine)")
@@ -442,12 +457,17 @@ def main() -> None:
     bad = set(args.vllm_modes.split(",")) - {"merge", "lora"}
     if bad:
         parser.error(f"--vllm-modes: unknown {sorted(bad)}; choose from merge, lora")
+    args.dtype = args.dtype or ("bfloat16" if args.count_ops else "float32")
     torch.set_num_threads(args.threads)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # small-base is looked up locally only
     print(f"torch {torch.__version__}, {args.threads} threads, {args.dtype} on {args.device}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    if args.train_steps:
+    if args.count_ops:
+        run_count_ops(args)
+    elif args.train_steps:
+        from generation_training import run_training
+
         run_training(args)
     else:
         run_bench(args)

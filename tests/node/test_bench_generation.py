@@ -59,13 +59,28 @@ def test_the_benchmark_prints_a_table_of_the_hf_contenders():
     out = _run("--no-vllm")
     assert "== tiny-base: 32 sequences x up to 1 new tokens a step" in out
     rows = _rows(out)
-    assert set(rows) == {"generate/naive", "generate/batched", "node-hf"}
-    assert int(rows["node-hf"][1]) == 32 and float(rows["node-hf"][-1]) < 1e-4  # one token each; its gap
+    assert set(rows) == {"generate/naive", "generate/batched", "node-hf", "node-hf-adapter"}
+    for name in ("node-hf", "node-hf-adapter"):  # one token each; its gap
+        assert int(rows[name][1]) == 32 and float(rows[name][7]) < 1e-4, rows[name]
+    assert "(weights merged)" in " ".join(rows["node-hf"]) and float(rows["node-hf"][4]) > 0  # its refresh
     assert float(rows["node-hf"][6]) == 1.0  # the ratio column's reference
     ref = re.search(r"torch.mm reference .*: (\d+) tok/s at (\d+) GFLOP/s; share reached: node-hf (\d+)%", out)
     # The share is a whole percentage: tiny-base's one-token steps are mostly overhead, and on a loaded machine
     # (load 6.6 in one CI run) node-hf reached 0.1% of torch.mm, printed as 0%.
     assert ref and int(ref[1]) > float(rows["node-hf"][3]) and 0 <= int(ref[3]) <= 100, out
+
+
+def test_count_ops_prints_the_events_a_decode_position_costs_merged_and_as_trained():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny", "--count-ops", "--threads", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    merged = re.search(r"^events per decode position: (\d+)$", proc.stdout, re.MULTILINE)
+    adapter = re.search(r"^events per decode position with the adapter as trained .*: (\d+) ", proc.stdout,
+                        re.MULTILINE)
+    assert merged and adapter, proc.stdout
+    # tiny-base: 2 layers x 7 adapted projections; each LoRA layer costs tens of events a token more
+    assert 0 < int(merged[1]) < int(adapter[1]) - 14 * 20, proc.stdout
+    assert "torch.bfloat16" in proc.stdout and "generation.hf.weights=merged" in proc.stdout
 
 
 @pytest.mark.slow
