@@ -10,14 +10,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating virtualenv $VENV"
   "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+source "$ROOT/scripts/dev/pip_progress.sh"
+INSTALL=("$VENV/bin/python" -m pip --disable-pip-version-check install --progress-bar off)
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  echo "installing torch"
-  "${PIP[@]}" install "${SWARM_NODE_TORCH:-torch==2.13.0}"
+  pip_progress "torch (${SWARM_NODE_TORCH:-torch==2.13.0})" "${INSTALL[@]}" "${SWARM_NODE_TORCH:-torch==2.13.0}"
 fi
 stamp="$VENV/.swarm-node-installed$EXTRAS"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-  echo "installing swarm-node$EXTRAS"
-  "${PIP[@]}" install -e "$ROOT$EXTRAS"
+  pip_progress "swarm-node$EXTRAS and its dependencies" "${INSTALL[@]}" -e "$ROOT$EXTRAS"
   touch "$stamp"
 fi
