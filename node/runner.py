@@ -184,16 +184,19 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         local = [s.group for s in sampled]
         with_signal = assign_advantages(local, cfg.train.advantage)
         self._record_signal(local, with_signal)
+        own_cap, j = self._plan(len(local), len(with_signal))
         external: list[TrainGroup] = []
         if self.exchange is not None:
             self.exchange.share(self.step, sampled)
-            external = self._select_external(epoch)
+            external = self._select_external(epoch, j)
         t_exchange = time.perf_counter() - t_gen
         self._count_trained(external)
-        # I local groups with signal (all of them when no more were generated), then the J external ones.
-        signal_groups = with_signal[: cfg.sapo.local_groups] + external
+        # I local groups with signal (all of them when no more were generated), then the external ones.
+        signal_groups = with_signal[:own_cap] + external
         histograms = self.tracking.wants_histograms(self.step + 1)
         stats = self.trainer.step(signal_groups, keep_distributions=histograms)
+        if self.decider is not None:
+            self.decider.observe(stats.get("peer_alignment"))
         sync = self.generator.sync()  # the next step samples from the updated policy
         self.step += 1
         dt = time.perf_counter() - t0
@@ -218,6 +221,8 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         record.update({f"gen/{k}": v for k, v in sync.items()})
         if self.policy.remix is not None:
             record["router_entropy"] = self.policy.remix.router_entropy()
+        if self.decider is not None:
+            record.update(self.decider.metrics())
         if self.exchange is not None:
             record["exchange_seconds"] = t_exchange
             record["peer_reward_mean"] = _mean([r for grp in external for r in grp.rewards])  # re-scored here
@@ -268,8 +273,11 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
     def save_checkpoint(self) -> None:
         rng = capture_rng(self.task_rng, self.sample_gen, self.select_rng)
         rng["routing_gen"] = self.trainer.routing_generator.get_state()
-        extra = {"model": self.cfg.model.name_or_path, "mode": "silo" if self.exchange is None else "swarm",
-                 "signal_history": list(self._signal_history)}
+        extra: dict[str, Any] = {"model": self.cfg.model.name_or_path,
+                                 "mode": "silo" if self.exchange is None else "swarm",
+                                 "signal_history": list(self._signal_history)}
+        if self.decider is not None:
+            extra["peer_decider"] = self.decider.state()
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
                                               optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
 

@@ -8,7 +8,7 @@ import torch
 
 from node.runner_state import NodeState
 from node.train.groups import TrainGroup, assign_advantages
-from node.train.sampler import CandidateGroup, mix, preference_weights
+from node.train.sampler import CandidateGroup, mix, peer_slots, preference_weights
 from swarm.peer_book import MAX_TRACKED_PEERS
 
 _MAX_POOL_PER_J = 64  # peer groups held for selection, per external group trained on a step
@@ -62,10 +62,21 @@ class PeerGroupsMixin(NodeState):
         sapo, tasks = self.cfg.sapo, self.cfg.tasks
         mixture = dict(zip(tasks.datasets, tasks.weights or [1.0] * len(tasks.datasets)))
         return preference_weights(datasets, sapo.dataset_preference, mixture=mixture,
-                                  signal_rates=self.signal_rates(), floor=sapo.preference_floor)
+                                  signal_rates=self.signal_rates(), floor=sapo.preference_floor,
+                                  success_rates=self.success_rates(), band=(sapo.band_low, sapo.band_high))
 
-    def _select_external(self, epoch: int) -> list[TrainGroup]:
-        """Add freshly received peer groups to the pool, drop stale ones, pick up to J (never waits)."""
+    def _plan(self, generated: int, own_with_signal: int) -> tuple[int, int]:
+        """``(own groups with signal, peer groups)`` this step may train on at most (``sapo.peer_slots``). A
+        deciding node (``sapo.take_peers=decide``) that declines trains as a silo would: on every own group
+        with signal, no peer's."""
+        sapo = self.cfg.sapo
+        if self.decider is not None and self.exchange is not None and not self.decider.decide():
+            return generated, 0
+        return sapo.local_groups, peer_slots(sapo.peer_slots, sapo.external_groups, generated, own_with_signal)
+
+    def _select_external(self, epoch: int, j: int | None = None) -> list[TrainGroup]:
+        """Add freshly received peer groups to the pool, drop stale ones, pick up to ``j`` (J when None; never
+        waits)."""
         if self.exchange is None:
             return []
         sapo = self.cfg.sapo
@@ -77,7 +88,8 @@ class PeerGroupsMixin(NodeState):
                                     self.cfg.train.external_shift)
         fresh = [grp for grp in self._external_pool + arrived if grp.epoch >= epoch - sapo.staleness_epochs]
         self._external_pool = fresh[-max(capacity, 1) :]  # newest kept
-        if sapo.external_groups == 0 or not self._external_pool:
+        j = sapo.external_groups if j is None else j
+        if j == 0 or not self._external_pool:
             return []
         candidates = [CandidateGroup(key=grp.key, peer_id=grp.peer_id, epoch=grp.epoch,
                                      rewards=torch.tensor(grp.rewards), advantages=grp.advantages, payload=grp,
@@ -85,7 +97,7 @@ class PeerGroupsMixin(NodeState):
                       for grp in self._external_pool if grp.advantages is not None]
         weights = self._dataset_weights([c.dataset for c in candidates])
         above = self.success_rates() if sapo.peer_filter == "above_own" else None
-        _, chosen = mix([], candidates, 0, sapo.external_groups, sapo.selection, max_per_peer=sapo.max_per_peer,
+        _, chosen = mix([], candidates, 0, j, sapo.selection, max_per_peer=sapo.max_per_peer,
                         current_epoch=epoch, staleness_epochs=sapo.staleness_epochs, rng=self.select_rng,
                         dataset_weights=weights, above_reward=above)
         picked = {id(c.payload) for c in chosen}

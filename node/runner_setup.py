@@ -141,7 +141,8 @@ class SetupMixin(NodeState):
                        gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb,
                        engine_is_cap=tc.engine_is_cap, optimizer_steps=tc.optimizer_steps,
                        loss_denominator=(self.cfg.sapo.local_groups * self.cfg.generation.group_size
-                                         if tc.loss_denominator == "fixed" else None))
+                                         if tc.loss_denominator == "fixed" else None),
+                       measure_alignment=self.decider is not None)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)
@@ -188,6 +189,8 @@ class SetupMixin(NodeState):
         if "routing_gen" in state.rng:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])
         self._signal_history.extend(state.extra.get("signal_history", []))
+        if self.decider is not None and "peer_decider" in state.extra:
+            self.decider.load_state(state.extra["peer_decider"])
         self.step = state.step
         self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)

@@ -24,6 +24,7 @@ from node.policy.model import Policy
 from node.tasks import Task, TaskSource
 from node.tracking import Trackers
 from node.train.groups import TrainGroup
+from node.train.peer_value import PeerDecider
 from node.train.trainer import Trainer
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
@@ -65,6 +66,11 @@ class NodeState:
         self._trained_by_peer: OrderedDict[str, int] = OrderedDict()  # peer groups trained on, by peer (most recent last)
         # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).
         self._signal_history: deque[dict[str, list[float]]] = deque(maxlen=cfg.sapo.signal_window)
+        # sapo.take_peers=decide: whether peers' groups pay this node, estimated as it trains.
+        sapo = cfg.sapo
+        self.decider = PeerDecider(window=sapo.decide_window, warmup=sapo.decide_warmup,
+                                   probe_every=sapo.decide_probe_every, min_alignment=sapo.decide_min_alignment) \
+            if sapo.take_peers == "decide" else None
         self.board = StatusBoard()
         self._started_at = time.time()
         self.api: ApiServer | None = None

@@ -99,6 +99,14 @@ def _speed(s: dict[str, Any]) -> str:
             f"(median of the last {n} steps; last step {_num(s['step_seconds'], 2)} s)")
 
 
+def _decision(d: dict[str, Any]) -> str:
+    """A deciding node's line: its last decision, the alignment estimate and the decisions so far."""
+    estimate = ("no estimate yet" if d["alignment_mean"] is None else
+                f"alignment {_num(d['alignment_mean'], 3)} ± {_num(d['alignment_se'], 3)} over {d['alignments']} steps")
+    return (f"{d['last']} · {estimate} · peers taken {d['steps_taken']} steps (probes {d['probes']}), "
+            f"declined {d['steps_declined']}")
+
+
 def render(url: str, status: dict[str, Any], peers: dict[str, Any], health: dict[str, Any]) -> str:
     s, net = status, status["network"]
     ev = s["last_eval"]
@@ -119,6 +127,8 @@ def render(url: str, status: dict[str, Any], peers: dict[str, Any], health: dict
     if s["mode"] == "swarm":
         summary.insert(1, ["peer id", f"{s['peer_id']} · swarm {s['swarm_id']}"])
         summary.append(["shared", f"{s['published']['batches']} batches, {s['published']['groups']} groups"])
+    if decision := s.get("peer_decision"):
+        summary.append(["peers pay?", _decision(decision)])
     lines = [f"swarm-node status of {url}", *table(summary)]
     rows = peers["peers"]
     if s["mode"] == "swarm":

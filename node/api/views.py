@@ -68,6 +68,7 @@ def status_doc(board: StatusBoard, network: NetworkStatus | None, stall_seconds:
                    "step_seconds_median": snap.step_seconds_median if snap else None,
                    "tokens_per_s_median": snap.tokens_per_s_median if snap else None},
         "groups_trained": {"own": record.get("n_local_groups"), "peers": record.get("n_peer_groups")},
+        "peer_decision": _peer_decision(record),
         "network": network_doc(network),
         "published": {"batches": snap.published_batches if snap else 0,
                       "groups": snap.published_groups if snap else 0,
@@ -77,6 +78,17 @@ def status_doc(board: StatusBoard, network: NetworkStatus | None, stall_seconds:
         "time": now,
     }
     return doc
+
+
+def _peer_decision(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A deciding node's (``sapo.take_peers=decide``) last decision, its estimate of whether peers' groups pay
+    and its decisions so far; None for a node that does not decide."""
+    if "peer_decision" not in record:
+        return None
+    return {"last": record.get("peer_decision"), "alignment_mean": _number(record, "peer_alignment_mean"),
+            "alignment_se": _number(record, "peer_alignment_se"), "alignments": record.get("peer_alignment_n"),
+            "steps_taken": record.get("peer_steps_taken"), "steps_declined": record.get("peer_steps_declined"),
+            "probes": record.get("peer_probes")}
 
 
 def peers_doc(board: StatusBoard, rows: list[PeerRow], network: NetworkStatus | None) -> dict[str, Any]:

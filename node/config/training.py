@@ -3,7 +3,7 @@ peers' rollouts taken in."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from node.config.section import Section
 from node.modes import (
@@ -12,7 +12,9 @@ from node.modes import (
     LossDenominator,
     LossKind,
     PeerFilter,
+    PeerSlots,
     SelectionPolicy,
+    TakePeers,
 )
 
 
@@ -68,7 +70,8 @@ class SapoConfig(Section):
     staleness_epochs: int = Field(2, ge=0)
     dataset_preference: DatasetPreference = Field(
         "none", description="weight peer groups by dataset: own_mixture (the node's task weights), low_signal "
-        "(1 - the node's own recent signal rate on the dataset), both (the product), none")
+        "(1 - the node's own recent signal rate on the dataset), both (the product), learning_band (1 where the "
+        "node's own recent mean reward is within [band_low, band_high], preference_floor outside), none")
     peer_filter: PeerFilter = Field(
         "none", description="above_own: train only on peer groups whose re-scored mean reward is above the "
         "node's own mean reward on their dataset over the last signal_window steps (a peer that does better than "
@@ -76,7 +79,32 @@ class SapoConfig(Section):
     signal_window: int = Field(8, ge=1, description="steps of the node's own groups behind its signal and "
                                "success rates")
     preference_floor: float = Field(
-        0.1, ge=0, le=1, description="low_signal: lowest weight of a dataset the node has signal on")
+        0.1, ge=0, le=1, description="low_signal: lowest weight of a dataset the node has signal on; "
+        "learning_band: the weight of a dataset outside the band")
+    band_low: float = Field(0.05, ge=0, le=1, description="learning_band: the lowest own success rate (mean "
+                            "reward over signal_window steps) of a dataset inside the band")
+    band_high: float = Field(0.95, ge=0, le=1, description="learning_band: the highest own success rate of a "
+                             "dataset inside the band")
+    peer_slots: PeerSlots = Field(
+        "fixed", description="fixed: up to J peer groups a step; flat: peer groups only in the slots of the "
+        "step's own flat groups (no signal), at most J, so a step never trains on more groups than it generated")
+    take_peers: TakePeers = Field(
+        "always", description="decide: take peer groups only while their gradient agrees with the node's own "
+        "(the decide_* keys); always: every step")
+    decide_window: int = Field(16, ge=2, description="decide: the alignments (own vs peer gradient cosine) "
+                               "the estimate averages")
+    decide_warmup: int = Field(4, ge=1, description="decide: alignments measured, peers taken, before deciding")
+    decide_probe_every: int = Field(8, ge=1, description="decide: while declining, every this many steps "
+                                    "takes peer groups anyway to keep measuring")
+    decide_min_alignment: float = Field(0.0, ge=-1, lt=1, description="decide: peers pay while the mean "
+                                        "alignment less one standard error is above this")
+
+    @model_validator(mode="after")
+    def _band_in_order(self) -> SapoConfig:
+        if self.band_low > self.band_high:
+            raise ValueError(f"sapo.band_low ({self.band_low:g}) is above sapo.band_high ({self.band_high:g}); "
+                             "swap them")
+        return self
 
 
 class IngestConfig(Section):

@@ -19,7 +19,15 @@ never selected. ``uniform`` takes that order as it is, ``highest_reward`` breaks
 - ``own_mixture``: datasets of its own task mixture, ``w_d = weight_d / max weight`` (0 outside it);
 - ``low_signal``: datasets where its own recent groups rarely carry signal,
   ``w_d = max(floor, 1 - signal_rate_d)`` (1 for a dataset it has not sampled lately);
-- ``both``: the product.
+- ``both``: the product;
+- ``learning_band``: datasets where its own recent success rate (mean reward) lies inside a learning band
+  ``[low, high]`` (neither always right nor always wrong), ``w_d = 1`` there and ``floor`` outside (1 for
+  a dataset it has not sampled lately).
+
+Peer slots (:func:`peer_slots`): ``fixed`` lets a step train on up to J peer groups whatever its own
+groups gave; ``flat`` lets peer groups into the slots the step's own flat groups (all rewards equal, no
+signal) leave, at most J: a node whose own groups all carry signal trains on them alone, one whose own
+groups ran dry fills its step with peers' groups, and a step never trains on more groups than it generated.
 
 Peer filter (``above_reward``, the node's own mean reward by dataset): a group whose mean reward is not
 above its dataset's value is dropped before any policy orders the rest (a dataset missing there keeps
@@ -39,7 +47,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from node.modes import DATASET_PREFERENCES, SELECTION_POLICIES, DatasetPreference, SelectionPolicy
+from node.modes import (
+    DATASET_PREFERENCES,
+    PEER_SLOTS,
+    SELECTION_POLICIES,
+    DatasetPreference,
+    PeerSlots,
+    SelectionPolicy,
+)
 from node.train.advantages import has_signal
 
 LOCAL_PEER_ID = ""
@@ -86,16 +101,22 @@ def preference_weights(
     mixture: Mapping[str, float],
     signal_rates: Mapping[str, float],
     floor: float,
+    success_rates: Mapping[str, float] | None = None,
+    band: tuple[float, float] = (0.0, 1.0),
 ) -> dict[str, float] | None:
     """The selection weight of each dataset in ``datasets`` under ``preference`` (module docstring).
 
     Args:
         datasets: the datasets of the candidate groups (repeats allowed).
-        preference: "none" (returns None: no weighting), "own_mixture", "low_signal" or "both".
+        preference: "none" (returns None: no weighting), "own_mixture", "low_signal", "both" or
+            "learning_band".
         mixture: the node's own task weights by dataset.
         signal_rates: the fraction of the node's own recent groups of each dataset that carried signal;
             a dataset missing here has not been sampled lately.
-        floor: the lowest ``low_signal`` weight, in [0, 1].
+        floor: the lowest ``low_signal`` weight, and the ``learning_band`` weight outside the band, in [0, 1].
+        success_rates: the node's own recent mean reward by dataset (``learning_band``; missing: not
+            sampled lately).
+        band: ``(low, high)``, the success rates (inclusive) inside the learning band.
 
     Returns:
         ``{dataset: weight >= 0}``, or None for "none".
@@ -112,8 +133,30 @@ def preference_weights(
             weight *= mixture.get(dataset, 0.0) / top if top > 0 else 0.0
         if preference in ("low_signal", "both") and dataset in signal_rates:
             weight *= max(floor, 1.0 - signal_rates[dataset])
+        if preference == "learning_band" and success_rates is not None and dataset in success_rates:
+            weight = 1.0 if band[0] <= success_rates[dataset] <= band[1] else floor
         weights[dataset] = weight
     return weights
+
+
+def peer_slots(mode: PeerSlots, j: int, generated: int, own_with_signal: int) -> int:
+    """How many peer groups a step may train on (module docstring, "Peer slots").
+
+    Args:
+        mode: "fixed" (``j``) or "flat" (the step's own flat groups, at most ``j``).
+        j: the configured J.
+        generated: own groups generated this step.
+        own_with_signal: how many of them carry signal.
+
+    Returns:
+        ``j`` for "fixed"; ``min(j, generated - own_with_signal)`` for "flat".
+    """
+    if mode not in PEER_SLOTS:
+        raise ValueError(f"unknown peer slots mode {mode!r}; expected one of {PEER_SLOTS}")
+    if j < 0 or own_with_signal < 0 or own_with_signal > generated:
+        raise ValueError(f"j ({j}) must not be negative and own_with_signal ({own_with_signal}) must be within "
+                         f"[0, generated ({generated})]")
+    return j if mode == "fixed" else min(j, generated - own_with_signal)
 
 
 def _weighted_order(
@@ -238,24 +281,28 @@ def mix(
     rng: random.Random,
     dataset_weights: Mapping[str, float] | None = None,
     above_reward: Mapping[str, float] | None = None,
+    slots: PeerSlots = "fixed",
 ) -> tuple[list[CandidateGroup], list[CandidateGroup]]:
-    """One step's SAPO batch: up to ``i`` local and up to ``j`` external groups.
+    """One step's SAPO batch: up to ``i`` local and up to ``j`` external groups (``slots="flat"``: external
+    groups only in the slots of the step's flat local groups, at most ``j``).
 
     Args:
         local: this step's own groups, in generation order; the first ``i`` with a non-zero advantage
             are taken (local groups are fresh by construction and not filtered by epoch).
         external_candidates, j, policy, max_per_peer, current_epoch, staleness_epochs, rng,
             dataset_weights, above_reward: as in :func:`select_external`.
+        slots: "fixed" or "flat" (:func:`peer_slots`, with ``local`` the step's generated groups).
 
     Returns:
         ``(local_groups, external_groups)``.
     """
     if i < 0:
         raise ValueError(f"i ({i}) must not be negative")
-    chosen_local = [g for g in local if g.has_signal()][:i]
+    with_signal = [g for g in local if g.has_signal()]
+    chosen_local = with_signal[:i]
     chosen_external = select_external(
         external_candidates,
-        j,
+        peer_slots(slots, j, len(local), len(with_signal)),
         policy,
         max_per_peer=max_per_peer,
         current_epoch=current_epoch,

@@ -23,6 +23,7 @@ from node.generation import (
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
+from node.train.peer_value import cosine
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class Trainer:
                  micro_batch_size: int, temperature: float, routings: int = 2,
                  off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
                  logits_memory_mb: int = 1024, engine_is_cap: float | None = None, optimizer_steps: int = 1,
-                 loss_denominator: int | None = None) -> None:
+                 loss_denominator: int | None = None, measure_alignment: bool = False) -> None:
         if optimizer_steps < 1:
             raise ValueError(f"optimizer_steps must be >= 1, got {optimizer_steps}")
         if loss_denominator is not None and loss_denominator < 1:
@@ -49,6 +50,10 @@ class Trainer:
         # None: each update's loss is the mean over its sequences; N: their sum over N sequences (N / parts
         # an update), so a step that trains on more sequences with signal takes a larger step.
         self.loss_denominator = loss_denominator
+        # The cosine between the gradients of a step's own and peers' sequences (``node.train.peer_value``):
+        # each part's gradient accumulated on its own, the update their sum as before.
+        self.measure_alignment = measure_alignment
+        self._alignments: list[float] = []
         if gradient_checkpointing:  # only in train mode: generation and evaluation run without it
             policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
                 gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -102,6 +107,7 @@ class Trainer:
         model = self.policy.model
         model.train()
         self._gap = [0.0, 0.0, 0]
+        self._alignments = []
         # Round-robin keeps each part a mix of own and peer groups, and a group's rows in order within a part
         # (its prompt still runs once a micro-batch).
         parts = [part for k in range(self.optimizer_steps) if (part := rows[k :: self.optimizer_steps])]
@@ -118,6 +124,8 @@ class Trainer:
                "grad_norm": sum(norms) / len(norms) if norms else 0.0, "skipped_steps": float(self.skipped_steps)}
         if self.optimizer_steps > 1:
             out["optimizer_steps"] = float(len(norms))
+        if self._alignments:
+            out["peer_alignment"] = sum(self._alignments) / len(self._alignments)
         if self._gap[2]:  # this step's own samples: the sampler's log-probs against ours, before the update
             out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
         return out
@@ -130,14 +138,24 @@ class Trainer:
         total, sums = len(rows), {"loss": 0.0}
         denominator = total if self.loss_denominator is None else self.loss_denominator / n_parts
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(self.policy.tokenizer))
-        lengths = [len(r[1]) for r in rows]
-        # ReMix runs each sequence once a routing: M rows of a forward pass, in memory as in the budget.
-        for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
-                                         max(1, self.micro_batch_size // self.routings_per_row)):
-            chunk = rows[batch.start : batch.stop]
-            stats = self._micro_step(chunk, weight=len(chunk) / denominator)
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
+        own, peer = [r for r in rows if r[4]], [r for r in rows if not r[4]]
+        measure = self.measure_alignment and bool(own) and bool(peer)
+        own_grads: list[torch.Tensor | None] = []
+        for segment in ([own, peer] if measure else [rows]):
+            lengths = [len(r[1]) for r in segment]
+            # ReMix runs each sequence once a routing: M rows of a forward pass, in memory as in the budget.
+            for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
+                                             max(1, self.micro_batch_size // self.routings_per_row)):
+                chunk = segment[batch.start : batch.stop]
+                stats = self._micro_step(chunk, weight=len(chunk) / denominator)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v * len(chunk) / total
+            if measure and not own_grads:  # the own part's gradient, before the peers' is added to it
+                own_grads = [None if p.grad is None else p.grad.detach().clone() for p in self._params()]
+        if measure:
+            alignment = _part_cosine(own_grads, self._params())
+            if alignment is not None:
+                self._alignments.append(alignment)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm)
         finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
         if finite:
@@ -214,3 +232,22 @@ class Trainer:
         ((loss + router_loss) * weight).backward()
         remix.deterministic()
         return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}
+
+
+def _part_cosine(own_grads: list[torch.Tensor | None], params: list[torch.nn.Parameter]) -> float | None:
+    """The cosine between the own part's gradient (``own_grads``, as it was once the own sequences were
+    accumulated) and the peers' part (the parameters' gradient now, less the own part); None when either
+    part has no gradient or a value that is not finite."""
+    dot = own_sq = peer_sq = 0.0
+    for own, param in zip(own_grads, params):
+        if param.grad is None:
+            continue
+        total = param.grad.detach().double()
+        mine = torch.zeros_like(total) if own is None else own.double()
+        theirs = total - mine
+        dot += float((mine * theirs).sum())
+        own_sq += float((mine * mine).sum())
+        peer_sq += float((theirs * theirs).sum())
+    if not all(math.isfinite(v) for v in (dot, own_sq, peer_sq)):
+        return None
+    return cosine(dot, math.sqrt(own_sq), math.sqrt(peer_sq))

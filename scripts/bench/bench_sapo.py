@@ -24,7 +24,10 @@ against the silo). Lever arms (``sapo_runs.LEVER_ARMS``), TOPR corrected with on
 the TOPR silo: ``topr_fixed_loss`` (the loss summed over a fixed I x G sequences), ``topr_2_updates`` (two
 optimizer steps a training step), ``topr_by_reward`` (peer groups by their re-scored mean reward),
 ``topr_low_signal`` (peer groups first on the datasets where the node's own carry the least signal),
-``topr_above_own`` (only peer groups whose mean reward beats the node's own on their dataset).
+``topr_above_own`` (only peer groups whose mean reward beats the node's own on their dataset),
+``topr_fill`` (peer groups only in the slots of the step's flat own groups, datasets inside the node's
+learning band first: ``sapo.peer_slots=flat``, ``sapo.dataset_preference=learning_band``) and
+``topr_decide`` (the same, taken only while the node's estimate says they pay: ``sapo.take_peers=decide``).
 Settings (``sapo_runs.SETTINGS``): homogeneous tiny nodes; a capability-heterogeneous
 swarm (tiny bases pretrained for different lengths, on a common mixture); a sparse-signal regime (3-digit
 addition); ``models``, two models with two tokenizers (smollm2-135m beside small-base, every peer group
@@ -66,6 +69,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from sapo_plots import reward_curves, signal_curves  # noqa: E402
+from sapo_regime import decision_lines, regime_lines  # noqa: E402
 from sapo_runs import (  # noqa: E402
     ARMS,
     BASELINE_OF,
@@ -469,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in table_lines(rows):
         print(line)
-    extra_lines = [line for line in (*end_lines(rows), cost_line(rows), *goals(rows)) if line]
+    extra_lines = [line for line in (*end_lines(rows), *regime_lines(results, mean_ci), *decision_lines(results),
+                                     cost_line(rows), *goals(rows)) if line]
     for line in extra_lines:
         print(line)
     reward_curves(results, out / "reward_curves.png")

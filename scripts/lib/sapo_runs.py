@@ -62,6 +62,13 @@ ARMS: dict[str, list[str]] = {
                         "sapo.dataset_preference=low_signal"],
     "topr_above_own": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
                        "sapo.peer_filter=above_own"],
+    # Peer groups only in the slots of the step's flat own groups, those of datasets inside the node's
+    # learning band first; and the same node deciding, from the alignment of peers' gradients with its
+    # own, whether to take them at all.
+    "topr_fill": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                  "sapo.peer_slots=flat", "sapo.dataset_preference=learning_band"],
+    "topr_decide": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true",
+                    "sapo.peer_slots=flat", "sapo.dataset_preference=learning_band", "sapo.take_peers=decide"],
     # The silo with a ReMix adapter of the same active rank as the node type's LoRA (k LoRAs of rank r/k
     # active of n; see ``node_config``). ReMix runs on the HF backend only.
     "remix": ["train.loss=topr", "train.advantage=rloo", "train.off_policy_correction=true", "adapter.kind=remix",
@@ -73,7 +80,8 @@ ARMS: dict[str, list[str]] = {
                   "generation.backend=hf"],
 }
 LR_SCALE: dict[str, float] = {"lora_lr2": 2.0, "remix_lr2": 2.0}
-LEVER_ARMS = ["topr_fixed_loss", "topr_2_updates", "topr_by_reward", "topr_low_signal", "topr_above_own"]
+LEVER_ARMS = ["topr_fixed_loss", "topr_2_updates", "topr_by_reward", "topr_low_signal", "topr_above_own",
+              "topr_fill", "topr_decide"]
 SILO_OF: dict[str, str] = {"grpo_onpolicy": "silo_grpo", "topr_uncorrected": "silo", "topr_corrected": "silo",
                            "rec": "silo", **{arm: "silo" for arm in LEVER_ARMS}}
 SHARING_ARMS = list(SILO_OF)

@@ -195,3 +195,22 @@ def test_a_resumed_node_reports_where_it_left_off(fast_config):
     assert (status["step"], status["total_steps"], status["state"]) == (2, 5, "ready")
     assert status["last_reward"] == row["reward_mean"]
     assert status["last_eval"] == {"step": 2, "accuracy": row["eval_accuracy"]}
+
+
+def test_a_deciding_node_says_in_its_status_what_it_decided():
+    from node.api.client import render
+    from node.api.views import health_doc, status_doc
+
+    record = {"step": 40, "reward_mean": 0.5, "peer_decision": "does_not_pay", "peer_alignment_mean": -0.021,
+              "peer_alignment_se": 0.004, "peer_alignment_n": 16, "peer_steps_taken": 12, "peer_steps_declined": 28,
+              "peer_probes": 3}
+    board = _board()
+    board.publish(StepSnapshot(step=40, record=freeze_record(record), last_eval=None))
+    doc = status_doc(board, None, 600.0)
+    assert doc["peer_decision"] == {"last": "does_not_pay", "alignment_mean": -0.021, "alignment_se": 0.004,
+                                    "alignments": 16, "steps_taken": 12, "steps_declined": 28, "probes": 3}
+    _, health = health_doc(board, 600.0)
+    text = render("http://x/", doc, {"peers": []}, health)
+    assert "does_not_pay · alignment -0.021 ± 0.004 over 16 steps · peers taken 12 steps (probes 3), declined 28" \
+        in text
+    assert status_doc(_board(), None, 600.0)["peer_decision"] is None  # a node that does not decide

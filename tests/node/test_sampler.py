@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from node.train.advantages import rloo_advantages
-from node.train.sampler import LOCAL_PEER_ID, CandidateGroup, mix, preference_weights, select_external
+from node.train.sampler import (
+    LOCAL_PEER_ID,
+    CandidateGroup,
+    mix,
+    peer_slots,
+    preference_weights,
+    select_external,
+)
 
 SIGNAL = [1.0, 0.0]  # RLOO advantages [1, -1]
 NO_SIGNAL = [1.0, 1.0]  # RLOO advantages [0, 0]
@@ -247,3 +254,62 @@ def test_the_peer_filter_keeps_only_groups_above_the_nodes_own_reward_on_their_d
     unfiltered = select_external(candidates, 5, "highest_reward", max_per_peer=None, current_epoch=10,
                                  staleness_epochs=0, rng=random.Random(0))
     assert len(unfiltered) == 5
+
+
+def test_peer_slots_fixed_gives_j_and_flat_gives_the_steps_flat_groups_at_most_j() -> None:
+    # 8 own groups generated, 5 with signal: 3 flat slots.
+    assert peer_slots("fixed", 4, 8, 5) == 4
+    assert peer_slots("flat", 4, 8, 5) == 3
+    assert peer_slots("flat", 2, 8, 5) == 2  # never more than J
+    assert peer_slots("flat", 8, 8, 8) == 0  # every own group taught something: no peer group
+    assert peer_slots("flat", 8, 8, 0) == 8  # own groups ran dry: the step is all peers'
+    with pytest.raises(ValueError, match="peer slots"):
+        peer_slots("some", 4, 8, 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        peer_slots("flat", 4, 8, 9)
+
+
+def test_mix_with_flat_slots_fills_only_the_slots_of_flat_own_groups() -> None:
+    """Hand-made step: 4 own groups, l1 and l3 flat; 5 peer groups on offer; I = 4, J = 4."""
+    local = [group("l0", LOCAL_PEER_ID), group("l1", LOCAL_PEER_ID, rewards=NO_SIGNAL), group("l2", LOCAL_PEER_ID),
+             group("l3", LOCAL_PEER_ID, rewards=[0.0, 0.0])]
+    external = [group(f"x{n}", peer=f"p{n}") for n in range(5)]
+    kw: dict[str, Any] = {"max_per_peer": None, "current_epoch": 10, "staleness_epochs": 2}
+    fixed_local, fixed_external = mix(local, external, 4, 4, "uniform", rng=random.Random(3), **kw)
+    flat_local, flat_external = mix(local, external, 4, 4, "uniform", rng=random.Random(3), slots="flat", **kw)
+    assert keys(fixed_local) == keys(flat_local) == ["l0", "l2"]
+    assert len(fixed_external) == 4  # fixed: J whatever the own groups gave
+    assert keys(flat_external) == keys(fixed_external)[:2]  # flat: the two flat slots, same order
+    # Every own group with signal: nothing from peers; every own group flat: J of them.
+    assert mix(local[::2], external, 4, 4, "uniform", rng=random.Random(3), slots="flat", **kw)[1] == []
+    assert len(mix(local[1::2], external, 4, 4, "uniform", rng=random.Random(3), slots="flat", **kw)[1]) == 2
+
+
+def test_learning_band_weights_hand_computed() -> None:
+    # Own success rates: add 0.5 (inside [0.05, 0.95]), sub 0.98 (always right), mul 0.0 (always wrong);
+    # div not sampled lately.
+    args: dict[str, Any] = {"mixture": {"add": 1.0}, "signal_rates": {}, "floor": 0.1,
+                            "success_rates": {"add": 0.5, "sub": 0.98, "mul": 0.0}, "band": (0.05, 0.95)}
+    assert preference_weights(["add", "sub", "mul", "div"], "learning_band", **args) == pytest.approx(
+        {"add": 1.0, "sub": 0.1, "mul": 0.1, "div": 1.0})
+    edge = {**args, "success_rates": {"add": 0.05, "sub": 0.95}}  # the band's ends are inside it
+    assert preference_weights(["add", "sub"], "learning_band", **edge) == {"add": 1.0, "sub": 1.0}
+
+
+def test_learning_band_selection_prefers_datasets_inside_the_band() -> None:
+    """Peers' groups on add (inside the node's band) and sub (outside): with floor 0, two flat slots take
+    add groups only, and with a small floor add groups come first nearly always."""
+    cands = [_ds_group(f"a{i}", "add") for i in range(3)] + [_ds_group(f"s{i}", "sub") for i in range(3)]
+    band: dict[str, Any] = {"mixture": {}, "signal_rates": {}, "success_rates": {"add": 0.4, "sub": 1.0},
+                            "band": (0.05, 0.95)}
+    only_band = preference_weights(["add", "sub"], "learning_band", floor=0.0, **band)
+    assert only_band == {"add": 1.0, "sub": 0.0}
+    for seed in range(20):
+        taken = select(cands, 2, rng=random.Random(seed), dataset_weights=only_band)
+        assert len(taken) == 2 and {g.dataset for g in taken} == {"add"}
+    # Floor 0.01: the first two picks are add groups with probability (3/3.03)(2/2.03) = 0.975 (0.2
+    # unweighted: (3/6)(2/5)), so in about 195 of 200 seeds.
+    soft = preference_weights(["add", "sub"], "learning_band", floor=0.01, **band)
+    both_add = sum({g.dataset for g in select(cands, 2, rng=random.Random(s), dataset_weights=soft)} == {"add"}
+                   for s in range(200))
+    assert both_add >= 180

@@ -153,3 +153,47 @@ def test_with_the_peer_filter_a_node_trains_only_on_peer_groups_that_beat_its_ow
     peer.close()
     assert picked and all(g.dataset == "add" and sum(g.rewards) / len(g.rewards) > 0.4 for g in picked)
     assert any(g.dataset == "sub" for g in pool)  # ingested, kept in the pool, never picked
+
+
+def test_with_flat_slots_peer_groups_fill_only_the_steps_flat_own_groups(tmp_path):
+    hub = InMemoryHub()
+    mine = _node(tmp_path / "mine", hub, "sapo.external_groups=4", "sapo.peer_slots=flat")
+    peer = _node(tmp_path / "peer", hub, "seed=3", "sapo.external_groups=4", "sapo.local_groups=8")
+    records = []
+    for _ in range(4):
+        peer.train_step()
+        records.append(mine.train_step())
+        hub.epoch += 1
+    mine.close()
+    peer.close()
+    # 4 own groups generated a step: the peers' never outnumber the flat ones, and every own group with
+    # signal is trained on.
+    for r in records:
+        flat = round(4 * (1 - r["local_signal_fraction"]))
+        assert r["n_local_groups"] == 4 - flat and r["n_peer_groups"] <= flat
+    assert sum(r["n_peer_groups"] for r in records) > 0
+
+
+def test_a_deciding_node_reports_its_decisions_and_keeps_its_estimate_across_a_checkpoint(tmp_path):
+    hub = InMemoryHub()
+    args = ("sapo.external_groups=4", "sapo.take_peers=decide", "sapo.decide_warmup=2", "sapo.decide_window=4")
+    mine = _node(tmp_path / "mine", hub, *args)
+    peer = _node(tmp_path / "peer", hub, "seed=3", "sapo.external_groups=4", "sapo.local_groups=8")
+    assert mine.trainer.measure_alignment and not peer.trainer.measure_alignment
+    records = []
+    for _ in range(3):
+        peer.train_step()
+        records.append(mine.train_step())
+        hub.epoch += 1
+    assert records[0]["peer_decision"] == "warmup" and records[0]["peer_steps_taken"] == 1
+    assert [r["peer_steps_taken"] + r["peer_steps_declined"] for r in records] == [1, 2, 3]
+    measured = [r["train/peer_alignment"] for r in records if "train/peer_alignment" in r]
+    assert measured and all(-1.0 <= a <= 1.0 for a in measured)
+    assert records[-1]["peer_alignment_n"] == len(measured)
+    state = mine.decider.state()
+    mine.save_checkpoint()
+    mine.close()
+    again = _node(tmp_path / "mine", InMemoryHub(), *args)
+    assert again.decider.state() == state
+    again.close()
+    peer.close()

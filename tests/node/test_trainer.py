@@ -224,3 +224,32 @@ def test_two_optimizer_steps_update_on_alternate_rows_one_after_the_other():
     assert any(not torch.allclose(after_one[k], after_two[k]) for k in after_one)  # the second update moved on
     with pytest.raises(ValueError, match="optimizer_steps"):
         _lever_trainer(optimizer_steps=0)
+
+
+def _twin_groups(peer_rewards: list[float]) -> list[TrainGroup]:
+    """One own group and one peer group of the same completions and anchors; the peer's rewards given."""
+    own, peer = (TrainGroup(key="k", peer_id=p, epoch=0, prompt_ids=[1, 4, 5], completions=[[6, 7, 2], [8, 2]],
+                            anchor_logprobs=[[-1.0, -1.0, -1.0], [-1.0, -1.0]], rewards=r)
+                 for p, r in (("", [1.0, 0.0]), ("p", peer_rewards)))
+    return assign_advantages([own, peer], "rloo")
+
+
+def test_the_alignment_of_own_and_peer_gradients_is_their_cosine_and_leaves_the_update_unchanged():
+    """A peer group that is the own group's twin has the same gradient (cosine 1); with its rewards swapped
+    under plain REINFORCE, the opposite one (cosine -1). Measuring splits the accumulation in two parts and
+    changes nothing in the step."""
+    policy, trainer = _tiny_trainer("reinforce")
+    start = {k: v.clone() for k, v in policy.trainable_state().items()}
+    trainer.measure_alignment = True
+    assert trainer.step(_twin_groups([1.0, 0.0]))["peer_alignment"] == pytest.approx(1.0, abs=1e-6)
+    measured = {k: v.clone() for k, v in policy.trainable_state().items()}
+    policy.load_trainable_state(start)
+    _, plain = _tiny_trainer("reinforce")  # a fresh optimizer, the same start
+    plain.policy = policy
+    plain.optimizer = torch.optim.AdamW(
+        [{"params": ps, "lr": 1e-2, "name": name} for name, ps in policy.param_groups.items()], weight_decay=0.0)
+    assert "peer_alignment" not in plain.step(_twin_groups([1.0, 0.0]))
+    assert all(torch.allclose(measured[k], v, atol=1e-7) for k, v in policy.trainable_state().items())
+    assert trainer.step(_twin_groups([0.0, 1.0]))["peer_alignment"] == pytest.approx(-1.0, abs=1e-6)
+    own_only = _twin_groups([1.0, 0.0])[:1]
+    assert "peer_alignment" not in trainer.step(own_only)  # one part: nothing to compare
