@@ -2,7 +2,7 @@
 
 ``init`` takes the shared settings and the task set from a config (``configs/swarm-shared.yaml`` holds
 the wide-area set), the hosts from ``--host`` (a full multiaddr, or one without ``/p2p/`` whose libp2p key
-``--host-key`` names: created if missing, then given to ``swarm-node host``), and signs with the owner's
+a ``--host-key`` names: created if missing, then given to that ``swarm-node host``), and signs with the owner's
 Ed25519 key (``--key``, created if missing). ``sign`` signs a descriptor again after the owner edited it;
 ``verify`` checks one as a member would, without pinning anything.
 """
@@ -39,8 +39,9 @@ def add_swarm_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     init.add_argument("--host", action="append", required=True, metavar="MADDR",
                       help="a host's multiaddr (repeat): full (.../p2p/<id>), or without /p2p/ for the host whose "
                            "key --host-key names")
-    init.add_argument("--host-key", metavar="FILE", help="libp2p key of the host(s) given without /p2p/ (created if "
-                      "missing; start that host with it: swarm-node host --p2p-key FILE)")
+    init.add_argument("--host-key", action="append", default=[], metavar="FILE",
+                      help="libp2p key of a host given without /p2p/ (repeat, in the order of those hosts; created if "
+                           "missing): that host runs with it (swarm-node host --p2p-key FILE, or RUN_DIR/p2p.key)")
     init.add_argument("--recommend", action="append", default=[], metavar="CLASS:KEY=VALUE[,KEY=VALUE]",
                       help="recommended settings for a hardware class (cpu, gpu-24gb, ...), e.g. "
                            "gpu-24gb:model.name_or_path=smollm2-135m (default: cpu takes the config's model)")
@@ -82,14 +83,16 @@ def _write(path: Path, text: str) -> None:
         raise ConfigError(f"cannot write {path} ({exc.strerror}); choose a writable path") from None
 
 
-def _hosts(given: list[str], host_key: str | None) -> list[str]:
+def _hosts(given: list[str], host_keys: list[str]) -> list[str]:
+    """Full host addresses: those given without ``/p2p/`` get the peer ids of ``host_keys``, in order (each key
+    file created if missing)."""
     from swarm.maddr import multiaddr_problem
 
     bare = [h for h in given if "/p2p/" not in h]
-    if bare and host_key is None:
-        raise ConfigError(f"--host {bare[0]}: has no /p2p/<peer id>; give the host's full address, or its key with "
-                          "--host-key FILE (created if missing)")
-    peer = None
+    if len(bare) != len(host_keys):
+        raise ConfigError(f"--host-key: {len(bare)} --host without /p2p/<peer id> but {len(host_keys)} --host-key; give "
+                          "one key file per host named without its peer id (created if missing), in the same order")
+    peers: list[str] = []
     if bare:
         from swarm import hivemind_lean
 
@@ -97,10 +100,11 @@ def _hosts(given: list[str], host_key: str | None) -> list[str]:
         from swarm.p2p_keys import P2pKeyError, ensure_p2p_key
 
         try:
-            peer = ensure_p2p_key(host_key or "")
+            peers = [ensure_p2p_key(key) for key in host_keys]
         except P2pKeyError as exc:
             raise ConfigError(f"--host-key: {exc}") from None
-    hosts = [h if "/p2p/" in h else f"{h.rstrip('/')}/p2p/{peer}" for h in given]
+    ids = iter(peers)
+    hosts = [h if "/p2p/" in h else f"{h.rstrip('/')}/p2p/{next(ids)}" for h in given]
     for host in hosts:
         if (problem := multiaddr_problem(host)) is not None:
             raise ConfigError(f"--host {host}: not a valid multiaddr ({problem}), e.g. /dns4/host.example.org/tcp/31337")

@@ -12,8 +12,9 @@ record validator) and publishes nothing. What makes it a host:
 * a view of the swarm (``MemberTable``): every manifest it reads and every batch it pulls or is handed,
   for its status page; and the health of the swarm's other hosts, pinged every ``health_every`` seconds.
 
-A thread of its own drains the batches the network side verified (the host trains on none: it only
-reads who sent them) and pings the other hosts; every call here is thread-safe and returns quickly.
+The batches the network side verifies go to the member table, not to an inbox (the host trains on none:
+it only reads who sent them). A thread of its own pings the other hosts and prunes old epochs; every
+call here is thread-safe and returns quickly.
 """
 
 from __future__ import annotations
@@ -128,10 +129,7 @@ class SwarmHost:
                 logger.exception("host tick failed")
 
     def tick(self) -> None:
-        """Note the batches the network side verified since the last tick; prune old epochs."""
-        now = time.time()
-        for batch in self.transport.collect():
-            self.members.batch_seen(batch, now)
+        """Prune the member table's old epochs."""
         current = self.transport.current_epoch()
         if current != self._epoch:
             self._epoch = current

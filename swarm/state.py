@@ -110,7 +110,8 @@ class SharedState:
     """Optional JSON-lines event record (``swarm.trace_path``), written by the network thread."""
     members: MemberTable | None = None
     """A host's view of the swarm's members (``swarm.members``), fed with every new manifest read and every
-    batch handed over; None on a training node."""
+    batch verified or handed over (a host's verified batches go there instead of the inbox); None on a
+    training node."""
     bootstrap_peers: list[str] = field(default_factory=list)
     """Peers met while running (full multiaddrs), dialed with the initial peers when every neighbour is gone."""
 

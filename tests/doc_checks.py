@@ -151,7 +151,7 @@ def shell_commands(text: str) -> list[str]:
     for span in re.findall(r"`([^`]+)`", "\n".join(_outside_code(text))):
         span = " ".join(span.split())
         # a command, not a name in prose: a subcommand with arguments, or a script
-        if re.match(r"(?:[A-Z_]+=\S+ )*(?:swarm-node (?:silo|start|status|eval|export|keygen|fetch) \S|"
+        if re.match(r"(?:[A-Z_]+=\S+ )*(?:swarm-node (?:silo|start|status|eval|export|keygen|fetch|swarm|host) \S|"
                     r"python scripts/)", span):
             commands.append(span)
     return commands
@@ -212,6 +212,15 @@ def swarm_node_problem(words: list[str]) -> str | None:
         return "the CLI's parser refuses it"
     config = getattr(args, "config", None)
     overrides = list(getattr(args, "overrides", []) or [])
+    if args.command == "host":  # a host's config is a HostConfig
+        from node.config import load_config_data
+        from node.host_config import validate_host_config
+
+        try:
+            validate_host_config(load_config_data(ROOT / config if config else None, overrides))
+        except ConfigError as exc:
+            return str(exc)
+        return None
     if config is not None and not config.startswith("configs/"):
         # a run's own config.yaml, which is no file of the repository: the keys must exist at least
         missing = [o.partition("=")[0] for o in overrides if not config_key_exists(o.partition("=")[0])]

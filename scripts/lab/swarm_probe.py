@@ -1,4 +1,5 @@
-"""One swarm transport in its own process, for multi-process tests and benchmarks (no model, no torch).
+"""One swarm transport in its own process, for multi-process tests and benchmarks (no model, no torch: hivemind
+is loaded without it, ``swarm.hivemind_lean``).
 
     python scripts/lab/swarm_probe.py --seconds 60 --publish-every 2 --set initial_peers='["/ip4/.../p2p/..."]'
 
@@ -37,6 +38,10 @@ import psutil  # noqa: E402
 from protocol.identity import Identity, peer_id_from_public_key  # noqa: E402
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams  # noqa: E402
 from protocol.taskref import TaskRef  # noqa: E402
+from swarm import hivemind_lean  # noqa: E402
+
+hivemind_lean.load()  # the transport without torch: a probe is a few tens of megabytes, not hundreds
+
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
 

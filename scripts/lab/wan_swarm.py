@@ -16,6 +16,12 @@ against 16 own in silo; every node its own Python and p2pd) and lets them train 
 * ``mix``: the profiles in turn (node 0 ``continental``, then lan, intercontinental, bad-home, ...);
 * or a comma list of profiles joined by ``+`` (``continental+bad-home+bad-home``).
 
+``--hosts K`` forms the swarm as docs/swarm.md does instead: the owner signs a descriptor
+(``configs/swarm-shared.yaml``, the scenario's epoch) for K model-less hosts (``swarm-node host``, on the
+scenario's first public profile), and every node starts with ``swarm-node start --swarm URL`` (host 0's
+URL) and only its own settings; nobody bootstraps from node 0. Its "1st-acc" column is then the time
+from ``swarm-node start --swarm`` to the first accepted peer batch.
+
 ``--kind probe`` runs ``scripts/lab/swarm_probe.py`` instead of real nodes: the same transport and settings
 (the ``swarm:`` section of the config and the overrides), no model, publishing an incompressible batch of
 ``--batch-kib`` every ``epoch_seconds / 8`` (the rate a fast node publishes at): pulls of the size a real
@@ -210,11 +216,14 @@ def public_config(base: Path) -> Path:
 
 
 def node_command(args: argparse.Namespace, mode: str, i: int, run_dir: Path, settings: list[str]) -> list[str]:
-    cmd = [sys.executable, os.path.abspath(__file__), "node", "--step-seconds", str(args.step_seconds), "--",
-           mode, "-c", str(args.config), "--run-dir", str(run_dir), "--no-progress", f"seed={i}", *NODE_SETTINGS,
-           *(SILO_SETTINGS if mode == "silo" else SWARM_SETTINGS),
-           f"swarm.epoch_seconds={args.epoch_seconds}", *settings, *args.overrides]
-    return cmd
+    head = [sys.executable, os.path.abspath(__file__), "node", "--step-seconds", str(args.step_seconds), "--"]
+    if args.swarm_url is not None:  # from the descriptor: the member's own settings only, its seed its identity's
+        return [*head, mode, "--swarm", args.swarm_url, "-c", MEMBER_CONFIG, "--run-dir", str(run_dir),
+                "--no-progress", *NODE_SETTINGS, *SWARM_SETTINGS, "swarm.p2p_identity_path=null", *settings,
+                *args.overrides]
+    return [*head, mode, "-c", str(args.config), "--run-dir", str(run_dir), "--no-progress", f"seed={i}",
+            *NODE_SETTINGS, *(SILO_SETTINGS if mode == "silo" else SWARM_SETTINGS),
+            f"swarm.epoch_seconds={args.epoch_seconds}", *settings, *args.overrides]
 
 
 def probe_command(args: argparse.Namespace, run_dir: Path, settings: list[str], initial: list[str]) -> list[str]:
@@ -250,7 +259,8 @@ def start_node(args: argparse.Namespace, base: Path, i: int, profile: str, host:
         if initial and mode == "start":
             cmd += ["--initial-peers", ",".join(initial)]
     log = open(base / f"node{i}.log", "wb")  # noqa: SIM115 -- kept open by the child
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "SWARM_NODE_KNOWN_SWARMS": str(run_dir / "known_swarms")}
     kwargs: dict[str, Any] = dict(cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     if args.kind == "probe":
         kwargs["stdin"] = subprocess.PIPE  # a probe stops at the end of its input
@@ -259,11 +269,28 @@ def start_node(args: argparse.Namespace, base: Path, i: int, profile: str, host:
     return NodeRun(i, profile, nat, run_dir, proc, started, host, kind=args.kind)
 
 
+def start_hosts(args: argparse.Namespace, base: Path, profile: str, lab: NetLab) -> list[subprocess.Popen[Any]]:
+    """``--hosts K``: K model-less hosts on ``profile`` links and the descriptor they serve; sets
+    ``args.swarm_url`` (host 0's URL of it)."""
+    from lab_swarm import API_PORT, init_swarm, start_host, wait_for_text  # noqa: PLC0415
+
+    hosts = [lab.add_host(link=PROFILES[profile]) for _ in range(args.hosts)]
+    descriptor, keys = init_swarm(base / "swarm", [h.ip for h in hosts],
+                                  overrides=[f"swarm.epoch_seconds={args.epoch_seconds}"])
+    procs = [start_host(h.popen, str(descriptor), base / f"host{i}", keys[i]) for i, h in enumerate(hosts)]
+    for i, proc in enumerate(procs):
+        wait_for_text(base / f"host{i}.log", "members join with", args.join_timeout, proc)
+    args.swarm_url = f"http://{hosts[0].ip}:{API_PORT}/swarm.yaml"
+    return procs
+
+
 def start_swarm(args: argparse.Namespace, base: Path, profiles: list[str] | None, lab: NetLab | None,
                 mode: str) -> list[NodeRun]:
     n = args.nodes
     names = profiles or ["loopback"] * n
     hosts: list[Host | None] = [lab.add_host(link=PROFILES[p]) for p in names] if lab is not None else [None] * n
+    if args.swarm_url is not None and mode == "start":  # every node joins from the descriptor, at once
+        return [start_node(args, base, i, names[i], hosts[i], [], mode) for i in range(n)]
     nodes = [start_node(args, base, 0, names[0], hosts[0], [], mode)]
     if mode != "start":
         return nodes + [start_node(args, base, i, names[i], hosts[i], [], mode) for i in range(1, n)]
@@ -306,7 +333,10 @@ def run_scenario(args: argparse.Namespace, scenario: str, base: Path) -> dict[st
     lab = NetLab() if profiles is not None else None
     nodes: list[NodeRun] = []
     left: list[int] = []
+    args.swarm_url = None
     try:
+        if args.hosts and lab is not None and profiles is not None and mode == "start":
+            start_hosts(args, base, next(p for p in profiles if not PROFILES[p].nat), lab)
         nodes = start_swarm(args, base, profiles, lab, mode)
         joined = wait_joined(nodes, args.join_timeout) if mode == "start" else time.time()
         t0 = joined + args.warmup
@@ -389,6 +419,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=120.0, help="seconds of batches that are measured")
     parser.add_argument("--join-timeout", type=float, default=240.0)
     parser.add_argument("--stop-timeout", type=float, default=60.0)
+    parser.add_argument("--hosts", type=int, default=0, help="form the swarm from a signed descriptor with this many "
+                        "model-less hosts (lab scenarios only): every node starts with --swarm URL")
     parser.add_argument("--base", default=None, help="run dirs (default: a temporary folder, removed)")
     parser.add_argument("--json", default=None, help="write every figure here")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every node")

@@ -17,11 +17,12 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["API_PORT", "PORT", "Member", "cli", "init_swarm", "member_command", "p2p_key", "remembered",
+__all__ = ["API_PORT", "PORT", "Member", "cli", "init_swarm", "member_command", "names_resolved", "remembered",
            "start_host", "start_member", "wait_for_text"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,27 +42,18 @@ def process_env(run_dir: Path) -> dict[str, str]:
             "OMP_NUM_THREADS": "1"}
 
 
-def p2p_key(path: Path) -> str:
-    """Create (if missing) a host's libp2p key at ``path``; its peer id."""
-    code = ("import sys; from swarm import hivemind_lean; hivemind_lean.load(); "
-            "from swarm.p2p_keys import ensure_p2p_key; print(ensure_p2p_key(sys.argv[1]))")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
-    return done.stdout.strip()
-
-
 def init_swarm(base: Path, host_ips: list[str], *, swarm_id: str = "lab-swarm", overrides: list[str] = (),  # type: ignore[assignment]
                expires_days: float = 1.0) -> tuple[Path, list[Path]]:
-    """Sign a descriptor for hosts at ``host_ips`` (port ``PORT``) with a new owner key, as an owner would:
-    ``(descriptor path, the hosts' libp2p key files)``. ``overrides`` change the shared settings."""
+    """Sign a descriptor for hosts at ``host_ips`` (port ``PORT``) with a new owner key, as an owner would
+    (``swarm-node swarm init`` making each host's libp2p key): ``(descriptor path, the hosts' key files)``.
+    ``overrides`` change the shared settings."""
     base.mkdir(parents=True, exist_ok=True)
     keys = [base / f"host{i}" / "p2p.key" for i in range(len(host_ips))]
-    hosts = [f"/ip4/{ip}/tcp/{PORT}/p2p/{p2p_key(key)}" for ip, key in zip(host_ips, keys)]
     out = base / "swarm.yaml"
     args = ["swarm", "init", "-c", str(ROOT / "configs" / "swarm-shared.yaml"), "--id", swarm_id, "--key",
             str(base / "owner.pem"), "--out", str(out), "--force", "--expires-days", str(expires_days)]
-    for host in hosts:
-        args += ["--host", host]
+    for ip, key in zip(host_ips, keys):  # each host's key made here, its peer id written into its address
+        args += ["--host", f"/ip4/{ip}/tcp/{PORT}", "--host-key", str(key)]
     done = subprocess.run(cli(*args, *overrides), capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode != 0:
@@ -92,6 +84,27 @@ def remembered(run_dir: Path) -> list[str]:
     """The peers a member saved in its run dir (``known_peers.txt``)."""
     path = run_dir / "known_peers.txt"
     return [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")] if path.exists() else []
+
+
+@contextlib.contextmanager
+def names_resolved(lab_hosts: list[Any], names: dict[str, str]) -> Iterator[None]:
+    """Inside ``lab_hosts``, host names resolve to the given IPs (``/etc/netns/<namespace>/hosts``, which
+    ``ip netns exec`` mounts over ``/etc/hosts``): a descriptor's ``/dns4/`` addresses work in the lab.
+    The files are removed at the end."""
+    made = []
+    try:
+        for host in lab_hosts:
+            folder = Path("/etc/netns") / host.netns
+            folder.mkdir(parents=True, exist_ok=True)
+            made.append(folder)
+            lines = ["127.0.0.1 localhost", *(f"{ip} {name}" for name, ip in names.items())]
+            (folder / "hosts").write_text("\n".join(lines) + "\n")
+        yield
+    finally:
+        for folder in made:
+            with contextlib.suppress(OSError):
+                (folder / "hosts").unlink()
+                folder.rmdir()
 
 
 def wait_for_text(path: Path, pattern: str, timeout: float, proc: subprocess.Popen[Any] | None = None) -> re.Match[str]:

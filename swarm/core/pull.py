@@ -281,7 +281,10 @@ class PullMixin(CoreBase):
         if dropped:
             self.shared.add("duplicate_groups", dropped)
         self.hold(manifest.batch_id, data)
-        self.shared.push_batch(fresh, decoded_cost(payload))
+        if self.shared.members is not None:  # a host trains on nothing: it only notes who sent what
+            self.shared.members.batch_seen(fresh, time.time())
+        else:
+            self.shared.push_batch(fresh, decoded_cost(payload))
         return None, False, len(fresh.groups)
 
     async def _fetch(self, manifest: Manifest, progress: PullProgress) -> tuple[bytes | None, bool]:

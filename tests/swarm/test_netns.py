@@ -265,3 +265,61 @@ def _refusals(host: Any, tmp_path: Any, descriptor: Any) -> None:
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and why in lines[0], (path.name, done.stderr)
         assert not run_dir.exists()
+
+
+def _doc_commands(page: str, heading: str) -> list[list[str]]:
+    import shlex
+
+    from tests.doc_checks import shell_commands
+
+    section = page[page.index(f"## {heading}\n"):]
+    section = section[:section.index("\n## ", 4)]
+    commands = [shlex.split(c, comments=True) for c in shell_commands(section)]
+    assert all(c[0] == "swarm-node" for c in commands), commands
+    return [lab_swarm.cli(*c[1:]) for c in commands]
+
+
+@pytest.mark.slow  # about 3 minutes: a host and two tiny-base members with the shipped settings (60 s epochs)
+@pytest.mark.timeout(1200)
+def test_the_docs_host_and_join_commands_form_a_swarm(lab: Any, tmp_path: Any) -> None:
+    """docs/swarm.md's "Host a swarm" and "Join a swarm" commands as written (``host.example.org`` resolves
+    to the host's namespace): the owner signs, the host serves, `swarm verify` reads the descriptor from the
+    host's URL, and two members behind NAT join with the one command and accept each other's batches."""
+    page = (lab_swarm.ROOT / "docs" / "swarm.md").read_text()
+    init, host_cmd, verify = _doc_commands(page, "Host a swarm")
+    (join,) = _doc_commands(page, "Join a swarm")
+    host, m1, m2 = lab.add_host(), lab.add_host(nat=True), lab.add_host(nat=True)
+    dirs = {name: tmp_path / name for name in ("host", "m1", "m2")}
+    for folder in dirs.values():
+        folder.mkdir()
+        (folder / "configs").symlink_to(lab_swarm.ROOT / "configs")
+    with lab_swarm.names_resolved([host, m1, m2], {"host.example.org": host.ip}):
+        subprocess.run(init, cwd=dirs["host"], env=lab_swarm.process_env(dirs["host"]), check=True, timeout=120,
+                       capture_output=True)
+        log = open(tmp_path / "host.log", "wb")  # noqa: SIM115 -- kept open by the child
+        served = host.popen(host_cmd, cwd=dirs["host"], env=lab_swarm.process_env(dirs["host"]), stdout=log,
+                            stderr=subprocess.STDOUT)
+        lab_swarm.wait_for_text(tmp_path / "host.log", "members join with", 120, served)
+        checked = subprocess.run(m1.command(*verify), cwd=dirs["m1"], env=lab_swarm.process_env(dirs["m1"]),
+                                 capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0 and "is valid" in checked.stdout, checked.stderr
+        members = {}
+        for name, where in (("m1", m1), ("m2", m2)):
+            out = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 -- kept open by the child
+            members[name] = where.popen(join, cwd=dirs[name], env=lab_swarm.process_env(dirs[name]), stdout=out,
+                                        stderr=subprocess.STDOUT)
+
+        def accepted(name: str) -> int:
+            path = dirs[name] / "runs" / "public" / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+            return max((r.get("batches_accepted", 0) for r in rows), default=0)
+
+        assert wait_until(lambda: accepted("m1") > 0 and accepted("m2") > 0, 600), (
+            (tmp_path / "m1.log").read_text()[-2000:], (tmp_path / "m2.log").read_text()[-2000:])
+        for proc in members.values():
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(timeout=120) for proc in members.values()] == [0, 0]
+        served.send_signal(signal.SIGTERM)
+        assert served.wait(timeout=60) == 0
+    said = (tmp_path / "m1.log").read_text()
+    assert "joining swarm my-swarm" in said and "client mode" in said and "connected:" in said
