@@ -319,3 +319,11 @@ def test_the_peer_keeper_saves_and_hands_over_the_neighbours(tmp_path: Path) -> 
         assert keeper.keep() == [] and remembered_peers(tmp_path) == [HOST]
     finally:
         keeper.close()
+
+
+def test_the_docs_name_every_shared_setting() -> None:
+    page = (ROOT / "docs" / "swarm.md").read_text()
+    section = page[page.index("## What a descriptor fixes"):page.index("## Resilience")]
+    missing = [key for key in [*SHARED_SETTINGS, "swarm.swarm_id", "tasks.source", "tasks.datasets",
+                               "tasks.dataset_configs"] if f"`{key}`" not in section]
+    assert not missing, f"docs/swarm.md, 'What a descriptor fixes', does not name {missing}"

@@ -268,13 +268,15 @@ def _refusals(host: Any, tmp_path: Any, descriptor: Any) -> None:
 
 
 def _doc_commands(page: str, heading: str) -> list[list[str]]:
+    """The commands of the first bash block under ``## heading``, with this Python for ``swarm-node``."""
     import shlex
 
-    from tests.doc_checks import shell_commands
+    from tests.doc_checks import _join_lines
 
     section = page[page.index(f"## {heading}\n"):]
-    section = section[:section.index("\n## ", 4)]
-    commands = [shlex.split(c, comments=True) for c in shell_commands(section)]
+    block = section[section.index("```bash\n") + 8:]
+    block = block[:block.index("```")]
+    commands = [shlex.split(c, comments=True) for c in _join_lines(block.splitlines())]
     assert all(c[0] == "swarm-node" for c in commands), commands
     return [lab_swarm.cli(*c[1:]) for c in commands]
 
