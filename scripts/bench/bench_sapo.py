@@ -137,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "TYPE:key=value for the nodes of one type (e.g. smollm2:generation.backend=vllm)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one process, one torch thread each)")
     p.add_argument("--out", default="runs/bench_sapo", help="results folder (finished runs in it are reused)")
+    p.add_argument("--run-only", nargs="+", metavar="ARM",
+                   help="run only the runs of these arms (e.g. while their silos run in another process); the "
+                   "grid's other runs are reported if finished in --out")
     p.add_argument("--report", action="store_true",
                    help="run nothing: tables, goals and plot from the grid's runs already finished in --out")
     args = p.parse_args(argv)
@@ -217,18 +220,22 @@ def _finished(grid: list[RunSpec], runs_dir: Path) -> tuple[list[dict[str, Any]]
     return results, todo
 
 
-def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True, checkpoint_every: int = 0) -> list[dict[str, Any]]:
+def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True, checkpoint_every: int = 0,
+            only: list[str] | None = None) -> list[dict[str, Any]]:
     """Run every spec not already finished in ``out/runs`` (``jobs`` processes), one line per run; with
-    ``run`` False, only the finished ones (the missing ones are named). A run's nodes live in
+    ``run`` False, only the finished ones (the missing ones are named); with ``only``, the runs of those arms
+    (the others' finished runs are reused, the missing ones named). A run's nodes live in
     ``out/work/NAME`` while it runs (checkpoints every ``checkpoint_every`` steps: a rerun resumes there)."""
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     results, todo = _finished(grid, runs_dir)
     if results:
         print(f"bench_sapo: {len(results)} finished runs reused from {runs_dir}", flush=True)
+    skipped = [spec for spec in todo if not run or (only is not None and spec.arm not in only)]
+    todo = [spec for spec in todo if spec not in skipped]
+    for spec in skipped:
+        print(f"bench_sapo: not run (left out of the tables): {spec.name}", flush=True)
     if not run:
-        for spec in todo:
-            print(f"bench_sapo: not run (left out of the tables): {spec.name}", flush=True)
         return results
     t0 = time.perf_counter()
 
@@ -465,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in dict.fromkeys(k for s in args.settings for k in SETTINGS[s].node_types):
         if (trained := NODE_TYPES[kind].trained) is not None:  # a missing run stops here, with its command
             print(f"bench_sapo: {kind} nodes start from {trained_run(trained)}", flush=True)
-    results = execute(grid, args.jobs, out, run=not args.report, checkpoint_every=args.checkpoint_every)
+    results = execute(grid, args.jobs, out, run=not args.report, checkpoint_every=args.checkpoint_every,
+                      only=args.run_only)
     if not results:
         print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)
         return 1

@@ -102,6 +102,12 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     assert len(missing) == 2 and all(line.endswith("-s1") for line in missing) and "1 seed(s)" in text
     assert len(list((out / "runs").glob("*.json"))) == 2
     assert bench.main([*argv, "--first-seed", "5", "--report"]) == 1  # nothing of this grid has run
+    # --run-only runs that arm's runs and reports the silo's only if it finished (here: in another folder).
+    other = tmp_path / "other"
+    assert bench.main([*argv[:-1], str(other), "--run-only", "topr_corrected"]) == 0
+    text = capsys.readouterr().out
+    assert "not run (left out of the tables): homogeneous-silo-4of0" in text
+    assert [p.name.split("-x")[0] for p in (other / "runs").glob("*.json")] == ["homogeneous-topr_corrected-2of2"]
 
 
 def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
