@@ -27,6 +27,25 @@ SPECIAL_KEYS: dict[str, str] = {
 }
 
 
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level spelling: each byte as a printable character (printable Latin-1 bytes as
+    themselves, the others shifted to 256 and up), the alphabet byte-level BPE vocabularies are written in."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
+
+
+_BYTE_ALPHABET = _byte_alphabet()
+_BYTE_CHARS = frozenset(_BYTE_ALPHABET.values())
+
+
+def byte_level_spelling(token: str) -> str:
+    """``token`` in the byte-level alphabet, as transformers spells a GGUF token written in raw text."""
+    if set(token) <= _BYTE_CHARS:
+        return token
+    return "".join(_BYTE_ALPHABET[b] for b in token.encode("utf-8"))
+
+
 def tokens_sha256(tokens: list[str]) -> str:
     """One hash of a vocabulary in id order: equal hashes, the same token at every id."""
     return hashlib.sha256(json.dumps(tokens, ensure_ascii=False).encode("utf-8")).hexdigest()
@@ -84,9 +103,12 @@ def read_source_tokenizer(path: Path) -> SourceTokenizer:
         raise PolicyError(f"{path.name} states no tokenizer (no tokenizer.ggml.tokens): nothing to check its "
                           "conversion against")
     tokens = [bytes(token_field.parts[i]).decode("utf-8") for i in token_field.data]
+    model = scalar("tokenizer.ggml.model")
+    if model == "gpt2":  # a byte-level vocabulary: every token as the alphabet spells it
+        tokens = [byte_level_spelling(t) for t in tokens]
     special = {name: int(scalar(key)) for name, key in SPECIAL_KEYS.items() if scalar(key) is not None}
     add_bos = scalar("tokenizer.ggml.add_bos_token")
-    return SourceTokenizer(model=scalar("tokenizer.ggml.model"), pre=scalar("tokenizer.ggml.pre"),
+    return SourceTokenizer(model=model, pre=scalar("tokenizer.ggml.pre"),
                            n_tokens=len(tokens), vocab_sha256=tokens_sha256(tokens), special_ids=special,
                            add_bos_token=None if add_bos is None else bool(add_bos),
                            chat_template=scalar("tokenizer.chat_template"), tokens=tokens)

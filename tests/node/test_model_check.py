@@ -278,3 +278,17 @@ def test_a_conversion_that_cannot_be_repaired_is_refused_in_one_line(
     assert "\n" not in message and message.startswith("model tiny: vocabulary size is 262 where the GGUF's token "
                                                       "list states 261 [transformers ")
     assert not (tmp_path / "cache" / gguf_cache_key(gguf)).exists()
+
+
+def test_a_byte_level_token_written_in_raw_text_is_compared_as_transformers_spells_it(tmp_path: Path) -> None:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from node.policy.gguf_facts import _BYTE_ALPHABET
+    from node.policy.gguf_import import load_from_gguf
+
+    assert _BYTE_ALPHABET == bytes_to_unicode()
+    gguf = write_tiny_gguf(tmp_path / "raw.gguf", extra_tokens=(" x",))  # a space, not the alphabet's 'Ġ'
+    source = read_source_tokenizer(gguf)
+    assert source.tokens is not None and source.tokens[-1] == "Ġx"
+    tokenizer, _ = load_from_gguf(gguf)
+    assert check_source(tokenizer, source) == []

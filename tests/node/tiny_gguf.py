@@ -17,9 +17,12 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 128
 
 
 def write_tiny_gguf(path: Path, *, seed: int = 0, architecture: str = "llama",
-                    matrix_type: GGMLQuantizationType = GGMLQuantizationType.Q4_1) -> Path:
-    """Write the tiny model to ``path``; ``seed`` changes the weights (and so the file's sha256)."""
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "he", "ll"]
+                    matrix_type: GGMLQuantizationType = GGMLQuantizationType.Q4_1,
+                    extra_tokens: tuple[str, ...] = ()) -> Path:
+    """Write the tiny model to ``path``; ``seed`` changes the weights (and so the file's sha256);
+    ``extra_tokens`` are appended to the vocabulary as written (e.g. in raw text, as some GGUFs do)."""
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "he", "ll",
+              *extra_tokens]
     writer = GGUFWriter(str(path), architecture)
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
