@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 
 from node.errors import PolicyError
 from node.policy.gguf_facts import read_source_tokenizer
+from node.policy.gguf_repair import repair_from_source
 from node.policy.golden import load_golden, tokenizer_record
 from node.policy.model_cache import DONE_FILE
 from node.policy.model_check import check_folder, check_source
@@ -153,7 +154,8 @@ def test_the_gguf_is_the_source_of_the_special_ids_and_every_token(tmp_path: Pat
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     source = read_source_tokenizer(gguf)
     assert source.special_ids == {"bos": 1, "eos": 2, "pad": 2, "unk": 0} and source.model == "gpt2"
-    tokenizer, _ = load_from_gguf(gguf)
+    tokenizer, model = load_from_gguf(gguf)
+    repair_from_source(tokenizer, model, source)  # none where the library converts faithfully; 5.17 swaps the eos
     assert check_source(tokenizer, source) == []
     tokenizer.eos_token = "<|im_start|>"
     assert [f.line() for f in check_source(tokenizer, source)] == [
@@ -286,9 +288,14 @@ def test_a_byte_level_token_written_in_raw_text_is_compared_as_transformers_spel
     from node.policy.gguf_facts import _BYTE_ALPHABET
     from node.policy.gguf_import import load_from_gguf
 
-    assert _BYTE_ALPHABET == bytes_to_unicode()
+    assert bytes_to_unicode() == _BYTE_ALPHABET
     gguf = write_tiny_gguf(tmp_path / "raw.gguf", extra_tokens=(" x",))  # a space, not the alphabet's 'Ġ'
     source = read_source_tokenizer(gguf)
     assert source.tokens is not None and source.tokens[-1] == "Ġx"
-    tokenizer, _ = load_from_gguf(gguf)
-    assert check_source(tokenizer, source) == []
+    tokenizer, model = load_from_gguf(gguf)
+    repair_from_source(tokenizer, model, source)
+    found = [f.line() for f in check_source(tokenizer, source)]
+    if tokenizer.convert_ids_to_tokens(261) == "Ġx":  # transformers 5.19 spells it in the byte alphabet
+        assert found == []
+    else:  # 5.17 keeps ' x', which its byte-level pre-tokenizer never produces: refused, not trained on
+        assert found == ["token 261 is ' x' where the GGUF's token list states 'Ġx'"]
