@@ -1,6 +1,6 @@
 """What does a swarm's host cost at N members? Memory, CPU and bans of ``swarm-node host`` under load.
 
-    sudo .venv/bin/python scripts/bench/bench_host.py --members 16 --minutes 5 --batch-kib 64
+    sudo .venv/bin/python scripts/bench/bench_host.py --members 16 --minutes 5 --batch-kib 64 [key=value ...]
 
 A descriptor is signed for one host (``scripts/lib/lab_swarm.py``), the host runs ``swarm-node host`` in
 a network namespace of the lab (``scripts/lib/netns_lab.py``), and N members run ``scripts/lab/swarm_probe.py``
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         host_ns = lab.add_host()
         members = [lab.add_host(nat=i % 2 == 1) for i in range(args.members)]
         descriptor, keys = lab_swarm.init_swarm(base, [host_ns.ip], overrides=[f"swarm.epoch_seconds={epoch}"])
-        host = lab_swarm.start_host(host_ns.popen, str(descriptor), base / "host", keys[0])
+        host = lab_swarm.start_host(host_ns.popen, str(descriptor), base / "host", keys[0], *args.overrides)
         lab_swarm.wait_for_text(base / "host.log", "members join with", 180, host)
         url = f"http://{host_ns.ip}:{lab_swarm.API_PORT}/"
         probes = [start_probe(m, descriptor, args, epoch, base / f"member{i}.log") for i, m in enumerate(members)]
@@ -148,6 +148,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds after every member was seen")
     parser.add_argument("--join-timeout", type=float, default=600.0)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="the host's config overrides, e.g. "
+                        "swarm.collect_interval=5")
     args = parser.parse_args()
     reason = netns_unavailable_reason()
     if reason is not None:
