@@ -97,7 +97,7 @@ class SapoConfig(Section):
     decide_probe_every: int = Field(8, ge=1, description="decide: while declining, every this many steps "
                                     "takes peer groups anyway to keep measuring")
     decide_min_alignment: float = Field(0.0, ge=-1, lt=1, description="decide: peers pay while the mean "
-                                        "alignment less one standard error is above this")
+                                        "alignment of the window is above this")
 
     @model_validator(mode="after")
     def _band_in_order(self) -> SapoConfig:
