@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from node.generation_static import StaticDecoder
+
 
 @dataclass
 class Completions:
@@ -154,10 +156,13 @@ def generate(
     device: torch.device | None = None,
     remix: Any = None,
     max_len: int | None = None,
+    cuda_graphs: bool = False,
 ) -> Completions:
     """Sample one completion per prompt (token-id lists, already formatted and with BOS if any). With
     ``max_len``, a completion also ends (finish reason ``length``) where prompt plus completion reach it;
-    every prompt must be shorter (``node.engines.base.check_prompts_fit``)."""
+    every prompt must be shorter (``node.engines.base.check_prompts_fit``). With ``cuda_graphs`` (not for
+    ReMix) the forward passes run over a static KV cache, the decode step captured in a CUDA graph on a
+    GPU (``node.generation_static``)."""
     device = device or torch.device("cpu")
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
@@ -168,7 +173,14 @@ def generate(
     if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
         remix.deterministic()
     # ReMix's routing rows follow the cache's: copied to a shared prompt's group, dropped with finished rows.
-    last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=True, remix=remix)
+    static = None
+    if cuda_graphs and remix is None:
+        ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
+        static = StaticDecoder(model, prompt_mask, max_new_tokens, graphs=True)
+        last_logits = static.prefill(ids, prompt_mask, positions_from_mask(prompt_mask))
+        past: Any = None
+    else:
+        last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=True, remix=remix)
     routing = remix.last_routing().cpu() if remix is not None else None  # [B, L, k], before any row is dropped
     batch, width = prompt_mask.shape
     compact = hasattr(past, "batch_select_indices")
@@ -214,9 +226,12 @@ def generate(
                     remix.select_rows(keep)
                 rows, attn, next_pos, tok, alive = rows[keep], attn[keep], next_pos[keep], tok[keep], alive[keep]
         positions = next_pos if max_len is None else next_pos.clamp(max=max_len - 1)  # finished rows run on
-        out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=positions,
-                    past_key_values=past, use_cache=True, logits_to_keep=1)
-        past, last_logits = out.past_key_values, out.logits[:, -1, :]
+        if static is not None:
+            last_logits = static.step(tok, positions, step)
+        else:
+            out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=positions,
+                        past_key_values=past, use_cache=True, logits_to_keep=1)
+            past, last_logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = next_pos + 1
     model.train(was_training)
     # Steps run after every row had finished (between two checks) drew nothing: cut them off.

@@ -10,7 +10,8 @@
 #   doctor    swarm-node doctor: the stack, and the golden checks of each model
 #   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
 #   silo      smollm2 in bfloat16, 30 steps, with the base's own evaluation first (scripts/dev/gpu_silo.py)
-#   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop; vLLM when it imports
+#   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop (merged, in CUDA
+#             graphs, as trained); vLLM when it imports
 # Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
 #        it installs nothing unless GPU_CHECK_INSTALL=1)
 # Logs and figures go to $GPU_CHECK_OUT (default: $OUT/gpu_check where OUT is set, else /tmp/gpu_check).
@@ -99,7 +100,8 @@ if [[ $DEVICE == cuda ]]; then
          tests/node/test_generation.py tests/node/test_silo.py tests/node/test_remix.py tests/node/test_losses.py
          tests/node/test_weights.py tests/node/test_checkpoint.py tests/node/test_engines.py
          tests/node/test_evaluate.py tests/node/test_export.py tests/node/test_memory_options.py
-         tests/node/test_init_from.py tests/node/test_sapo_node.py tests/node/test_tiny_base.py)
+         tests/node/test_init_from.py tests/node/test_sapo_node.py tests/node/test_tiny_base.py
+         tests/node/test_generation_static.py)
   XDIST=""
   if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n 8"; fi
   # shellcheck disable=SC2086
@@ -150,12 +152,12 @@ EOF
 )
 fi
 if [[ -f $LOGS/bench.log ]]; then
-  for name in node-hf node-hf-adapter vllm; do
+  for name in node-hf node-hf-graphs node-hf-adapter vllm; do
     rate=$(awk -v n="$name" '$1 == n && $2 ~ /^[0-9]+$/ {print $4}' "$LOGS/bench.log" | tail -n 1)
     [[ -z $rate ]] && continue
-    if [[ $name == node-hf && $DEVICE == cuda ]]; then
+    if [[ $name == node-hf* && $name != node-hf-adapter && $DEVICE == cuda ]]; then
       verdict=FAIL; ((rate >= 5000)) && verdict=pass
-      figure "HF loop, 64 x 48 bf16 (merged)" "$rate tok/s" "at least 5,000 tok/s on an H100" "$verdict"
+      figure "$name, 64 x 48 bf16" "$rate tok/s" "at least 5,000 tok/s on an H100" "$verdict"
     else
       figure "$name at the bench's shape" "$rate tok/s" "-" "-"
     fi

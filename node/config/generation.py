@@ -30,6 +30,10 @@ class HfGenerationConfig(Section):
         "refreshed after every optimizer step (about half the operations a token; the adapted weights held twice; "
         "in bfloat16 it differs from the trainer as an engine does: see train.engine_is_cap); adapter: from the "
         "adapters as trained. ReMix always runs its adapters")
+    cuda_graphs: bool = Field(
+        False, description="on a GPU, decode over a static KV cache with each step captured in a CUDA graph (one "
+        "launch a token instead of hundreds; every row runs to the batch's end); not measured on a GPU yet, "
+        "so off by default (scripts/gpu_check.sh measures it). No effect on the CPU or with ReMix")
 
 
 class GenerationConfig(Section):

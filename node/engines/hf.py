@@ -28,8 +28,10 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, policy: Policy, *, batch_size: int, weights: HfWeights = "merged") -> None:
+    def __init__(self, policy: Policy, *, batch_size: int, weights: HfWeights = "merged",
+                 cuda_graphs: bool = False) -> None:
         self.policy = policy
+        self.cuda_graphs = cuda_graphs and policy.device.type == "cuda"
         self.batch_size = batch_size
         self.max_len = policy.context_length
         self.merged: MergedCopy | None = None
@@ -56,7 +58,8 @@ class HFBackend:
         parts = [
             generate(model, p.tokenizer, prompts[i : i + self.batch_size], max_new_tokens=settings.max_new_tokens,
                      temperature=settings.temperature, top_p=settings.top_p, greedy=settings.greedy,
-                     generator=generator, device=p.device, remix=p.remix, max_len=self.max_len)
+                     generator=generator, device=p.device, remix=p.remix, max_len=self.max_len,
+                     cuda_graphs=self.cuda_graphs)
             for i in range(0, len(prompts), self.batch_size)
         ]
         return concat_completions(parts)

@@ -25,6 +25,8 @@ Contenders, on the same prompts (one "step" = sequences x new tokens; tokens cou
   (``generation.hf.weights=merged``; its sync after each step is the merged copy's refresh), which also
   returns the behaviour log-probs of its samples;
 - ``node-hf-adapter``: the same loop on the adapter as trained (``generation.hf.weights=adapter``);
+- ``node-hf-graphs`` (on CUDA): the merged loop with its decode step in a CUDA graph
+  (``generation.hf.cuda_graphs=true``);
 - ``vllm``: the in-process vLLM engine, merged weights pushed after each step (``sync=merge``);
 - ``vllm-lora``: the same engine with the adapter hot-swapped as a LoRARequest (``sync=lora``);
 - ``vllm-compiled`` (with ``--compile``): the ``vllm`` contender with the engine's compilation on
@@ -283,6 +285,9 @@ def bench_hf(policy: Policy, prompts: list[list[int]], tokens: int, reps: int,
                   "batched": lambda: hf_generate(policy, prompts, tokens),
                   "node": lambda: backend.generate(prompts, settings, gen),
                   "adapter": lambda: adapter.generate(prompts, settings, gen)}
+    if policy.device.type == "cuda":  # the merged loop with its decode step in a CUDA graph
+        graphs = HFBackend(policy, batch_size=len(prompts), cuda_graphs=True)
+        contenders["graphs"] = lambda: graphs.generate(prompts, settings, gen)
     best = dict.fromkeys(contenders, float("inf"))
     outs: dict[str, Any] = {}
     syncs: list[float] = []
@@ -299,7 +304,9 @@ def bench_hf(policy: Policy, prompts: list[list[int]], tokens: int, reps: int,
             Row("node-hf", int(node_out.completion_mask.sum()), best["node"], sync_seconds=sync,
                 gap=gap_of(policy, prompts, node_out), notes=[f"weights {backend.weights}"]),
             Row("node-hf-adapter", int(adapter_out.completion_mask.sum()), best["adapter"],
-                gap=gap_of(policy, prompts, adapter_out))], backend
+                gap=gap_of(policy, prompts, adapter_out)),
+            *([Row("node-hf-graphs", int(outs["graphs"].completion_mask.sum()), best["graphs"], sync_seconds=sync,
+                   gap=gap_of(policy, prompts, outs["graphs"]))] if "graphs" in outs else [])], backend
 
 
 def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: int, args: argparse.Namespace,

@@ -1,0 +1,79 @@
+"""The sampling loop over a static KV cache (``generation.hf.cuda_graphs``): on the CPU it runs eagerly and
+must give what the dynamic loop gives, with left padding, EOS and the model's context; on CUDA (gpu-marked)
+the decode step is captured in a CUDA graph and must give the same again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import node.generation as generation
+import node.generation_static as generation_static
+from node.config import AdapterConfig, ModelConfig
+from node.engines.base import SamplingSettings
+from node.engines.hf import HFBackend
+from node.generation import generate, left_pad, sequence_logprobs
+from node.policy.model import Policy, build_policy
+
+TEXTS = ["07+35=", "1+2=", "99+9=", "5+50="]
+
+
+def _policy(name: str, device: str = "cpu") -> Policy:
+    policy = build_policy(ModelConfig(name_or_path=name, device=device), AdapterConfig(train_norms=True), seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            if p.requires_grad:
+                p.add_((torch.randn(p.shape, generator=gen) * 0.02).to(p.device))
+    return policy
+
+
+def _prompts(policy: Policy) -> list[list[int]]:
+    tok = policy.tokenizer
+    bos = [] if tok.bos_token_id is None else [tok.bos_token_id]
+    return [[*bos, *tok(t, add_special_tokens=False)["input_ids"]] for t in TEXTS] * 3
+
+
+@pytest.mark.parametrize("name", ["tiny-base", "small-base"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_static_cache_loop_gives_what_the_dynamic_loop_gives(monkeypatch, name, greedy):
+    monkeypatch.setattr(generation, "_COMPACT_AT", -1.0)  # sampling draws alike only where no row is dropped
+    policy = _policy(name)
+    long = (_prompts(policy)[0] * 200)[: (policy.context_length or 64) - 6]  # ends at the model's context
+    prompts = _prompts(policy) + [long]
+    runs = {}
+    for static in (False, True):
+        runs[static] = generate(policy.model, policy.tokenizer, prompts, max_new_tokens=12, greedy=greedy,
+                                generator=torch.Generator().manual_seed(4), max_len=policy.context_length,
+                                cuda_graphs=static)
+    dynamic, static = runs[False], runs[True]
+    assert torch.equal(dynamic.completion_ids, static.completion_ids)
+    assert torch.equal(dynamic.completion_mask, static.completion_mask)
+    assert dynamic.finish_reasons == static.finish_reasons and "eos" in static.finish_reasons
+    assert int(static.completion_mask[-1].sum()) <= 6  # never past the model's context
+    torch.testing.assert_close(dynamic.behavior_logprobs, static.behavior_logprobs, atol=1e-5, rtol=0)
+    p_ids, p_mask = left_pad(prompts, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        lps = sequence_logprobs(policy.model, p_ids, p_mask, static.completion_ids, static.completion_mask)
+    m = static.completion_mask
+    assert (lps[m] - static.behavior_logprobs[m]).abs().max() < 1e-4  # the trainer's check
+
+
+def test_the_backend_asks_for_graphs_only_on_cuda():
+    policy = _policy("tiny-base")
+    assert HFBackend(policy, batch_size=8, cuda_graphs=True).cuda_graphs is False
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_captured_decode_step_gives_what_the_eager_loop_gives():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    generation_static._warned.clear()
+    policy = _policy("small-base", device="cuda")
+    prompts = _prompts(policy)
+    settings = SamplingSettings(max_new_tokens=16, greedy=True)
+    eager = HFBackend(policy, batch_size=64).generate(prompts, settings)
+    graphed = HFBackend(policy, batch_size=64, cuda_graphs=True).generate(prompts, settings)
+    assert not generation_static._warned, generation_static._warned  # captured, not fallen back
+    assert torch.equal(eager.completion_ids, graphed.completion_ids)
+    torch.testing.assert_close(eager.behavior_logprobs, graphed.behavior_logprobs, atol=1e-4, rtol=0)
