@@ -38,8 +38,8 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 # is small and included even where the machine may have it (pip keeps a version that satisfies the ranges):
 # a stock image's older transformers and huggingface-hub need less than this checkout's (no pydantic).
 PRESENT = {"torch", "transformers", "peft", "tokenizers", "safetensors", "huggingface-hub", "hf-xet", "numpy",
-           "scipy", "matplotlib", "pillow", "fonttools", "contourpy", "kiwisolver", "grpcio", "protobuf",
-           "accelerate", "triton", "sympy", "networkx"}
+           "scipy", "matplotlib", "pillow", "fonttools", "contourpy", "kiwisolver", "accelerate", "triton", "sympy",
+           "networkx"}  # not grpcio and protobuf: hivemind's grpcio-tools needs newer ones than an image may have
 # Small packages the stock CUDA image also holds (its package list), at versions within the project's ranges
 # there; --all bundles them too.
 IMAGE = {"aiohappyeyeballs", "aiohttp", "aiosignal", "attrs", "certifi", "charset-normalizer", "cycler", "frozenlist",
