@@ -23,6 +23,7 @@ DEVICE=cuda
 LOGS="${GPU_CHECK_OUT:-${OUT:-/tmp}/gpu_check}"
 mkdir -p "$LOGS"
 BUNDLE=.gpu_bundle
+RUN="${TMPDIR:-/tmp}/gpu_check-silo-run"  # the silo's run dir: outside the logs, which may be sent back
 ROWS=()
 START=$SECONDS
 
@@ -107,17 +108,17 @@ if [[ $DEVICE == cuda ]]; then
   # shellcheck disable=SC2086
   step tests 180 "$PY" -m pytest -q -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
   SILO=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda train.steps=30 train.eval_every=10
-        train.checkpoint_every=30 "run_dir=$LOGS/silo-run")
+        train.checkpoint_every=30 "run_dir=$RUN")
   BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
 else  # the same steps at CPU sizes: the script itself, tried on any machine
   step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   step doctor 120 "$PY" -m node.cli doctor --device cpu --no-vllm
   step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/node/test_remix_devices.py
   SILO=(-c configs/tiny-silo.yaml model.device=cpu train.steps=2 train.eval_every=2 tasks.eval_size=8
-        sapo.local_groups=2 generation.group_size=4 "run_dir=$LOGS/silo-run")
+        sapo.local_groups=2 generation.group_size=4 "run_dir=$RUN")
   BENCH=(--models tiny --device cpu --scale 0.125 --reps 1 --threads 1)
 fi
-rm -rf "$LOGS/silo-run"
+rm -rf "$RUN"
 step silo 180 "$PY" scripts/dev/gpu_silo.py --json "$LOGS/silo.json" "${SILO[@]}"
 if [[ $DEVICE == cuda ]] && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vllm" >/dev/null 2>&1; then
   step bench 150 "$PY" scripts/bench/bench_generation.py "${BENCH[@]}" --vllm-modes merge
