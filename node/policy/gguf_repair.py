@@ -59,16 +59,18 @@ def _repair_config_ids(model: Any, source: SourceTokenizer) -> list[dict[str, An
 
 
 def _repair_decoding(tokenizer: Any) -> list[dict[str, Any]]:
-    """A byte-level BPE decodes every string it encodes back unchanged; where it does not, undo what the
-    conversion added: the text clean-up, then a decoder other than plain byte-level."""
+    """A byte-level BPE decodes every string it encodes back unchanged. The text clean-up (spaces dropped
+    before punctuation) breaks that wherever a transformers version applies it (5.19 ignores it for a BPE,
+    with a warning at every load), so it is switched off; where decoding still loses text, a decoder other
+    than plain byte-level is replaced."""
     from tokenizers import decoders
 
     repairs: list[dict[str, Any]] = []
-    if not lossless_failures(tokenizer):
-        return repairs
     if getattr(tokenizer, "clean_up_tokenization_spaces", False):
         tokenizer.clean_up_tokenization_spaces = False
         repairs.append(_record("clean_up_tokenization_spaces", True, False))
+    if not lossless_failures(tokenizer):
+        return repairs
     backend = tokenizer.backend_tokenizer
     if lossless_failures(tokenizer) and type(backend.decoder).__name__ != "ByteLevel":
         repairs.append(_record("decoder", type(backend.decoder).__name__, "ByteLevel"))
