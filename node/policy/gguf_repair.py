@@ -17,6 +17,8 @@ from typing import Any
 from node.policy.gguf_facts import SourceTokenizer
 from node.policy.golden import FIXED_STRINGS
 
+_BYTE_LEVEL = "tokenizer.ggml.model = gpt2: a byte-level BPE, which decodes losslessly"
+
 
 def _record(field: str, library: Any, gguf: Any) -> dict[str, Any]:
     return {"field": field, "library": library, "gguf": gguf}
@@ -68,12 +70,12 @@ def _repair_decoding(tokenizer: Any) -> list[dict[str, Any]]:
     repairs: list[dict[str, Any]] = []
     if getattr(tokenizer, "clean_up_tokenization_spaces", False):
         tokenizer.clean_up_tokenization_spaces = False
-        repairs.append(_record("clean_up_tokenization_spaces", True, False))
+        repairs.append(_record("clean_up_tokenization_spaces", True, f"False ({_BYTE_LEVEL})"))
     if not lossless_failures(tokenizer):
         return repairs
     backend = tokenizer.backend_tokenizer
     if lossless_failures(tokenizer) and type(backend.decoder).__name__ != "ByteLevel":
-        repairs.append(_record("decoder", type(backend.decoder).__name__, "ByteLevel"))
+        repairs.append(_record("decoder", type(backend.decoder).__name__, f"ByteLevel ({_BYTE_LEVEL})"))
         backend.decoder = decoders.ByteLevel()
     return repairs
 
