@@ -89,15 +89,15 @@ class SapoConfig(Section):
         "fixed", description="fixed: up to J peer groups a step; flat: peer groups only in the slots of the "
         "step's own flat groups (no signal), at most J, so a step never trains on more groups than it generated")
     take_peers: TakePeers = Field(
-        "always", description="decide: take peer groups only while their gradient agrees with the node's own "
-        "(the decide_* keys); always: every step")
-    decide_window: int = Field(16, ge=2, description="decide: the alignments (own vs peer gradient cosine) "
+        "always", description="decide: decline peer groups while their gradient is shown not to agree with the "
+        "node's own (the decide_* keys); always: every step")
+    decide_window: int = Field(64, ge=2, description="decide: the alignments (own vs peer gradient cosine) "
                                "the estimate averages")
     decide_warmup: int = Field(4, ge=1, description="decide: alignments measured, peers taken, before deciding")
     decide_probe_every: int = Field(8, ge=1, description="decide: while declining, every this many steps "
                                     "takes peer groups anyway to keep measuring")
-    decide_min_alignment: float = Field(0.0, ge=-1, lt=1, description="decide: peers pay while the mean "
-                                        "alignment of the window is above this")
+    decide_min_alignment: float = Field(0.0, ge=-1, lt=1, description="decide: peers are declined once the "
+                                        "window's mean alignment plus one standard error is at or below this")
 
     @model_validator(mode="after")
     def _band_in_order(self) -> SapoConfig:
