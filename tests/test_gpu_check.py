@@ -59,3 +59,11 @@ def test_without_torch_it_says_in_one_line_what_to_install(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: install first: torch transformers peft"), lines
+
+
+def test_a_package_that_a_dependency_pins_is_bundled_even_where_a_cuda_image_holds_it():
+    # reasoning-gym pins tabulate==0.9.0; a CUDA image has another tabulate, and the offline install then
+    # found no tabulate 0.9.0 (the first bundle tried on an H100)
+    bundle = _bundle_module()
+    assert "tabulate" in bundle.IMAGE and "tabulate" in bundle.pinned(bundle.closure(["swarm-node"]))
+    assert "tabulate" in bundle.wanted() and "aiohttp" not in bundle.wanted()

@@ -31,9 +31,10 @@ class HfGenerationConfig(Section):
         "in bfloat16 it differs from the trainer as an engine does: see train.engine_is_cap); adapter: from the "
         "adapters as trained. ReMix always runs its adapters")
     cuda_graphs: bool = Field(
-        False, description="on a GPU, decode over a static KV cache with each step captured in a CUDA graph (one "
-        "launch a token instead of hundreds; every row runs to the batch's end); not measured on a GPU yet, "
-        "so off by default (scripts/gpu_check.sh measures it). No effect on the CPU or with ReMix")
+        True, description="on a GPU, decode over a static KV cache with each step captured in a CUDA graph (one "
+        "launch a token instead of hundreds; every row runs to the batch's end): on an H100, smollm2 generated "
+        "6.0x faster in the silo and a step took 1.9 s instead of 3.4 (docs/results/gpu-h100.md). No effect on the "
+        "CPU or with ReMix")
 
 
 class GenerationConfig(Section):

@@ -79,8 +79,22 @@ def wanted(include_image: bool = False) -> dict[str, str]:
     """The project's runtime closure minus what a CUDA image with PyTorch holds: ``{name: version}``."""
     project = [Requirement(r).name for r in md.distribution("swarm-node").requires or []
                if "extra ==" not in r]
+    found = closure(project)
     skip = set(closure(["torch"])) | PRESENT | (set() if include_image else IMAGE)
-    return {n: v for n, v in closure(project).items() if n not in skip}
+    return {n: v for n, v in found.items() if n not in skip or n in pinned(found)}
+
+
+def pinned(names: dict[str, str]) -> set[str]:
+    """Packages that a package of ``names`` pins to one version (``==``): an image's other version of them
+    does not do (reasoning-gym pins tabulate, which a CUDA image holds at another version)."""
+    out = set()
+    for name in names:
+        for line in md.distribution(name).requires or []:
+            req = Requirement(line)
+            if any(spec.operator == "==" for spec in req.specifier) and (
+                    req.marker is None or req.marker.evaluate({"extra": ""})):
+                out.add(_key(req.name))
+    return out
 
 
 def pip_download(spec: str, dest: Path, python_version: str) -> None:

@@ -21,9 +21,13 @@ from tests.node.test_engines import VLLM_MISSING, encode, needs_vllm
 PROMPTS = ["07+35=", "1+2=", "99+9=", "5+50=", "12+34=", "80+8=", "41+41=", "3+77="]
 
 
-def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+def _logits(model, ids: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """Logits on the CPU, computed on ``device`` (the node's, so that a CUDA node is compared on CUDA)."""
+    device = device or next(model.parameters()).device
+    model.to(device)
+    ids = ids.to(device)
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().cpu()
 
 
 def _batch(policy) -> torch.Tensor:
@@ -52,9 +56,10 @@ def test_the_exported_adapter_loaded_by_peft_reproduces_the_nodes_logits(trained
     assert any("vLLM's LoRARequest does not" in note and "--merged" in note for note in result.notes)
     ids = _batch(trained_run.policy)
     node_logits = _logits(trained_run.policy.model, ids)
+    device = next(trained_run.policy.model.parameters()).device
     loaded = PeftModel.from_pretrained(_base(), str(out)).eval()
-    assert (_logits(loaded, ids) - node_logits).abs().max() < 1e-5
-    assert (_logits(_base(), ids) - node_logits).abs().max() > 1e-2  # the adapter matters: this test can fail
+    assert (_logits(loaded, ids, device) - node_logits).abs().max() < 1e-5
+    assert (_logits(_base(), ids, device) - node_logits).abs().max() > 1e-2  # the adapter matters: this test can fail
     card = (out / "README.md").read_text()
     for part in ("base model: `tiny-base`", "datasets: arith/add", "steps: 4", "mode: silo",
                  "held-out greedy mean reward: ", "made by: `swarm-node export test`", "PeftModel.from_pretrained"):
@@ -69,10 +74,11 @@ def test_the_merged_folder_loaded_by_transformers_reproduces_the_nodes_logits(tr
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     ids = _batch(trained_run.policy)
     node_logits = _logits(trained_run.policy.model, ids)
+    device = next(trained_run.policy.model.parameters()).device
     # Relative to the logits' scale: x @ (W + s B A) and x @ W + s (x @ A) @ B round differently in float32.
     # Measured on tiny-base (logits up to about 11): max |difference| 1.2e-5 to 2.3e-5, i.e. 1e-6 to 2e-6 of
     # the largest logit (about 20 float32 ulps there); the adapter above matches within 1e-5 absolute.
-    assert (_logits(model, ids) - node_logits).abs().max() < 1e-5 * node_logits.abs().max()
+    assert (_logits(model, ids, device) - node_logits).abs().max() < 1e-5 * node_logits.abs().max()
     tok = AutoTokenizer.from_pretrained(str(out))
     assert tok("12+34=")["input_ids"] == trained_run.policy.tokenizer("12+34=")["input_ids"]
     assert model.generation_config.eos_token_id == tok.eos_token_id
