@@ -15,11 +15,11 @@ class VllmConfig(Section):
 
     sync: EngineSync = Field(
         "auto", description="how each new policy reaches the engine: merged weights pushed in place, or the LoRA "
-        "adapter hot-swapped (no trained norms); auto: merge, the faster where measured (see README)")
+        "adapter hot-swapped (no trained norms); auto: merge, the faster where measured (docs/backends.md)")
     kv_cache_memory_bytes: int = Field(2**30, ge=2**20, description="KV cache size (CPU RAM or GPU memory)")
     max_model_len: int = Field(4096, ge=16, description="longest prompt + completion, capped by the model's own")
     enforce_eager: bool = Field(True, description="no compilation (torch.compile; CUDA graphs on GPU): starts in "
-                                "seconds; false compiles, which on CPU needs a C++ compiler (figures: README)")
+                                "seconds; false compiles, which on CPU needs a C++ compiler (figures: docs/backends.md)")
 
 
 class HfGenerationConfig(Section):

@@ -63,7 +63,7 @@ def _format_errors(err: ValidationError) -> str:
             continue
         if e["type"] == "extra_forbidden":
             msg = f"renamed to {_RENAMED[field]}" if field in _RENAMED else _REMOVED.get(field) or (
-                "unknown key; check the spelling against configs/ and the README")
+                "unknown key; check the spelling against configs/ and docs/configuration.md")
         elif e["type"] == "literal_error":
             msg = msg.replace("Input should be", "must be")
         if e["type"] != "extra_forbidden" and not isinstance(e.get("input"), dict):  # a section's value says nothing
