@@ -3,11 +3,8 @@
 Usage:
     python scripts/bench/bench_sapo.py --quick                       # a small grid, under 10 minutes on 2 cores
     python scripts/bench/bench_sapo.py --full [--jobs 2] [--out DIR]  # the whole grid: 72 runs, about 1.3 CPU-hours
-    python scripts/bench/bench_sapo.py [--settings homogeneous capability sparse] [--arms ...]
-                                 [--splits 8/0 6/2 4/4 2/6 8+4 8+8] [--nodes 8] [--steps 100] [--seeds 3]
-                                 [--first-seed 0] [--group-size 8] [--set [TYPE:]key=value ...] [--jobs 2]
-                                 [--eval-every N] [--checkpoint-every N] [--out DIR]
-                                 [--report]                   # tables and plot from the finished runs only
+    python scripts/bench/bench_sapo.py [--settings ...] [--arms ...] [--splits 8/0 4/4 8+8] [...] (--help)
+    python scripts/bench/bench_sapo.py --out DIR --report       # tables and plot from the finished runs only
 
 Each run: K nodes joined to an in-memory swarm (``swarm.memory``) that carries the same
 bytes as the hivemind transport: every batch encoded and signed, its manifest signed, both verified and
@@ -190,7 +187,7 @@ def build_grid(args: argparse.Namespace) -> list[RunSpec]:
 
 
 def _cum(rewards: list[float]) -> float:
-    return statistics.fmean(rewards)
+    return statistics.fmean(rewards)  # the area under the sampled-reward curve, per step
 
 
 def _end(rewards: list[float]) -> float:
@@ -208,7 +205,7 @@ def same_spec(saved: dict[str, Any], spec: RunSpec) -> bool:
 def _finished(grid: list[RunSpec], runs_dir: Path) -> tuple[list[dict[str, Any]], list[RunSpec]]:
     """The runs of ``grid`` already saved in ``runs_dir``, and the specs still to run."""
     results: list[dict[str, Any]] = []
-    todo: list[RunSpec] = []
+    todo = []
     for spec in grid:
         path = runs_dir / f"{spec.name}.json"
         if path.is_file():
