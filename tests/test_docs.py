@@ -164,3 +164,11 @@ def test_the_scripts_index_lists_every_script() -> None:
     assert len(scripts) > 30
     missing = [str(p.relative_to(ROOT)) for p in scripts if f"`{p.name}" not in index]
     assert not missing, f"scripts/README.md does not list {missing}"
+
+
+def test_no_source_file_passes_500_lines() -> None:
+    # docs/architecture.md's rule: a file past it is split along its jobs
+    roots = [ROOT / name for name in ("protocol", "swarm", "node", "scripts")]
+    long = {str(p.relative_to(ROOT)): n for root in roots for p in root.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, long
