@@ -193,7 +193,7 @@ def _why(members: list[Any], ids: dict[Any, str], after: float = 0.0) -> str:
                        for m in members})
 
 
-@pytest.mark.slow  # about 4 minutes on an idle 2-core machine: five tiny-base nodes and two hosts
+# 67 s at a load average of 4 to 7 on 2 cores: five tiny-base nodes and two hosts
 @pytest.mark.timeout(1200)
 def test_a_swarm_forms_from_its_descriptor_and_outlives_a_host(lab: Any, tmp_path: Any) -> None:
     """Two hosts and four nodes (two behind NAT) join from the descriptor alone (its URL on host 1) and
@@ -281,7 +281,7 @@ def _doc_commands(page: str, heading: str) -> list[list[str]]:
     return [lab_swarm.cli(*c[1:]) for c in commands]
 
 
-@pytest.mark.slow  # about 3 minutes: a host and two tiny-base members with the shipped settings (60 s epochs)
+# 22 s at a load average of 4 to 7: a host and two tiny-base members, the docs' commands as written
 @pytest.mark.timeout(1200)
 def test_the_docs_host_and_join_commands_form_a_swarm(lab: Any, tmp_path: Any) -> None:
     """docs/swarm.md's "Host a swarm" and "Join a swarm" commands as written (``host.example.org`` resolves
