@@ -5,7 +5,6 @@
 const REFRESH_MS = 3000;
 const SMOOTH = 10;  // steps in the reward's trailing mean
 const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
-const OWN = "#2563eb", PEERS = "#ea580c", THIRD = "#16a34a";
 
 const state = {
   token: null,
@@ -14,8 +13,6 @@ const state = {
   charts: {},
   timer: null,
 };
-
-function $(id) { return document.getElementById(id); }
 
 function readToken() {
   const m = location.hash.match(/token=([^&]+)/);
@@ -39,18 +36,6 @@ async function api(path) {
 
 function fmt(x, digits) {
   return x === null || x === undefined ? "-" : Number(x).toFixed(digits);
-}
-
-function setValue(id, raw, text) {
-  const el = $(id);
-  el.dataset.value = raw === null || raw === undefined ? "" : String(raw);
-  el.textContent = text;
-}
-
-function duration(s) {
-  s = Math.floor(s);
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
-  return (h ? h + "h " : "") + (h || m ? m + "m " : "") + sec + "s";
 }
 
 function bytes(n) {

@@ -4,22 +4,7 @@
 
 const REFRESH_MS = 3000;
 const EPOCHS = 8;  // the epochs the host keeps per member
-const OWN = "#2563eb", PEERS = "#ea580c", THIRD = "#16a34a";
 const charts = {};
-
-function $(id) { return document.getElementById(id); }
-
-function setValue(id, raw, text) {
-  const el = $(id);
-  el.dataset.value = raw === null || raw === undefined ? "" : String(raw);
-  el.textContent = text;
-}
-
-function duration(s) {
-  s = Math.floor(s);
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
-  return (h ? h + "h " : "") + (h || m ? m + "m " : "") + sec + "s";
-}
 
 function ago(t, now) { return t === null || t === undefined ? "-" : duration(Math.max(0, now - t)) + " ago"; }
 function bytes(n) {
