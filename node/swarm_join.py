@@ -335,10 +335,10 @@ class PeerKeeper:
     def keep(self) -> list[str]:
         """Save and hand over the current neighbours once; returns them."""
         maddrs = self.transport.neighbour_maddrs()
-        if maddrs:
-            self.transport.add_bootstrap_peers(maddrs)
+        if maddrs:  # saved first: what a crash right after leaves on disk is what the transport was given
             with contextlib.suppress(OSError):
                 remember_peers(self.run_dir, maddrs)
+            self.transport.add_bootstrap_peers(maddrs)
         return list(maddrs)
 
     def close(self) -> None:
