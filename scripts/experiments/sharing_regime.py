@@ -90,9 +90,11 @@ def analyse(runs: dict[str, dict[str, Any]], window: int, bar: float) -> list[st
             continue
         silo = runs[silos[(p[0], _generated(p[2]), p[3])]]
         steps = min(min(len(r) for r in run["rewards"]), min(len(r) for r in silo["rewards"]))
+        if steps == 0:  # a run that has not finished a step yet
+            continue
         cut = {k: [r[:steps] for r in v] for k, v in silo.items() if k in ("rewards", "signal")}
         share = _rolling(cut["signal"], window)
-        start = next((i for i, v in enumerate(share) if v < bar), None)
+        start = next((i for i, v in enumerate(share) if 0 < i < steps and v < bar), None)
         reward = [r[:steps] for r in run["rewards"]]
         where = "never" if start is None else f"step {start + 1}"
         before = _pct(_cum(reward, 0, start or steps), _cum(cut["rewards"], 0, start or steps))
