@@ -34,9 +34,9 @@ def _trained(res: dict[str, Any]) -> float:
     return statistics.fmean(statistics.fmean(a + b for a, b in zip(lo, pe)) for lo, pe in zip(local, res["peer_groups"]))
 
 
-def regime_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def regime_rows(results: list[dict[str, Any]], window: int = 10) -> list[dict[str, Any]]:
     """One row per (setting, arm, split) of a sharing arm whose silo ran dry on some seed: the dry steps by
-    seed and the paired changes after them (see the module docstring)."""
+    seed and the paired changes after them (see the module docstring; ``window``: steps of the mean)."""
     index = {(r["spec"]["setting"], r["spec"]["arm"], r["spec"]["split"], r["spec"]["seed_index"]): r
              for r in results}
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -49,7 +49,7 @@ def regime_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = rows.setdefault((setting, arm, split), {"setting": setting, "arm": arm, "split": split, "dry": [],
                                                       "after": [], "acc_points": [], "trained": [],
                                                       "silo_trained": []})
-        dry = dry_step(_mean_signal(silo))
+        dry = dry_step(_mean_signal(silo), window)
         row["dry"].append(dry)
         row["trained"].append(_trained(res))
         row["silo_trained"].append(_trained(silo))
@@ -59,7 +59,8 @@ def regime_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def regime_lines(results: list[dict[str, Any]], mean_ci: Callable[[list[float]], tuple[float, float]]) -> list[str]:
+def regime_lines(results: list[dict[str, Any]], mean_ci: Callable[[list[float]], tuple[float, float]],
+                 window: int = 10) -> list[str]:
     """The report's lines: per sharing row, the silo's dry steps by seed, the reward after them against the
     silo, the final accuracy in points and the groups trained a step."""
     def pct(values: list[float]) -> str:
@@ -69,7 +70,7 @@ def regime_lines(results: list[dict[str, Any]], mean_ci: Callable[[list[float]],
         return f"{mean:+.1f}% ±{half:.1f}" if half else f"{mean:+.1f}%"
 
     lines = []
-    for row in regime_rows(results):
+    for row in regime_rows(results, window):
         acc_mean, acc_half = mean_ci(row["acc_points"])
         dry = ", ".join("never" if d is None else str(d) for d in row["dry"])
         lines.append(
