@@ -194,7 +194,9 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         # I local groups with signal (all of them when no more were generated), then the external ones.
         signal_groups = with_signal[:own_cap] + external
         histograms = self.tracking.wants_histograms(self.step + 1)
+        t_train = time.perf_counter()
         stats = self.trainer.step(signal_groups, keep_distributions=histograms)
+        t_train = time.perf_counter() - t_train
         if self.decider is not None:
             self.decider.observe(stats.get("peer_alignment"))
         sync = self.generator.sync()  # the next step samples from the updated policy
@@ -210,6 +212,8 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             "tokens_per_s": (n_gen_tokens + stats.get("n_tokens", 0.0)) / max(dt, 1e-9),
             "gen_tokens_per_s": n_gen_tokens / max(t_gen - t0, 1e-9),
             "step_seconds": dt,
+            "gen_seconds": t_gen - t0,  # sampling, scoring included: with train_seconds, where a step goes
+            "train_seconds": t_train,
             "local_signal_fraction": len(with_signal) / max(len(local), 1),
             "n_local_groups": sum(1 for grp in signal_groups if grp.is_local),
             "n_peer_groups": sum(1 for grp in signal_groups if not grp.is_local),

@@ -12,6 +12,8 @@
 #   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
 #   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop (merged, in CUDA
 #             graphs, as trained); vLLM when it imports
+#   levers    with GPU_CHECK_LEVERS=1, after the silo: 10 steps of it again with one change each (larger
+#             training micro-batches), their median step beside the silo's first 10 steps
 # Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
 #        it installs nothing unless GPU_CHECK_INSTALL=1)
 # Logs and figures go to $GPU_CHECK_OUT (default: $OUT/gpu_check where OUT is set, else /tmp/gpu_check).
@@ -38,7 +40,7 @@ step() {
   local result=pass
   ((rc == 124 || rc == 137)) && result="fail (timed out)"
   ((rc != 0 && rc != 124 && rc != 137)) && result="fail (exit $rc)"
-  ROWS+=("$(printf '%-8s %-18s %5ss' "$name" "$result" $((SECONDS - t0)))")
+  ROWS+=("$(printf '%-10s %-18s %5ss' "$name" "$result" $((SECONDS - t0)))")
   return $rc
 }
 
@@ -47,6 +49,14 @@ silo() {
   rm -rf "$RUN"
   step silo 240 "$PY" scripts/dev/gpu_silo.py --json "$LOGS/silo.json" "${SILO[@]}"
   cp "$RUN/metrics.jsonl" "$LOGS/silo-metrics.jsonl" 2>/dev/null
+}
+
+# lever NAME OVERRIDE...: the silo's first 10 steps again with the overrides (no evaluations but the base's)
+lever() {
+  local name=$1; shift
+  rm -rf "$RUN-$name"
+  step "lever-$name" 120 "$PY" scripts/dev/gpu_silo.py --json "$LOGS/lever-$name.json" "${SILO[@]}" \
+    train.steps=10 train.eval_every=0 "run_dir=$RUN-$name" "$@"
 }
 
 # figure LABEL VALUE GOAL VERDICT: one line of the goals table
@@ -115,8 +125,11 @@ if [[ $DEVICE == cuda ]]; then
   SILO=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda train.steps=30 train.eval_every=10
         train.checkpoint_every=30 "run_dir=$RUN")
   silo
+  if [[ -n ${GPU_CHECK_LEVERS:-} ]]; then
+    lever mb64 train.micro_batch_size=64 train.logits_memory_mb=4096
+  fi
   # shellcheck disable=SC2086
-  step tests 150 "$PY" -m pytest -q -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
+  step tests 150 "$PY" -m pytest -q -rfE -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
   BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
 else  # the same steps at CPU sizes: the script itself, tried on any machine
   step fetch 120 "$PY" -m node.cli fetch smollm2-135m
@@ -124,7 +137,8 @@ else  # the same steps at CPU sizes: the script itself, tried on any machine
   SILO=(-c configs/tiny-silo.yaml model.device=cpu train.steps=2 train.eval_every=2 tasks.eval_size=8
         sapo.local_groups=2 generation.group_size=4 "run_dir=$RUN")
   silo
-  step tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/node/test_remix_devices.py
+  [[ -n ${GPU_CHECK_LEVERS:-} ]] && lever mb16 train.micro_batch_size=16
+  step tests 300 "$PY" -m pytest -q -rfE -p no:cacheprovider tests/node/test_remix_devices.py
   BENCH=(--models tiny --device cpu --scale 0.125 --reps 1 --threads 1)
 fi
 if [[ $DEVICE == cuda ]] && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vllm" >/dev/null 2>&1; then
@@ -139,6 +153,9 @@ if [[ -f $LOGS/tests.log ]]; then
   summary=$(grep -E "[0-9]+ (passed|failed)" "$LOGS/tests.log" | tail -n 1)
   verdict=pass; grep -qE "[0-9]+ (failed|error)" <<<"$summary" && verdict=FAIL; [[ -z $summary ]] && verdict=FAIL
   figure "node tests on the device" "${summary:-no summary}" "none fails on CUDA" "$verdict"
+  while read -r kind name _; do  # each failing test by name: the log itself may not come back
+    figure "  $kind" "$name" "-" "FAIL"
+  done < <(grep -E "^(FAILED|ERROR) " "$LOGS/tests.log" | head -n 20)
 fi
 if [[ -f $LOGS/silo.json ]]; then
   while IFS= read -r line; do GOALS+=("$line"); done < <("$PY" - "$LOGS/silo.json" "$DEVICE" <<'EOF'
@@ -151,6 +168,8 @@ rows = [("greedy base -> 10, 20, 30", f"{f['base_greedy']:.3f} -> " + ", ".join(
          "pass" if secs is not None and secs < 120 else "FAIL"),
         ("silo step, median", f"{f['median_step_seconds']:.2f} s", "under 1.5 s",
          "pass" if f["median_step_seconds"] < 1.5 else "FAIL"),
+        ("silo step: sampling, training", f"{f['median_gen_seconds']:.2f} s, {f['median_train_seconds']:.2f} s"
+         if f.get("median_train_seconds") is not None else "-", "-", "-"),
         ("generation in the silo", f"{f['gen_tokens_per_s']:.0f} tok/s; gap {f['logprob_gap_abs']:.1e}", "-", "-")]
 for label, value, goal, verdict in rows:
     if sys.argv[2] != "cuda":
@@ -159,6 +178,23 @@ for label, value, goal, verdict in rows:
 EOF
 )
 fi
+for f in "$LOGS"/lever-*.json; do  # each lever's median step beside the silo's over the same steps
+  [[ -f $f && -f $LOGS/silo-metrics.jsonl ]] || continue
+  while IFS= read -r line; do GOALS+=("$line"); done < <("$PY" - "$f" "$LOGS/silo-metrics.jsonl" <<'EOF'
+import json, statistics, sys
+lever = json.load(open(sys.argv[1]))
+rows = [json.loads(x) for x in open(sys.argv[2]) if x.strip()]
+same = [r for r in rows if isinstance(r.get("step_seconds"), float) and r["step"] <= lever["steps"]]
+def med(key):
+    vals = [r[key] for r in same if isinstance(r.get(key), float)]
+    return statistics.median(vals) if vals else float("nan")
+name = sys.argv[1].rsplit("lever-", 1)[1].removesuffix(".json")
+value = (f"{lever['median_step_seconds']:.2f} s (training {lever['median_train_seconds']:.2f} s)")
+target = f"silo {med('step_seconds'):.2f} s ({med('train_seconds'):.2f} s)"
+print(f"{'lever ' + name + ', median step':<34} {value:<40} {target:<34} -")
+EOF
+)
+done
 if [[ -f $LOGS/bench.log ]]; then
   for name in node-hf node-hf-graphs node-hf-adapter vllm; do
     rate=$(awk -v n="$name" '$1 == n && $2 ~ /^[0-9]+$/ {print $4}' "$LOGS/bench.log" | tail -n 1)
@@ -174,7 +210,7 @@ fi
 
 echo
 echo "== gpu_check on $DEVICE: $STACK_AFTER (torch transformers peft); $((SECONDS - START)) s in all; logs in $LOGS"
-printf '%-8s %-18s %6s\n' step result time
+printf '%-10s %-18s %6s\n' step result time
 printf '%s\n' "${ROWS[@]}"
 echo
 printf '%-34s %-40s %-34s %s\n' goal measured target verdict

@@ -6,7 +6,8 @@ Builds the node of the config (overrides as ``swarm-node silo`` takes them), eva
 greedily before any update (the LoRA's B starts at zero: the policy is the base), then trains. Prints one
 line of figures and, with ``--json``, writes them: the base's greedy reward, the greedy reward at each
 evaluation, seconds from the first step to each evaluated step (evaluations excluded), the median step,
-the generation tokens/s, and the engine/trainer log-prob gap.
+the median seconds of a step's sampling and of its training (where a step's time goes), the generation
+tokens/s, and the engine/trainer log-prob gap.
 """
 
 from __future__ import annotations
@@ -33,12 +34,18 @@ def figures(rows: list[dict[str, Any]], base: float, base_seconds: float) -> dic
     for r in steps:
         clock += float(r["step_seconds"])
         elapsed[int(r["step"])] = clock
+
+    def median(key: str) -> float | None:
+        values = [float(r[key]) for r in steps if isinstance(r.get(key), (int, float))]
+        return statistics.median(values) if values else None
+
     gen = [float(r["gen_tokens_per_s"]) for r in rows if isinstance(r.get("gen_tokens_per_s"), (int, float))]
     gaps = [float(r["train/logprob_gap_abs"]) for r in rows if isinstance(r.get("train/logprob_gap_abs"), float)]
     return {"base_greedy": base, "base_eval_seconds": base_seconds, "greedy": evals,
             "gain_points": {s: 100 * (v - base) for s, v in evals.items()},
             "seconds_to_step": {s: elapsed.get(s) for s in evals},
-            "median_step_seconds": statistics.median(float(r["step_seconds"]) for r in steps) if steps else None,
+            "median_step_seconds": median("step_seconds"), "median_gen_seconds": median("gen_seconds"),
+            "median_train_seconds": median("train_seconds"),
             "gen_tokens_per_s": statistics.median(gen) if gen else None,
             "logprob_gap_abs": statistics.median(gaps) if gaps else None, "steps": len(steps)}
 

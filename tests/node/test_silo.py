@@ -54,6 +54,9 @@ def test_metrics_lines_have_the_required_fields(fast_config):
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("step", "time", "reward_mean", "loss", "tokens_per_s", "n_local_groups", "n_peer_groups"):
         assert key in rows[0]
+    for row in rows:  # where a step's time went: sampling and training, inside the step
+        assert row["gen_seconds"] > 0 and row["train_seconds"] > 0
+        assert row["gen_seconds"] + row["train_seconds"] <= row["step_seconds"]
     # The logged accuracy is the greedy evaluation of the final weights: recomputing it gives the same.
     assert "eval_accuracy" not in rows[0]  # train.eval_every=2
     assert rows[1]["eval_accuracy"] == node.evaluate()
