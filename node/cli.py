@@ -338,10 +338,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         title = (f"swarm-node eval: {run.run_dir} at step {run.step} · {cfg.model.name_or_path} ({cfg.adapter.kind}) "
                  f"· {args.backend} backend")
     else:
-        policy = model_policy(args.model)
+        m = cfg.model  # the device and dtype a node of this config would use (a GPU where there is one)
+        policy = model_policy(args.model, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code)
         title = f"swarm-node eval: {args.model} · {args.backend} backend"
     backend = build_backend(policy, args.backend, batch_size=plan.batch_size, dtype=cfg.model.dtype,
-                            seed=args.seed, vllm=cfg.generation.vllm, hf_weights=cfg.generation.hf.weights)
+                            seed=args.seed, vllm=cfg.generation.vllm, hf_weights=cfg.generation.hf.weights,
+                            cuda_graphs=cfg.generation.hf.cuda_graphs)
     try:
         result = evaluate(backend, policy, plan, show_progress=not (args.no_progress or args.json))
     finally:

@@ -110,11 +110,14 @@ def model_policy(name_or_path: str, *, dtype: str = "float32", device: str = "cp
 
 
 def build_backend(policy: Policy, kind: str, *, batch_size: int, dtype: str, seed: int,
-                  vllm: VllmConfig | None = None, hf_weights: HfWeights = "merged") -> GenerationBackend:
+                  vllm: VllmConfig | None = None, hf_weights: HfWeights = "merged",
+                  cuda_graphs: bool = False) -> GenerationBackend:
+    """The backend the node's own evaluation would use (``cuda_graphs`` as ``generation.hf.cuda_graphs``: on a
+    GPU the static-cache decode, whose rounding a near tie of greedy decoding can tell from the dynamic one)."""
     if kind == "hf":
         from node.engines.hf import HFBackend
 
-        return HFBackend(policy, batch_size=batch_size, weights=hf_weights)
+        return HFBackend(policy, batch_size=batch_size, weights=hf_weights, cuda_graphs=cuda_graphs)
     from node.engines.vllm_engine import VLLMBackend, base_model_path, require_vllm
 
     require_vllm(policy.device)

@@ -89,7 +89,7 @@ def _downsample(chunk: list[int], rewards: list[float], n: int, rng: torch.Gener
                 positive_threshold: float = 1.0) -> list[int]:
     """Up to ``n`` of the indices ``chunk``: half positive (reward >= ``positive_threshold``) and half
     negative where possible."""
-    order = [chunk[i] for i in torch.randperm(len(chunk), generator=rng).tolist()]
+    order = [chunk[i] for i in torch.randperm(len(chunk), generator=rng, device=rng.device).tolist()]
     pos = [i for i in order if rewards[i] >= positive_threshold]
     neg = [i for i in order if rewards[i] < positive_threshold]
     take_pos = min(len(pos), max(n // 2, n - len(neg)))

@@ -119,7 +119,7 @@ if [[ $DEVICE == cuda ]]; then
          tests/node/test_weights.py tests/node/test_checkpoint.py tests/node/test_engines.py
          tests/node/test_evaluate.py tests/node/test_export.py tests/node/test_memory_options.py
          tests/node/test_init_from.py tests/node/test_sapo_node.py tests/node/test_tiny_base.py
-         tests/node/test_generation_static.py)
+         tests/node/test_generation_static.py tests/node/test_adaptive_sampling.py)
   XDIST=""
   if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n 8"; fi
   SILO=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda train.steps=30 train.eval_every=10
