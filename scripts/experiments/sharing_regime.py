@@ -2,7 +2,7 @@
 report (``scripts/lib/sapo_regime.py``) per seed, for runs finished or still in progress, with a plot.
 
 Usage:
-    python scripts/experiments/sharing_regime.py OUT [OUT ...] [--window 10] [--plot FILE]
+    python scripts/experiments/sharing_regime.py OUT [OUT ...] [--window 10] [--plot FILE] [--table 50]
 
 OUT is a ``scripts/bench/bench_sapo.py --out`` folder. Finished runs are read from ``OUT/runs/*.json``;
 runs still in progress (or stopped) from their nodes' ``metrics.jsonl`` under ``OUT/work/`` into the same
@@ -10,7 +10,8 @@ shape, cut to the steps every node of the run has reached. Each sharing run is p
 same seed as bench_sapo pairs them, both cut to the steps both have, and reported one line a seed:
 the silo's dry step (its ``--window``-step mean share of own groups with signal below 30%), the sharing
 run's reward after it against the silo's, held-out accuracy at the last evaluation both have, and the
-groups trained a step.
+groups trained a step. ``--table N`` also prints, per run, its share of own groups with signal, sampled
+reward and peer groups a node-step over windows of N steps (nodes averaged), as markdown rows.
 """
 
 from __future__ import annotations
@@ -98,12 +99,32 @@ def plot(runs: dict[str, dict[str, Any]], window: int, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def table(runs: dict[str, dict[str, Any]], window: int) -> list[str]:
+    """Markdown rows: a run's curves averaged over its nodes and over windows of ``window`` steps."""
+    steps = max(len(r["rewards"][0]) for r in runs.values())
+    spans = [(a + 1, min(a + window, steps)) for a in range(0, steps, window)]
+    rows = ["| run: curve | " + " | ".join(f"{a}-{b}" for a, b in spans) + " |",
+            "| --- |" + " --- |" * len(spans)]
+    for name, run in sorted(runs.items()):
+        for key, label in (("signal", "own groups with signal"), ("rewards", "sampled reward"),
+                           ("peer_groups", "peer groups a node-step")):
+            curve = _mean_curve(run[key]) if run.get(key) else []
+            cells = [f"{statistics.fmean(curve[a - 1:b]):.2f}" if len(curve) >= b else "-" for a, b in spans]
+            if key != "peer_groups" or any(c not in ("0.00", "-") for c in cells):
+                rows.append(f"| {name}: {label} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="+", type=Path, help="bench_sapo --out folders")
     parser.add_argument("--window", type=int, default=10, help="steps of the rolling mean that finds the dry step")
     parser.add_argument("--plot", type=Path, default=None, help=f"write every run's {PLOT_WINDOW}-step curves here")
+    parser.add_argument("--table", type=int, default=None, metavar="N",
+                        help="also print each run's curves over windows of N steps (markdown rows)")
     args = parser.parse_args()
+    if args.table is not None and args.table < 1:
+        parser.error("--table N: N must be at least 1")
     for out in args.out:
         if not out.is_dir():
             parser.error(f"{out}: not a folder (give a bench_sapo --out folder)")
@@ -115,6 +136,8 @@ def main() -> int:
             print(f"seed {res['spec']['seed_index']}, {len(res['rewards'][0])} steps: {line}")
     if not found:
         print("no sharing run with its silo found")
+    if args.table is not None and runs:
+        print("\n".join(table(runs, args.table)))
     if args.plot is not None:
         plot(runs, PLOT_WINDOW, args.plot)
     return 0
