@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from node.generation_static import StaticDecoder
+from node.generation_static import DecoderPool, StaticDecoder
 
 
 @dataclass
@@ -157,12 +157,14 @@ def generate(
     remix: Any = None,
     max_len: int | None = None,
     cuda_graphs: bool = False,
+    decoders: DecoderPool | None = None,
 ) -> Completions:
     """Sample one completion per prompt (token-id lists, already formatted and with BOS if any). With
     ``max_len``, a completion also ends (finish reason ``length``) where prompt plus completion reach it;
     every prompt must be shorter (``node.engines.base.check_prompts_fit``). With ``cuda_graphs`` (not for
     ReMix) the forward passes run over a static KV cache, the decode step captured in a CUDA graph on a
-    GPU (``node.generation_static``)."""
+    GPU (``node.generation_static``); with ``decoders`` too, a decoder (and its graph) kept from an earlier call of
+    the same batch size is reused."""
     device = device or torch.device("cpu")
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
@@ -176,7 +178,8 @@ def generate(
     static = None
     if cuda_graphs and remix is None:
         ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
-        static = StaticDecoder(model, prompt_mask, max_new_tokens, graphs=True)
+        static = (StaticDecoder(model, prompt_mask, max_new_tokens, graphs=True) if decoders is None
+                  else decoders.decoder(model, prompt_mask, max_new_tokens, graphs=True))
         last_logits = static.prefill(ids, prompt_mask, positions_from_mask(prompt_mask))
         past: Any = None
     else:

@@ -12,11 +12,20 @@ prompt is computed (no group sharing): the prefill is a small part of a step's w
 Where capture fails (an operation that waits for the host, an unsupported kernel) the steps run eagerly on
 the same static cache, with a warning once: the same numbers, without the launch saving. On the CPU the
 static path runs eagerly (the tests compare it with the dynamic loop there).
+
+A ``DecoderPool`` (``generation.hf.keep_graphs``) keeps each decoder, its cache and its captured graph for the
+next generation of the same batch size: the decode step's shapes do not depend on the prompt's width, only on
+the cache's length, so a cache a little longer than a call needs (rounded up to ``LENGTH_STEP`` positions)
+serves every call that fits it; a call resets the cache and the mask in place and replays the graph it
+captured before, instead of allocating a cache and capturing again. The graph reads the weights where they
+are: the merged copy and the adapters are updated in place, never replaced.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
+from collections import OrderedDict
 from typing import Any, cast
 
 import torch
@@ -29,22 +38,42 @@ _warned: set[str] = set()
 class StaticDecoder:
     """Prefill, then one decode step a token, for ``B`` rows and up to ``max_new_tokens`` positions each."""
 
-    def __init__(self, model: nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int, *, graphs: bool) -> None:
+    def __init__(self, model: nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int, *, graphs: bool,
+                 length: int | None = None) -> None:
         from transformers import StaticCache
 
         self.model = model
         batch, width = prompt_mask.shape
-        self.width = width
-        length = width + max_new_tokens
+        length = width + max_new_tokens if length is None else length
+        if length < width + max_new_tokens:
+            raise ValueError(f"a static cache of {length} positions cannot hold {width} + {max_new_tokens}")
         config: Any = getattr(model, "config", None)
         self.cache = StaticCache(config=config, max_cache_len=length)
-        keys = torch.zeros((batch, 1, 1, length), dtype=torch.bool, device=prompt_mask.device)
-        keys[:, 0, 0, :width] = prompt_mask.bool()
-        self.mask = keys  # what the next decode step's query may attend to
+        # what the next decode step's query may attend to
+        self.mask = torch.zeros((batch, 1, 1, length), dtype=torch.bool, device=prompt_mask.device)
+        self.width = 0
+        self.reset(prompt_mask)
         self.graphs = graphs and prompt_mask.device.type == "cuda"
         self._graph: Any = None
         self._inputs: dict[str, torch.Tensor] = {}
         self._logits: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Positions the cache holds: prompt width and new tokens at most."""
+        return int(self.mask.shape[-1])
+
+    def reset(self, prompt_mask: torch.Tensor) -> None:
+        """Ready for a new generation of ``prompt_mask``'s rows (the same batch size), in place: the cache empty,
+        the mask the prompt's; a captured graph stays valid (it reads these same tensors)."""
+        batch, width = prompt_mask.shape
+        if batch != self.mask.shape[0] or width > self.length:
+            raise ValueError(f"a decoder of {self.mask.shape[0]} rows x {self.length} positions cannot take "
+                             f"{batch} x {width}")
+        self.cache.reset()
+        self.mask.zero_()
+        self.mask[:, 0, 0, :width] = prompt_mask.bool()
+        self.width = width
 
     def prefill(self, ids: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The last prompt position's logits ``[B, V]``. Causal over the prompt, padding masked; a padding
@@ -92,3 +121,44 @@ class StaticDecoder:
         if reason not in _warned:
             _warned.add(reason)
             logger.warning("CUDA graph capture of the decode step failed (%s): decoding eagerly", reason)
+
+
+LENGTH_STEP = 64
+"""A pooled cache's length is the call's prompt width plus new tokens rounded up to this: calls whose prompts
+differ by a few tokens share one cache and one graph (attention over up to 63 masked positions more)."""
+
+
+class DecoderPool:
+    """Static decoders kept between generations, ``max_size`` at most a model (least recently used first out),
+    keyed by batch size and cache length; a model's entries go with the model."""
+
+    def __init__(self, max_size: int = 4) -> None:
+        self.max_size = max_size
+        self._pools: weakref.WeakKeyDictionary[nn.Module, OrderedDict[tuple[int, int], StaticDecoder]] = (
+            weakref.WeakKeyDictionary())
+        self.created = 0
+        self.reused = 0
+
+    def decoder(self, model: nn.Module, prompt_mask: torch.Tensor, max_new_tokens: int, *,
+                graphs: bool) -> StaticDecoder:
+        """A decoder ready for ``prompt_mask``'s rows: a kept one whose cache is long enough, reset, or a new one."""
+        batch, width = prompt_mask.shape
+        need = width + max_new_tokens
+        length = -(-need // LENGTH_STEP) * LENGTH_STEP
+        pool = self._pools.setdefault(model, OrderedDict())
+        key = (batch, length)
+        found = pool.get(key)
+        if found is not None and found.mask.device == prompt_mask.device:
+            pool.move_to_end(key)
+            found.reset(prompt_mask)
+            self.reused += 1
+            return found
+        made = StaticDecoder(model, prompt_mask, max_new_tokens, graphs=graphs, length=length)
+        pool[key] = made
+        while len(pool) > self.max_size:
+            pool.popitem(last=False)
+        self.created += 1
+        return made
+
+    def clear(self) -> None:
+        self._pools = weakref.WeakKeyDictionary()

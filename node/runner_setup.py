@@ -91,7 +91,7 @@ class SetupMixin(NodeState):
         g, m = self.cfg.generation, self.cfg.model
         if g.backend == "hf":
             return HFBackend(self.policy, batch_size=g.batch_size, weights=g.hf.weights,
-                             cuda_graphs=g.hf.cuda_graphs)
+                             cuda_graphs=g.hf.cuda_graphs, keep_graphs=g.hf.keep_graphs)
         from node.engines.vllm_engine import VLLMBackend, base_model_path
 
         return VLLMBackend(self.policy, base_model_path(self.policy), g.vllm, dtype=m.dtype,

@@ -13,7 +13,9 @@
 #   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop (merged, in CUDA
 #             graphs, as trained); vLLM when it imports
 #   levers    with GPU_CHECK_LEVERS=1, after the silo: 10 steps of it again with one change each (larger
-#             training micro-batches), their median step beside the silo's first 10 steps
+#             training micro-batches; captured decode graphs kept between steps; both), their median step
+#             beside the silo's first 10 steps; and, last, one silo step under the profiler
+#             (scripts/bench/profile_step.py: each phase's wall and device-busy time, launches, host reads)
 # Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
 #        it installs nothing unless GPU_CHECK_INSTALL=1)
 # Logs and figures go to $GPU_CHECK_OUT (default: $OUT/gpu_check where OUT is set, else /tmp/gpu_check).
@@ -127,10 +129,13 @@ if [[ $DEVICE == cuda ]]; then
   silo
   if [[ -n ${GPU_CHECK_LEVERS:-} ]]; then
     lever mb64 train.micro_batch_size=64 train.logits_memory_mb=4096
+    lever keep generation.hf.keep_graphs=true
+    lever both train.micro_batch_size=64 train.logits_memory_mb=4096 generation.hf.keep_graphs=true
   fi
   # shellcheck disable=SC2086
   step tests 150 "$PY" -m pytest -q -rfE -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
   BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
+  PROFILE=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda)
 else  # the same steps at CPU sizes: the script itself, tried on any machine
   step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   step doctor 120 "$PY" -m node.cli doctor --device cpu --no-vllm
@@ -138,6 +143,7 @@ else  # the same steps at CPU sizes: the script itself, tried on any machine
         sapo.local_groups=2 generation.group_size=4 "run_dir=$RUN")
   silo
   [[ -n ${GPU_CHECK_LEVERS:-} ]] && lever mb16 train.micro_batch_size=16
+  PROFILE=(-c configs/tiny-silo.yaml model.device=cpu sapo.local_groups=2 generation.group_size=4)
   step tests 300 "$PY" -m pytest -q -rfE -p no:cacheprovider tests/node/test_remix_devices.py
   BENCH=(--models tiny --device cpu --scale 0.125 --reps 1 --threads 1)
 fi
@@ -146,6 +152,10 @@ if [[ $DEVICE == cuda ]] && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c "import vl
 else
   step bench 120 "$PY" scripts/bench/bench_generation.py "${BENCH[@]}" --no-vllm
   [[ $DEVICE == cuda ]] && figure "vLLM" "does not import here" "measured where it imports" "skip"
+fi
+
+if [[ -n ${GPU_CHECK_LEVERS:-} ]]; then
+  step profile 150 "$PY" scripts/bench/profile_step.py --warmup 3 --steps 3 --json "$LOGS/profile.json" "${PROFILE[@]}"
 fi
 
 # ----- the goals, from the logs
@@ -215,4 +225,8 @@ printf '%s\n' "${ROWS[@]}"
 echo
 printf '%-34s %-40s %-34s %s\n' goal measured target verdict
 printf '%s\n' "${GOALS[@]}"
+if [[ -f $LOGS/profile.log ]]; then
+  echo
+  grep -E "^(profile_step|phase|generate|train|sync|other|-- )" "$LOGS/profile.log" | cut -c1-400
+fi
 if printf '%s\n' "${ROWS[@]}" | grep -q fail || printf '%s\n' "${GOALS[@]}" | grep -q FAIL; then exit 1; fi

@@ -17,6 +17,7 @@ from torch import nn
 from node.engines.base import SamplingSettings, check_prompts_fit
 from node.engines.merged import MergedCopy, lora_layers
 from node.generation import Completions, concat_completions, generate
+from node.generation_static import DecoderPool
 from node.modes import HfWeights
 from node.policy.model import Policy
 
@@ -29,9 +30,11 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, policy: Policy, *, batch_size: int, weights: HfWeights = "merged",
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, keep_graphs: bool = False) -> None:
         self.policy = policy
         self.cuda_graphs = cuda_graphs and policy.device.type == "cuda"
+        # generation.hf.keep_graphs: captured decode steps kept for the next batch of the same size
+        self.decoders = DecoderPool() if self.cuda_graphs and keep_graphs else None
         self.batch_size = batch_size
         self.max_len = policy.context_length
         self.merged: MergedCopy | None = None
@@ -59,7 +62,7 @@ class HFBackend:
             generate(model, p.tokenizer, prompts[i : i + self.batch_size], max_new_tokens=settings.max_new_tokens,
                      temperature=settings.temperature, top_p=settings.top_p, greedy=settings.greedy,
                      generator=generator, device=p.device, remix=p.remix, max_len=self.max_len,
-                     cuda_graphs=self.cuda_graphs)
+                     cuda_graphs=self.cuda_graphs, decoders=self.decoders)
             for i in range(0, len(prompts), self.batch_size)
         ]
         return concat_completions(parts)
@@ -73,3 +76,5 @@ class HFBackend:
 
     def close(self) -> None:
         self.merged = None
+        if self.decoders is not None:
+            self.decoders.clear()

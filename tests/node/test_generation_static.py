@@ -59,6 +59,40 @@ def test_the_static_cache_loop_gives_what_the_dynamic_loop_gives(monkeypatch, na
     assert (lps[m] - static.behavior_logprobs[m]).abs().max() < 1e-4  # the trainer's check
 
 
+def test_a_kept_decoder_gives_what_a_new_one_gives_across_calls_of_other_widths(monkeypatch):
+    """``generation.hf.keep_graphs``: a pooled decoder, reset between calls whose prompts differ in width and
+    content, gives each call what a decoder made for it gives; calls of nearby widths share one."""
+    monkeypatch.setattr(generation, "_COMPACT_AT", -1.0)
+    policy = _policy("tiny-base")
+    base = _prompts(policy)
+    calls = [base, [p + p[1:] for p in base], [p[:-1] or p for p in base], base]  # widths w, ~2w, w-1, w
+    pool = generation_static.DecoderPool()
+    for k, prompts in enumerate(calls):
+        kw = dict(max_new_tokens=10, greedy=k % 2 == 0, max_len=policy.context_length, cuda_graphs=True)
+        fresh = generate(policy.model, policy.tokenizer, prompts, generator=torch.Generator().manual_seed(k), **kw)
+        kept = generate(policy.model, policy.tokenizer, prompts, generator=torch.Generator().manual_seed(k),
+                        decoders=pool, **kw)
+        assert torch.equal(fresh.completion_ids, kept.completion_ids), k
+        assert torch.equal(fresh.completion_mask, kept.completion_mask), k
+        torch.testing.assert_close(fresh.behavior_logprobs, kept.behavior_logprobs, atol=1e-5, rtol=0)
+    widths = [max(len(p) for p in c) + 10 for c in calls]
+    lengths = {-(-w // generation_static.LENGTH_STEP) for w in widths}
+    assert pool.created == len(lengths) and pool.reused == len(calls) - len(lengths)
+
+
+def test_a_pool_keeps_a_bounded_number_of_decoders_and_refuses_a_batch_it_was_not_made_for():
+    policy = _policy("tiny-base")
+    pool = generation_static.DecoderPool(max_size=2)
+    for width in (3, 70, 140, 3):  # three lengths (64, 128, 192) then the first again, evicted by then
+        mask = torch.ones((2, width), dtype=torch.long)
+        pool.decoder(policy.model, mask, 8, graphs=True)
+    assert pool.created == 4 and pool.reused == 0
+    kept = pool.decoder(policy.model, torch.ones((2, 3), dtype=torch.long), 8, graphs=True)
+    assert pool.reused == 1 and kept.length == 64 and kept.width == 3
+    with pytest.raises(ValueError, match="cannot take 3 x 3"):
+        kept.reset(torch.ones((3, 3), dtype=torch.long))
+
+
 def test_the_backend_asks_for_graphs_only_on_cuda():
     policy = _policy("tiny-base")
     assert HFBackend(policy, batch_size=8, cuda_graphs=True).cuda_graphs is False
@@ -77,3 +111,23 @@ def test_on_cuda_the_captured_decode_step_gives_what_the_eager_loop_gives():
     assert not generation_static._warned, generation_static._warned  # captured, not fallen back
     assert torch.equal(eager.completion_ids, graphed.completion_ids)
     torch.testing.assert_close(eager.behavior_logprobs, graphed.behavior_logprobs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_kept_graph_replays_for_later_calls_of_other_widths():
+    """``generation.hf.keep_graphs``: the graph captured by the first call is replayed by the later ones
+    (other prompts, other widths), which still give what the eager loop gives."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    generation_static._warned.clear()
+    policy = _policy("small-base", device="cuda")
+    base = _prompts(policy)
+    settings = SamplingSettings(max_new_tokens=16, greedy=True)
+    eager = HFBackend(policy, batch_size=64)
+    kept = HFBackend(policy, batch_size=64, cuda_graphs=True, keep_graphs=True)
+    for prompts in (base, [p + p[1:] for p in base], [p[:-1] for p in base]):
+        want, got = eager.generate(prompts, settings), kept.generate(prompts, settings)
+        assert torch.equal(want.completion_ids, got.completion_ids)
+        torch.testing.assert_close(want.behavior_logprobs, got.behavior_logprobs, atol=1e-4, rtol=0)
+    assert not generation_static._warned, generation_static._warned
+    assert kept.decoders is not None and kept.decoders.created == 1 and kept.decoders.reused == 2
