@@ -62,12 +62,12 @@ def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]
         out[phase] = {"wall_s": span if phase != "other" else None, "busy_s": 0.0, "launches": 0, "replays": 0,
                       "host_reads": 0, "calls": sum(1 for label, _, _ in ranges if label == phase)}
     for e in events:
-        if e.name.startswith("phase:") or e.name.startswith("ProfilerStep"):
-            continue
+        if e.name.startswith("phase:") or not str(e.device_type).endswith("CPU"):
+            continue  # a device kernel is counted once, with the host operation that launched it
         start = e.time_range.start
         phase = next((label for label, s, t in ranges if s <= start <= t), "other")
         row = out[phase]
-        device = float(getattr(e, "self_device_time_total", 0.0) or 0.0) / 1e6
+        device = sum(k.duration for k in e.kernels) / 1e6
         row["busy_s"] += device
         row["launches"] += e.name in LAUNCHES
         row["replays"] += e.name in REPLAYS
