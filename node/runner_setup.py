@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from node.api.board import NodeInfo
 from node.checkpoint import CheckpointManager, restore_rng
 from node.config import NodeConfig, resolve_api
@@ -134,12 +136,17 @@ class SetupMixin(NodeState):
 
     def _build_trainer(self) -> Trainer:
         tc, ac = self.cfg.train, self.cfg.adapter
+        device = self.policy.device
+        memory_mb = (torch.cuda.get_device_properties(device).total_memory // 2**20 if device.type == "cuda"
+                     else None)
+        rows, budget_mb = tc.micro_batch_rows(device.type), tc.logits_budget_mb(device.type, memory_mb)
+        logger.info("training in micro-batches of up to %d rows, %d MB of logits each", rows, budget_mb)
         return Trainer(self.policy, lr=tc.lr, norm_lr=ac.norm_lr, router_lr=ac.remix.router_lr,
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
-                       micro_batch_size=tc.micro_batch_size, temperature=self.cfg.generation.temperature,
+                       micro_batch_size=rows, temperature=self.cfg.generation.temperature,
                        routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
-                       gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=tc.logits_memory_mb,
+                       gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=budget_mb,
                        engine_is_cap=tc.engine_is_cap, optimizer_steps=tc.optimizer_steps,
                        loss_denominator=(self.cfg.sapo.local_groups * self.cfg.generation.group_size
                                          if tc.loss_denominator == "fixed" else None),

@@ -12,10 +12,11 @@
 #   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
 #   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop (merged, in CUDA
 #             graphs, as trained); vLLM when it imports
-#   levers    with GPU_CHECK_LEVERS=1, after the silo: 10 steps of it again with one change each (larger
-#             training micro-batches; captured decode graphs kept between steps; both), their median step
-#             beside the silo's first 10 steps; and, last, one silo step under the profiler
-#             (scripts/bench/profile_step.py: each phase's wall and device-busy time, launches, host reads)
+#   levers    with GPU_CHECK_LEVERS=1, after the silo: 10 steps of it again with one default each set back
+#             to what it was before the 1.5 s step was met (16-row training micro-batches; a decode graph
+#             captured at each generation; both), their median step beside the silo's first 10 steps; and,
+#             last, one silo step under the profiler (scripts/bench/profile_step.py: each phase's wall and
+#             device-busy time, launches, host reads). About 160 s more: give the lease 10 minutes.
 # Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
 #        it installs nothing unless GPU_CHECK_INSTALL=1)
 # Logs and figures go to $GPU_CHECK_OUT (default: $OUT/gpu_check where OUT is set, else /tmp/gpu_check).
@@ -128,9 +129,9 @@ if [[ $DEVICE == cuda ]]; then
         train.checkpoint_every=30 "run_dir=$RUN")
   silo
   if [[ -n ${GPU_CHECK_LEVERS:-} ]]; then
-    lever mb64 train.micro_batch_size=64 train.logits_memory_mb=4096
-    lever keep generation.hf.keep_graphs=true
-    lever both train.micro_batch_size=64 train.logits_memory_mb=4096 generation.hf.keep_graphs=true
+    lever mb16 train.micro_batch_size=16 train.logits_memory_mb=1024
+    lever capture-each generation.hf.keep_graphs=false
+    lever before train.micro_batch_size=16 train.logits_memory_mb=1024 generation.hf.keep_graphs=false
   fi
   # shellcheck disable=SC2086
   step tests 150 "$PY" -m pytest -q -rfE -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"

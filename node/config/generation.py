@@ -36,9 +36,10 @@ class HfGenerationConfig(Section):
         "6.0x faster in the silo and a step took 1.9 s instead of 3.4 (docs/results/gpu-h100.md). No effect on the "
         "CPU or with ReMix")
     keep_graphs: bool = Field(
-        False, description="with cuda_graphs: keep each captured decode step and its KV cache for the next "
+        True, description="with cuda_graphs: keep each captured decode step and its KV cache for the next "
         "generation of the same batch size (its cache rounded up to 64 positions, so prompts of nearby widths "
-        "share it) instead of allocating and capturing again each call; more GPU memory held (docs/backends.md)")
+        "share it) instead of allocating and capturing again each call; a cache of that size held a batch size "
+        "(docs/backends.md)")
 
 
 class GenerationConfig(Section):

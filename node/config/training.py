@@ -3,6 +3,8 @@ peers' rollouts taken in."""
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import Field, model_validator
 
 from node.config.section import Section
@@ -17,6 +19,11 @@ from node.modes import (
     TakePeers,
 )
 
+AUTO_MICRO_BATCH = {"cpu": 16, "gpu": 256}
+"""``train.micro_batch_size: auto``: rows a pass at most, by device kind."""
+AUTO_LOGITS_MB_CPU = 1024
+AUTO_LOGITS_GPU_SHARE = 16
+"""``train.logits_memory_mb: auto`` on a GPU: this fraction of its memory (5,097 MB on an 80 GB H100)."""
 
 class TrainConfig(Section):
     steps: int | None = Field(None, ge=0, description="steps to train; None (the default): until stopped (Ctrl-C, "
@@ -44,11 +51,15 @@ class TrainConfig(Section):
         "batch", description="batch: an update's loss is the mean over its sequences (every step the same size); "
         "fixed: their sum over sapo.local_groups x generation.group_size sequences, so peer groups on top and "
         "steps with more groups with signal make larger steps")
-    micro_batch_size: int = Field(256, ge=1, description="rows of a forward/backward pass, at most (a sequence "
-                                  "is one row; with ReMix, one a routing)")
-    logits_memory_mb: int = Field(1024, ge=1, description="logits memory of one forward/backward micro-batch "
-                                  "(rows x completion length x vocabulary x 12 bytes): fewer rows when a large "
-                                  "vocabulary would exceed it")
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        256, description="rows of a forward/backward pass, at most (a sequence is one row; with ReMix, one a "
+        f"routing); auto: {AUTO_MICRO_BATCH['cpu']} on the CPU, {AUTO_MICRO_BATCH['gpu']} on a GPU (where a step "
+        "is launch-bound, fewer passes are faster: docs/results/gpu-h100.md), the logits budget bounding both")
+    logits_memory_mb: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="logits memory of one forward/backward micro-batch (rows x completion length x "
+        "vocabulary x 12 bytes): fewer rows when a large vocabulary would exceed it; auto: "
+        f"{AUTO_LOGITS_MB_CPU} on the CPU, 1/{AUTO_LOGITS_GPU_SHARE} of a GPU's memory (at least "
+        f"{AUTO_LOGITS_MB_CPU})")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
@@ -57,6 +68,20 @@ class TrainConfig(Section):
     eval_every: int | None = Field(
         25, ge=0, description="steps between held-out evaluations (greedy, on tasks.eval_size tasks), and one at "
         "the last step of a run with train.steps; 0 or null: no evaluation at all, neither periodic nor final")
+
+    def micro_batch_rows(self, device_type: str) -> int:
+        """``micro_batch_size`` on a device of this kind (``cpu``, ``cuda``, ...)."""
+        if self.micro_batch_size != "auto":
+            return self.micro_batch_size
+        return AUTO_MICRO_BATCH["cpu" if device_type == "cpu" else "gpu"]
+
+    def logits_budget_mb(self, device_type: str, device_memory_mb: int | None) -> int:
+        """``logits_memory_mb`` on a device of this kind holding ``device_memory_mb`` (None: not known)."""
+        if self.logits_memory_mb != "auto":
+            return self.logits_memory_mb
+        if device_type == "cpu" or not device_memory_mb:
+            return AUTO_LOGITS_MB_CPU
+        return max(AUTO_LOGITS_MB_CPU, device_memory_mb // AUTO_LOGITS_GPU_SHARE)
 
 
 class SapoConfig(Section):

@@ -53,8 +53,8 @@ def _annotate(obj: Any, attr: str, label: str) -> None:
 
 def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]:
     """Per phase: wall and busy seconds, launches, replays, host reads, the top operations (host, device)."""
-    ranges = [(e.name.split(":", 1)[1], e.time_range.start, e.time_range.end)
-              for e in events if e.name.startswith("phase:")]
+    ranges = [(e.name.split(":", 1)[1], e.time_range.start, e.time_range.end)  # the host's ranges, not their
+              for e in events if e.name.startswith("phase:") and str(e.device_type).endswith("CPU")]  # device copies
     out: dict[str, dict[str, Any]] = {}
     names: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0.0]))
     for phase in (*PHASES, "other"):

@@ -44,6 +44,8 @@ def test_override_creates_missing_sections():
         ("train.stpes=3", "train.stpes"),
         ("adapter.remix.k=9", "adapter.remix"),
         ("generation.top_p=1.5", "generation.top_p"),
+        ("train.micro_batch_size=fast", "train.micro_batch_size"),
+        ("train.logits_memory_mb=0", "train.logits_memory_mb"),
     ],
 )
 def test_bad_values_name_the_field(override, field):
@@ -51,6 +53,18 @@ def test_bad_values_name_the_field(override, field):
         load_config("configs/tiny-silo.yaml", [override])
     assert field in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_auto_training_sizes_follow_the_device():
+    """``auto``: 16 rows a pass and 1,024 MB of logits on the CPU; on a GPU 256 rows and 1/16 of its memory
+    (an 80 GB H100: 81,559 MB -> 5,097), never under the CPU's budget; a number given is kept everywhere."""
+    train = load_config("configs/smollm2-silo.yaml").train
+    assert train.micro_batch_size == "auto" and train.logits_memory_mb == "auto"
+    assert (train.micro_batch_rows("cpu"), train.logits_budget_mb("cpu", None)) == (16, 1024)
+    assert (train.micro_batch_rows("cuda"), train.logits_budget_mb("cuda", 81559)) == (256, 5097)
+    assert train.logits_budget_mb("cuda", 8192) == 1024 and train.logits_budget_mb("cuda", None) == 1024
+    fixed = load_config("configs/smollm2-silo.yaml", ["train.micro_batch_size=8", "train.logits_memory_mb=300"]).train
+    assert (fixed.micro_batch_rows("cuda"), fixed.logits_budget_mb("cuda", 81559)) == (8, 300)
 
 
 def test_all_errors_reported_at_once():
