@@ -98,12 +98,17 @@ def test_the_backend_asks_for_graphs_only_on_cuda():
     assert HFBackend(policy, batch_size=8, cuda_graphs=True).cuda_graphs is False
 
 
-@pytest.mark.gpu
-def test_on_cuda_the_captured_decode_step_gives_what_the_eager_loop_gives():
+def _cuda_policy() -> Policy:
+    """small-base on CUDA (the test skipped where there is none), with no capture warning left from before."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     generation_static._warned.clear()
-    policy = _policy("small-base", device="cuda")
+    return _policy("small-base", device="cuda")
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_captured_decode_step_gives_what_the_eager_loop_gives():
+    policy = _cuda_policy()
     prompts = _prompts(policy)
     settings = SamplingSettings(max_new_tokens=16, greedy=True)
     eager = HFBackend(policy, batch_size=64).generate(prompts, settings)
@@ -117,10 +122,7 @@ def test_on_cuda_the_captured_decode_step_gives_what_the_eager_loop_gives():
 def test_on_cuda_a_kept_graph_replays_for_later_calls_of_other_widths():
     """``generation.hf.keep_graphs``: the graph captured by the first call is replayed by the later ones
     (other prompts, other widths), which still give what the eager loop gives."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    generation_static._warned.clear()
-    policy = _policy("small-base", device="cuda")
+    policy = _cuda_policy()
     base = _prompts(policy)
     settings = SamplingSettings(max_new_tokens=16, greedy=True)
     eager = HFBackend(policy, batch_size=64)
