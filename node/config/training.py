@@ -25,6 +25,7 @@ AUTO_LOGITS_MB_CPU = 1024
 AUTO_LOGITS_GPU_SHARE = 16
 """``train.logits_memory_mb: auto`` on a GPU: this fraction of its memory (5,097 MB on an 80 GB H100)."""
 
+
 class TrainConfig(Section):
     steps: int | None = Field(None, ge=0, description="steps to train; None (the default): until stopped (Ctrl-C, "
                               "SIGTERM), as a daemon does")
