@@ -13,8 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from node import doctor
-from node.cli import main
+from node.cli import doctor, main
 from tests.node.test_model_check import copy_folder, edit_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from node.cli import main
-from node.export import export_run
+from node.cli.export import export_run
 from node.metrics import read_metrics
 from node.runs import open_run
 
@@ -68,8 +68,8 @@ def test_eval_mistakes_are_one_line_errors(trained_run, tmp_path, capsys, argv, 
 def test_the_plan_of_a_run_has_its_prompt_and_dataset_settings() -> None:
     """A run with reasoning-gym dataset settings and a worked example in the chat is evaluated on the tasks and
     prompts its node evaluated on while training (the same source options), not on the library's defaults."""
+    from node.cli.evaluate import EvalPlan, build_tasks
     from node.config import load_config
-    from node.evaluate import EvalPlan, build_tasks
     from node.tasks import build_task_source
 
     cfg = load_config("configs/smollm2-silo.yaml", ["tasks.eval_size=6"])

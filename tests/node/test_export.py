@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from node.cli import main
-from node.export import export_run
+from node.cli.export import export_run
 from node.policy.tiny import tiny_base_path
 from node.runs import open_run
 from tests.node.test_engines import VLLM_MISSING, encode, needs_vllm

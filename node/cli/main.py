@@ -1,6 +1,6 @@
 """The ``swarm-node`` command line: ``silo``, ``start``, ``status``, ``export``, ``eval``, ``keygen``, ``fetch``,
-``swarm`` (a swarm's descriptor: ``node.swarm_cmd``), ``host`` (a swarm's model-less host: ``node.host_cmd``),
-``doctor`` (the stack and the models' golden checks: ``node.doctor``).
+``swarm`` (a swarm's descriptor: ``node.cli.swarm``), ``host`` (a swarm's model-less host: ``node.cli.host``),
+``doctor`` (the stack and the models' golden checks: ``node.cli.doctor``).
 
 User mistakes (bad config, bad flags) exit with code 2 and one line naming the field and the fix.
 """
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from node.api.client import api_banner
+from node.cli.host import add_host_parser, cmd_host
+from node.cli.swarm import add_swarm_parser, cmd_swarm
 from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, with_initial_peers
 from node.errors import CheckpointError, ConfigError, TaskError
-from node.host_cmd import add_host_parser, cmd_host
 from node.policy.locate import locate_model
 from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
 from node.runs import init_source
-from node.swarm_cmd import add_swarm_parser, cmd_swarm
 
 logger = logging.getLogger("node")
 
@@ -275,7 +275,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     run = open_run(args.run_dir, args.step)  # a bad run dir or step fails before torch is imported
     _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
     _quiet_loading()
-    from node.export import export_run
+    from node.cli.export import export_run
 
     command = "swarm-node " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
     result = export_run(run, Path(args.out), merged=args.merged, dtype=args.dtype, force=args.force, command=command)
@@ -324,7 +324,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run, cfg, source, datasets = _eval_inputs(args)
     _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
     _quiet_loading()
-    from node.evaluate import EvalPlan, build_backend, evaluate, model_policy, render_table
+    from node.cli.evaluate import EvalPlan, build_backend, evaluate, model_policy, render_table
 
     n = args.n if args.n is not None else (None if run is not None or args.config else 200)
     plan = EvalPlan.of_run(cfg, datasets=datasets, n=n, samples=args.samples, sample_seed=args.seed)
@@ -377,7 +377,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
     _quiet_loading()
-    from node.doctor import run_doctor
+    from node.cli.doctor import run_doctor
 
     return run_doctor(args.model, device_name=args.device, vllm=not args.no_vllm)
 
@@ -398,6 +398,3 @@ def main(argv: list[str] | None = None) -> int:
         print("swarm-node: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
