@@ -34,7 +34,7 @@ from node.errors import ConfigError
 from node.policy.embedded import embedded_model
 from node.policy.fetched import gguf_file_of, registry_model
 from node.policy.locate import locate_model
-from node.runs import RunStep, eval_at, load_policy
+from node.run.saved import RunStep, eval_at, load_policy
 
 logger = logging.getLogger(__name__)
 

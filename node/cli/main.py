@@ -24,8 +24,8 @@ from node.cli.swarm import add_swarm_parser, cmd_swarm
 from node.config import API_TOKEN_ENV, NodeConfig, load_config, resolve_api, with_initial_peers
 from node.errors import CheckpointError, ConfigError, TaskError
 from node.policy.locate import locate_model
-from node.rundir import missing_dirs, prepare_run_dir, remove_if_unused
-from node.runs import init_source
+from node.run.rundir import missing_dirs, prepare_run_dir, remove_if_unused
+from node.run.saved import init_source
 
 logger = logging.getLogger("node")
 
@@ -179,7 +179,7 @@ def cmd_silo(args: argparse.Namespace) -> int:
 
 
 def _train_silo(cfg: NodeConfig, *, show_progress: bool) -> int:
-    from node.runner import Node
+    from node.run.node import Node
 
     node = Node(cfg, show_progress=show_progress)
     node.install_signal_handlers()
@@ -223,7 +223,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         cfg = with_initial_peers(_load(args), peers or None)
     with _run_dir_of_this_run(cfg):
         _setup_logging(args.log_level)
-        from node.daemon import run_daemon
+        from node.run.daemon import run_daemon
 
         with _run_log(cfg):
             return run_daemon(cfg, show_progress=not args.no_progress)
@@ -270,7 +270,7 @@ def _quiet_loading() -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     import shlex
 
-    from node.runs import open_run
+    from node.run.saved import open_run
 
     run = open_run(args.run_dir, args.step)  # a bad run dir or step fails before torch is imported
     _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
@@ -296,7 +296,7 @@ def _eval_inputs(args: argparse.Namespace) -> tuple[Any, NodeConfig, str, list[s
         raise ConfigError("--n and --samples must be at least 1")
     run = None
     if args.run_dir:
-        from node.runs import open_run
+        from node.run.saved import open_run
 
         if args.config:
             raise ConfigError("--config goes with --model: a run is evaluated with its own config")
@@ -332,7 +332,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         plan = dataclasses.replace(plan, options={"chat_template": cfg.model.chat_template})
     plan = dataclasses.replace(plan, source=source, max_new_tokens=args.max_new_tokens or plan.max_new_tokens)
     if run is not None:
-        from node.runs import load_policy
+        from node.run.saved import load_policy
 
         policy = load_policy(run, dtype=cfg.model.dtype, device=cfg.model.device)
         title = (f"swarm-node eval: {run.run_dir} at step {run.step} · {cfg.model.name_or_path} ({cfg.adapter.kind}) "

@@ -101,7 +101,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     from node.config import load_config
-    from node.runner import Node
+    from node.run.node import Node
 
     torch.set_num_threads(args.threads)
     run_dir = tempfile.mkdtemp(prefix="bench_api-")

@@ -63,8 +63,8 @@ def main() -> int:
     import torch
 
     from node.config import load_config
-    from node.runner import Node
-    from node.tracking import TensorBoardTracker, Trackers, WandbTracker
+    from node.run.node import Node
+    from node.run.tracking import TensorBoardTracker, Trackers, WandbTracker
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:

@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> dict:
     import node.train.trainer as trainer_module
     from node.config import load_config
     from node.generation import left_pad, sequence_logprobs
-    from node.runner import Node
+    from node.run.node import Node
 
     torch.set_num_threads(args.threads)
     if args.child == "full":  # every row in full, as the trainer ran before prompts were shared

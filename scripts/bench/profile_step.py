@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from node.config import load_config  # noqa: E402
-from node.runner import Node  # noqa: E402
+from node.run.node import Node  # noqa: E402
 
 PHASES = ("generate", "train", "sync")
 LAUNCHES = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import load_config  # noqa: E402
 from node.metrics import read_metrics  # noqa: E402
-from node.runner import Node  # noqa: E402
+from node.run.node import Node  # noqa: E402
 
 
 def figures(rows: list[dict[str, Any]], base: float, base_seconds: float) -> dict[str, Any]:

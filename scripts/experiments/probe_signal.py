@@ -132,7 +132,7 @@ def node_config(args: argparse.Namespace, variant: str) -> NodeConfig:
 
 
 def build_backend(cfg: NodeConfig, policy: Policy) -> GenerationBackend:
-    """The generation backend as the node builds it (``node.runner.Node._build_generator``)."""
+    """The generation backend as the node builds it (``node.run.node.Node._build_generator``)."""
     g, m = cfg.generation, cfg.model
     if g.backend == "hf":
         return HFBackend(policy, batch_size=g.batch_size)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from node.config import load_config
-from node.runner import Node
+from node.run.node import Node
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-silo.yaml"
 MLP = "[gate_proj,up_proj,down_proj]"

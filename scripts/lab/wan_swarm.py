@@ -385,8 +385,8 @@ def node_main(argv: list[str]) -> int:
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
-    from node import runner  # noqa: PLC0415 -- torch is imported only in node processes
     from node.cli import main  # noqa: PLC0415
+    from node.run import node as runner  # noqa: PLC0415 -- torch is imported only in node processes
 
     original = runner.Node.train_step
     pace = args.step_seconds

@@ -92,7 +92,7 @@ def resume(spec: Any, work: Path) -> dict[str, Any]:
             shutil.rmtree(work)
     if progress["step"] == 0 and work.is_dir():
         shutil.rmtree(work)
-    from node.checkpoint import CheckpointManager
+    from node.run.checkpoint import CheckpointManager
 
     for i in range(spec.nodes):
         checkpoints = CheckpointManager(work / f"node{i}", keep=1)

@@ -338,7 +338,7 @@ def type_overrides(extra: tuple[str, ...], kind: str) -> list[str]:
 def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:
     from transformers.utils import logging as hf_logging
 
-    from node.runner import Node
+    from node.run.node import Node
     from swarm.memory import InMemoryHub
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per node otherwise

@@ -56,7 +56,7 @@ def smollm2():
 def _train_run(run_dir, *overrides: str):
     """A tiny silo run of 4 steps with a large learning rate (its adapters and norms far from their initial
     values), checkpointed and evaluated at steps 2 and 4; returns the trained node, closed."""
-    from node.runner import Node
+    from node.run.node import Node
 
     cfg = make_config(str(run_dir), "train.steps=4", "train.lr=0.02", "adapter.norm_lr=0.05", *overrides)
     node = Node(cfg, show_progress=False)

@@ -7,7 +7,7 @@ import torch
 
 from node.engines.base import SamplingSettings
 from node.rollouts import _downsample, sample_groups_adaptive
-from node.runner import Node
+from node.run.node import Node
 
 
 def test_downsample_takes_half_positives_and_half_negatives_where_possible():
@@ -54,7 +54,7 @@ def test_a_node_step_runs_with_positive_focused_sampling(fast_config, monkeypatc
         sampled.extend(sample_groups_adaptive(*args, **kwargs))
         return sampled
 
-    monkeypatch.setattr("node.runner.sample_groups_adaptive", recording)
+    monkeypatch.setattr("node.run.node.sample_groups_adaptive", recording)
     record = node.train_step()
     node.close()
     drawn = [r for sg in sampled for r in sg.group.all_rewards]

@@ -177,7 +177,7 @@ def test_static_files_ship_with_the_package():
 
 def test_a_resumed_node_reports_where_it_left_off(fast_config):
     from node.metrics import read_metrics
-    from node.runner import Node
+    from node.run.node import Node
 
     first = Node(fast_config("train.steps=2"), show_progress=False)  # eval at step 2 (FAST: eval_every=2)
     first.setup()

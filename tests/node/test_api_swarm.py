@@ -18,9 +18,9 @@ import pytest
 
 from node.api.client import EXIT_OK, status_command
 from node.config import with_initial_peers
-from node.daemon import start_swarm_transport
 from node.metrics import read_metrics
-from node.runner import Node
+from node.run.daemon import start_swarm_transport
+from node.run.node import Node
 from swarm.transport import SwarmTransport
 from tests.chromium import Chromium, chromium_or_skip
 from tests.node.conftest import make_config

@@ -274,7 +274,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_gives_the_uninterrupted_r
     whole = lib.run_one(spec, work=tmp_path / "whole", checkpoint_every=2)
     assert [step for step, _ in whole["evals"]] == [2, 4] and whole["accuracy"] == whole["evals"][-1][1]
 
-    from node.runner import Node
+    from node.run.node import Node
 
     real_step, calls, stopped = Node.train_step, [], []
 

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from node.checkpoint import CheckpointManager, CheckpointState, capture_rng
 from node.errors import CheckpointError
+from node.run.checkpoint import CheckpointManager, CheckpointState, capture_rng
 
 
 def _save(manager: CheckpointManager, step: int) -> None:
@@ -31,7 +31,7 @@ def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(tm
     for step in (1, 2, 3):
         _save(manager, step)
     _truncate(tmp_path / "checkpoints" / "step_000003" / damaged)
-    with caplog.at_level(logging.WARNING, logger="node.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="node.run.checkpoint"):
         found = manager.load_latest()
     assert found is not None
     path, state = found
@@ -70,7 +70,7 @@ def test_milestones_are_kept_beside_the_last_few(tmp_path):
 
 
 def test_a_run_writes_a_checkpoint_at_each_milestone(fast_config):
-    from node.runner import Node
+    from node.run.node import Node
 
     node = Node(fast_config("train.steps=7", "train.checkpoint_every=5", "train.keep_checkpoints=1",
                             "train.keep_every=3"), show_progress=False)

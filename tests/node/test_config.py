@@ -162,7 +162,7 @@ def test_task_source_options_follow_the_config():
 
 
 def test_the_node_builds_its_sources_and_scoring_child_with_the_task_settings(tmp_path):
-    from node.runner import Node
+    from node.run.node import Node
     from node.tasks.prompting import DEFAULT_SYSTEM_PROMPT
 
     overrides = [*RG, "tasks.eval_datasets=[gcd]", "tasks.dataset_configs={gcd: {max_value: 20}}",

@@ -15,7 +15,7 @@ from node.engines.hf import HFBackend
 from node.metrics import read_metrics
 from node.policy.model import build_policy
 from node.rollouts import encode_prompt, greedy_accuracy, split_by_fit
-from node.runner import Node
+from node.run.node import Node
 from node.tasks import build_task_source
 
 
@@ -64,7 +64,7 @@ def test_a_training_step_sets_aside_tasks_that_do_not_fit_counts_them_and_warns_
     node.setup()
     try:
         node.generator.max_len = short + 2  # add3's longer prompts do not fit; add's have room for 2 tokens
-        with caplog.at_level(logging.DEBUG, logger="node.runner"):
+        with caplog.at_level(logging.DEBUG, logger="node.run.node"):
             rows = [node.train_step(), node.train_step()]
     finally:
         node.close()

@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from node.checkpoint import CheckpointManager
 from node.failpoints import CRASH_ENV
 from node.metrics import read_metrics
+from node.run.checkpoint import CheckpointManager
 from tests.node.conftest import FAST
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

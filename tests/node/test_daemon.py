@@ -174,7 +174,7 @@ def test_two_daemons_with_different_tokenizers_share_and_train(tmp_path, permute
 
 def test_a_swarm_node_without_a_seed_takes_one_from_its_identity(tmp_path):
     from node.config import load_config
-    from node.daemon import identity_seed, with_identity_seed
+    from node.run.daemon import identity_seed, with_identity_seed
     from protocol.identity import Identity
 
     def seed_of(run: str, *overrides: str) -> int:
@@ -244,7 +244,7 @@ def test_ctrl_c_at_the_terminal_stops_the_node_cleanly(tmp_path):
 
 def test_what_the_daemon_prints_about_its_network_follows_one_definition():
     from node.config import load_config
-    from node.daemon import connection_lines
+    from node.run.daemon import connection_lines
     from swarm.state import NetworkStatus
 
     first = load_config("configs/tiny-swarm.yaml")

@@ -279,7 +279,7 @@ def test_merged_weights_reach_a_qwen2_engine_with_attention_biases(tmp_path):
 
 
 def _train(tmp_path, *overrides: str) -> tuple[list[dict], object]:
-    from node.runner import Node
+    from node.run.node import Node
     from tests.node.conftest import make_config
 
     cfg = make_config(str(tmp_path), "generation.backend=vllm", "generation.vllm.kv_cache_memory_bytes=33554432",

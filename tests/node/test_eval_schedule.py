@@ -9,7 +9,7 @@ import pytest
 
 from node.config import ConfigError, load_config
 from node.metrics import read_metrics
-from node.runner import Node
+from node.run.node import Node
 
 
 @pytest.mark.parametrize("value", ["0", "null"])
@@ -46,7 +46,7 @@ def test_an_evaluation_shows_on_the_progress_bar_and_in_the_log(fast_config, cap
     node = Node(cfg, show_progress=True)
     node.setup()
     try:
-        with caplog.at_level(logging.INFO, logger="node.runner"):
+        with caplog.at_level(logging.INFO, logger="node.run.node"):
             node.run()
     finally:
         node.close()

@@ -11,7 +11,7 @@ import pytest
 from node.cli import main
 from node.cli.export import export_run
 from node.metrics import read_metrics
-from node.runs import open_run
+from node.run.saved import open_run
 
 
 def _eval(capsys, *argv: str) -> dict:

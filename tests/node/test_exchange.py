@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from node.policy.tiny import tiny_base_path
-from node.runner import Node
+from node.run.node import Node
 from protocol.codec import decode_batch
 from protocol.records import RolloutBatch
 from swarm.memory import InMemoryHub

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
-from node.daemon import start_swarm_transport
 from node.generation import left_pad, right_pad, sequence_logprobs
-from node.runner import Node
+from node.run.daemon import start_swarm_transport
+from node.run.node import Node
 from node.train.groups import TrainGroup, assign_advantages
 from protocol.records import RolloutBatch
 from swarm.memory import InMemoryHub

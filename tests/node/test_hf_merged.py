@@ -175,7 +175,7 @@ def test_reading_the_live_rows_every_eight_steps_changes_nothing_but_the_work(mo
 
 
 def test_the_node_builds_its_backend_with_the_configured_weights(fast_config, tmp_path):
-    from node.runner import Node
+    from node.run.node import Node
 
     for weights in ("merged", "adapter"):
         cfg = fast_config(f"generation.hf.weights={weights}", f"run_dir={tmp_path / weights}")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from node.runner import Node
+from node.run.node import Node
 from node.train.groups import TrainGroup
 from protocol.identity import Identity
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from node.checkpoint import CheckpointManager
 from node.errors import ConfigError
-from node.runs import init_source
+from node.run.checkpoint import CheckpointManager
+from node.run.saved import init_source
 from tests.node.conftest import make_config
 
 
 def _node(cfg):
-    from node.runner import Node
+    from node.run.node import Node
 
     node = Node(cfg, show_progress=False)
     node.setup()

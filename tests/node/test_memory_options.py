@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from node.runner import Node
+from node.run.node import Node
 
 
 def _one_step(cfg) -> tuple[dict, dict[str, torch.Tensor], set[torch.dtype]]:

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from node.runner import Node
+from node.run.node import Node
 from protocol.codec import decode_batch, encode_batch, encode_manifest, make_manifest
 from swarm.memory import InMemoryHub
 from tests.node.conftest import make_config

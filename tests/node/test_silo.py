@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from node.metrics import read_metrics
-from node.runner import Node
+from node.run.node import Node
 from tests.node.conftest import FAST
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from node.errors import ConfigError
 from node.metrics import read_metrics
-from node.runner import Node
+from node.run.node import Node
 
 try:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

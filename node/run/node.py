@@ -12,9 +12,9 @@ peers sent, so a silo node and a swarm node with the same seed train on the same
 node; a ``TransportFactory`` (the hivemind ``SwarmTransport`` in a daemon, an in-memory hub's transport in
 benchmarks and tests) gives a swarm node whose exchange is built last in ``setup()``.
 
-The parts of a node live beside this module, one job each: ``runner_state`` (what it holds),
-``runner_setup`` (the ``_build_*`` builders, resuming), ``runner_peers`` (which peer groups a step trains
-on) and ``runner_status`` (what the status API shows). ``Node`` composes them; this module keeps the
+The parts of a node live beside this module, one job each: ``state`` (what it holds),
+``setup`` (the ``_build_*`` builders, resuming), ``peers`` (which peer groups a step trains
+on) and ``status`` (what the status API shows). ``Node`` composes them; this module keeps the
 lifecycle and the step.
 """
 
@@ -33,20 +33,20 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from node.checkpoint import CheckpointManager, CheckpointState, capture_rng
 from node.engines.base import SamplingSettings
 from node.failpoints import crash_point
 from node.metrics import MetricsWriter, peak_rss_mb
 from node.policy.model import pick_device
 from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
-from node.rundir import prepare_run_dir
-from node.runner_peers import PeerGroupsMixin
-from node.runner_setup import SetupMixin, load_identity
-from node.runner_state import TransportFactory
-from node.runner_status import StatusMixin
-from node.runs import init_source
+from node.run.checkpoint import CheckpointManager, CheckpointState, capture_rng
+from node.run.peers import PeerGroupsMixin
+from node.run.rundir import prepare_run_dir
+from node.run.saved import init_source
+from node.run.setup import SetupMixin, load_identity
+from node.run.state import TransportFactory
+from node.run.status import StatusMixin
+from node.run.tracking import build_trackers
 from node.tasks import Task
-from node.tracking import build_trackers
 from node.train.groups import TrainGroup, assign_advantages
 
 __all__ = ["Node", "TransportFactory", "load_identity", "stream_seed"]
@@ -61,7 +61,7 @@ def stream_seed(seed: int, stream: str) -> int:
 
 class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
     """A training node; ``exchange`` is None in silo mode (no ``transport`` given). Its state and
-    constructor are ``node.runner_state.NodeState``'s."""
+    constructor are ``node.run.state.NodeState``'s."""
 
     # ----- setup: ordering matters -- a missing generation engine fails before any model loads; the policy
     # exists before the trainer (its parameters) and the generator (an engine seeds the global RNGs when it

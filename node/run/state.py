@@ -1,5 +1,5 @@
-"""``NodeState``: what a ``Node`` holds, shared by the parts ``node.runner`` composes (``runner_setup``,
-``runner_peers``, ``runner_status``). The constructor sets what exists before ``setup()``; the annotations
+"""``NodeState``: what a ``Node`` holds, shared by the parts ``node.run.node`` composes (``setup``,
+``peers``, ``status``). The constructor sets what exists before ``setup()``; the annotations
 below it name what ``setup()`` builds."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import torch
 from tqdm import tqdm
 
 from node.api.board import StatusBoard
-from node.checkpoint import CheckpointManager
 from node.config import NodeConfig
 from node.engines.base import GenerationBackend
 from node.exchange import BatchTransport, SwarmExchange
 from node.metrics import MetricsWriter
 from node.policy.model import Policy
+from node.run.checkpoint import CheckpointManager
+from node.run.tracking import Trackers
 from node.tasks import Task, TaskSource
-from node.tracking import Trackers
 from node.train.groups import TrainGroup
 from node.train.peer_value import PeerDecider
 from node.train.trainer import Trainer

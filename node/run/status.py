@@ -8,7 +8,7 @@ from typing import Any
 
 from node.api.board import PeerIngest, StepSnapshot, freeze_record
 from node.metrics import read_metrics
-from node.runner_state import NodeState
+from node.run.state import NodeState
 
 
 class StatusMixin(NodeState):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from node.runner_state import NodeState
+from node.run.state import NodeState
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.sampler import CandidateGroup, mix, peer_slots, preference_weights
 from swarm.peer_book import MAX_TRACKED_PEERS

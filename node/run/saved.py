@@ -126,8 +126,8 @@ def _shape_differences(cfg: NodeConfig, source: NodeConfig) -> list[str]:
 
 def load_init_state(run: RunStep) -> dict[str, Any]:
     """The trainable tensors of ``run``'s checkpoint (what ``adapter.init_from`` starts a run from)."""
-    from node.checkpoint import CheckpointManager
     from node.errors import CheckpointError
+    from node.run.checkpoint import CheckpointManager
 
     try:
         return CheckpointManager(run.run_dir, run.cfg.train.keep_checkpoints).load(run.checkpoint).trainable
@@ -137,9 +137,9 @@ def load_init_state(run: RunStep) -> dict[str, Any]:
 
 def load_policy(run: RunStep, *, dtype: str = "float32", device: str = "cpu") -> Policy:
     """The run's policy as it was at ``run.step``: its base model, its adapters, the checkpoint's weights."""
-    from node.checkpoint import CheckpointManager
     from node.errors import CheckpointError
     from node.policy.model import build_policy
+    from node.run.checkpoint import CheckpointManager
 
     model_cfg = run.cfg.model.model_copy(update={"dtype": dtype, "device": device})
     policy = build_policy(model_cfg, run.cfg.adapter, run.cfg.seed)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from node.api.client import api_banner
 from node.config import NodeConfig
-from node.runner import Node, load_identity
+from node.run.node import Node, load_identity
 from node.swarm_join import PeerKeeper
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
