@@ -121,7 +121,7 @@ def test_the_configuration_reference_is_generated_from_the_config_models() -> No
 
 
 def test_the_trust_page_names_every_rejection_reason() -> None:
-    from node.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
+    from node.exchange.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
 
     trust = (ROOT / "docs" / "trust.md").read_text(encoding="utf-8")
     missing = [r for r in sorted(REJECT_REASONS | SURPLUS_REASONS) if f"`{r}`" not in trust]

@@ -36,7 +36,7 @@ from node.api.metrics_index import MetricsIndex
 from node.api.threaded import ThreadedApp
 from node.api.views import health_doc, peers_doc, status_doc
 from node.config import ApiConfig
-from node.exchange import BatchTransport
+from node.exchange.exchange import BatchTransport
 from node.metrics import render_prometheus
 
 logger = logging.getLogger(__name__)

@@ -134,7 +134,7 @@ class SapoConfig(Section):
 
 
 class IngestConfig(Section):
-    """Budgets of the ingestion of peers' rollouts, per step (see ``node.ingest``)."""
+    """Budgets of the ingestion of peers' rollouts, per step (see ``node.exchange.ingest``)."""
 
     max_groups_per_step: int = Field(64, ge=0, description="at most this many (and what the pool can use)")
     max_groups_per_peer_step: int = Field(16, ge=1)

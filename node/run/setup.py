@@ -16,15 +16,15 @@ from node.config import NodeConfig, resolve_api
 from node.engines.base import GenerationBackend
 from node.engines.hf import HFBackend
 from node.errors import ConfigError, TaskError
-from node.exchange import SwarmExchange
-from node.ingest import IngestLimits
+from node.exchange.exchange import SwarmExchange
+from node.exchange.ingest import IngestLimits
+from node.exchange.scoring import ScoringWorker, SourceSpec
 from node.policy.model import Policy, build_policy, device_label
 from node.rollouts import split_by_fit
 from node.run.checkpoint import CheckpointManager, restore_rng
 from node.run.rundir import say_config_changes
 from node.run.saved import RunStep, load_init_state
 from node.run.state import NodeState, TransportFactory
-from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import Task, TaskSource, build_task_source
 from node.train.trainer import Trainer
 from protocol.errors import IdentityError

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from node.api.board import StatusBoard
 from node.config import NodeConfig
 from node.engines.base import GenerationBackend
-from node.exchange import BatchTransport, SwarmExchange
+from node.exchange.exchange import BatchTransport, SwarmExchange
 from node.metrics import MetricsWriter
 from node.policy.model import Policy
 from node.run.checkpoint import CheckpointManager

@@ -18,7 +18,7 @@ answer, nothing before or after it. The example problems are training problems, 
 
 Building one two-digit order costs tens of milliseconds (10,000 hashes and a sort), so orders are cached
 compactly (two bytes a problem, about 20 KB an order) for the 256 most recent (seed, dataset) pairs; how
-many distinct seeds a peer may bring is capped at ingestion (``node.ingest``).
+many distinct seeds a peer may bring is capped at ingestion (``node.exchange.ingest``).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class TaskSource(ABC):
     known_datasets: ClassVar[tuple[str, ...]]
     isolated_scoring: ClassVar[bool] = False
     """True when a scorer may take long on text a peer chose: peers' completions are then scored in a
-    child process with a time limit (``node.scoring``)."""
+    child process with a time limit (``node.exchange.scoring``)."""
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ small model can start on (``EASY_DATASETS``). A dataset is admitted only when
   ``random.Random(dataset_seed + idx)`` and the package's own data files alone);
 - the library's reference answer scores 1 with the library's own scorer, and wrong answers less;
 - its scorer's time is bounded on any answer (answers are capped at ``MAX_ANSWER_CHARS``; peers'
-  completions are also scored in a child process with a time limit, ``node.scoring``);
+  completions are also scored in a child process with a time limit, ``node.exchange.scoring``);
 - nothing a peer wrote is evaluated: no ``eval``/``exec``/``compile`` and no unbounded parsing of the
   answer. Where a scorer parses text, a guard here lets only answers of a bounded, literal form reach it.
 

@@ -1,7 +1,7 @@
 """``TrainGroup``, one task's completions ready to train on, and the advantages assigned to groups.
 
 Produced by the node's own sampling (``node.rollouts``) and by ingestion of peers' records
-(``node.ingest``); consumed by the SAPO mix and the trainer.
+(``node.exchange.ingest``); consumed by the SAPO mix and the trainer.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _peak_during(fn) -> tuple[float, float]:
 
 def bench_cpu() -> None:
     from node.config import AdapterConfig, ModelConfig
-    from node.ingest import IngestLimits, Ingestor
+    from node.exchange.ingest import IngestLimits, Ingestor
     from node.policy.model import build_policy
     from node.tasks import build_task_source
     from protocol.identity import Identity
@@ -102,7 +102,7 @@ def bench_cpu() -> None:
 
 
 def bench_verifier() -> None:
-    from node.scoring import ScoringWorker, SourceSpec
+    from node.exchange.scoring import ScoringWorker, SourceSpec
 
     spec = SourceSpec("reasoning_gym", ("propositional_logic",), None, 0, {})
     source = spec.build()
@@ -165,7 +165,7 @@ def bench_anchors() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from node.config import AdapterConfig, ModelConfig
-    from node.ingest import IngestLimits, Ingestor
+    from node.exchange.ingest import IngestLimits, Ingestor
     from node.policy.model import build_policy
     from node.policy.tiny import tiny_base_path
     from node.tasks import build_task_source

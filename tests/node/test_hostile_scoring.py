@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from node.config import AdapterConfig, ModelConfig
-from node.exchange import SwarmExchange
-from node.ingest import IngestLimits
+from node.exchange.exchange import SwarmExchange
+from node.exchange.ingest import IngestLimits
+from node.exchange.scoring import ScoringWorker, SourceSpec
 from node.policy.model import Policy, build_policy
-from node.scoring import ScoringWorker, SourceSpec
 from node.tasks import TaskSource, build_task_source
 from protocol.identity import Identity
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from node.ingest import Ingestor
+from node.exchange.ingest import Ingestor
 from node.policy.model import tokenizer_fingerprint
 from node.policy.small import train_bpe_tokenizer
 from node.policy.tiny import build_char_tokenizer
@@ -123,7 +123,7 @@ def test_groups_past_the_budgets_are_surplus_not_rejections():
     """A peer that sends more than a step can use is not at fault: what is left unread is counted as
     ``ingest_surplus`` by reason, and ``ingest_rejected`` stays empty."""
     from node.config import AdapterConfig, ModelConfig
-    from node.ingest import IngestLimits
+    from node.exchange.ingest import IngestLimits
     from node.policy.model import build_policy
     from protocol.identity import Identity
     from protocol.records import RolloutBatch, RolloutGroup
@@ -155,11 +155,11 @@ def test_groups_past_the_budgets_are_surplus_not_rejections():
 
 
 def test_every_rejection_reason_in_the_code_is_declared():
-    """``REJECT_REASONS`` (which docs/trust.md names one by one) holds every reason ``node/ingest.py`` counts."""
+    """``REJECT_REASONS`` (which docs/trust.md names one by one) holds every reason ``node/exchange/ingest.py`` counts."""
     import re
     from pathlib import Path
 
-    from node.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
+    from node.exchange.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
 
     src = (Path(__file__).resolve().parents[2] / "node" / "ingest.py").read_text()
     used = set(re.findall(r'_reject\("(\w+)"', src)) | set(re.findall(r'return (?:None, None, )?"(\w+)"$', src, re.M))

@@ -3,7 +3,7 @@
 A verifier is code this node runs on text a peer chose. Some are not linear in it: reasoning-gym's
 propositional_logic parser spends seconds on a thousand nested negations, and a thread cannot be
 stopped. So the completions of a source whose scorers are not known to be cheap
-(``TaskSource.isolated_scoring``) are scored in one child process (``python -m node.scoring``, talking
+(``TaskSource.isolated_scoring``) are scored in one child process (``python -m node.exchange.scoring``, talking
 over two pipes, so nothing of this process is forked or re-imported) that rebuilds the same task source
 from a picklable ``SourceSpec``. The parent waits for each reply at most ``timeout`` seconds; on a
 time-out it kills the child (SIGKILL) and starts a fresh one at once, which imports its libraries while
@@ -135,7 +135,7 @@ class ScoringWorker:
         """Start the child now (it warms up in the background); ``score`` starts one when needed.
 
         A fresh interpreter, never a fork of this process (torch and p2pd threads): ``python -m
-        node.scoring`` with one pipe each way, wrapped as ``multiprocessing`` connections.
+        node.exchange.scoring`` with one pipe each way, wrapped as ``multiprocessing`` connections.
         """
         if self._proc is not None:
             return
@@ -145,7 +145,7 @@ class ScoringWorker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "node.scoring", str(to_child_r), str(from_child_w)],
+                [sys.executable, "-m", "node.exchange.scoring", str(to_child_r), str(from_child_w)],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 env=env, start_new_session=True,  # a Ctrl-C to the node's group goes to the node only
             )
@@ -241,5 +241,5 @@ class _Duplex:
         self.writer.close()
 
 
-if __name__ == "__main__":  # the child: python -m node.scoring READ_FD WRITE_FD
+if __name__ == "__main__":  # the child: python -m node.exchange.scoring READ_FD WRITE_FD
     _child_main(_Duplex(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)))

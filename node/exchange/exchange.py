@@ -5,7 +5,7 @@ daemon, or ``InMemoryHub`` transports (the same signed bytes and checks, carried
 experiments that isolate learning from the network. It never
 blocks the training loop: publishing queues, collecting returns what has arrived, and a dead transport is
 restarted with backoff while the node keeps training on its own groups. Ingestion is bounded per step
-(``node.ingest``); offences found in a peer's rollouts are reported to the transport, whose peer book
+(``node.exchange.ingest``); offences found in a peer's rollouts are reported to the transport, whose peer book
 bans the author. Failures of the transport's calls are counted (``exchange_errors``), never raised.
 
 A node that steps faster than its peers accept batches from one author (``min_publish_interval``: the
@@ -20,12 +20,12 @@ import time
 from collections import Counter, OrderedDict
 from typing import Any, Protocol
 
+from node.exchange.ingest import IngestLimits, Ingestor
+from node.exchange.outbound import to_rollout_groups
+from node.exchange.scoring import ScoringWorker
 from node.failpoints import crash_point
-from node.ingest import IngestLimits, Ingestor
-from node.outbound import to_rollout_groups
 from node.policy.model import Policy
 from node.rollouts import SampledGroup
-from node.scoring import ScoringWorker
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity

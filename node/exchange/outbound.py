@@ -1,6 +1,6 @@
 """Outbound records: the node's own sampled groups as protocol records, ready to sign and publish.
 
-The inverse direction (a peer's records into training groups) is ``node.ingest``.
+The inverse direction (a peer's records into training groups) is ``node.exchange.ingest``.
 """
 
 from __future__ import annotations

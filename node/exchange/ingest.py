@@ -6,7 +6,7 @@ content, the same on every node: ``held_out``) is rejected, so a node never trai
 evaluated on; the prompt is our own formatting of the regenerated task; token ids and
 behaviour log-probs are used only when the peer's tokenizer fingerprint equals ours, otherwise the text
 is re-tokenized and our own log-probs at ingestion become the anchor. The outbound direction (our groups
-as records) is ``node.outbound``.
+as records) is ``node.exchange.outbound``.
 
 Bounded in work: one call ingests at most the groups the step can use (``max_groups``, from the runner)
 and at most ``IngestLimits`` rollouts, tokens and seconds. Groups are taken round-robin over authors,
@@ -25,7 +25,7 @@ seconds, ``not_needed`` once the step has all the groups it can use). Checks run
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
   log-probs no lower than ``min_logprob`` (``bad_logprobs``);
 * scoring, in a child process with a time limit per completion for sources whose scorers may be slow
-  (``node.scoring``; ``score_timeout``);
+  (``node.exchange.scoring``; ``score_timeout``);
 * anchoring (for a flat group, whose re-scored rewards are all equal, only with ``anchor_flat_groups``: without
   a baseline shift it carries no signal and is dropped before training): our own
   log-probs of the completions that have no usable behaviour log-probs, a forward pass of the policy, inside
@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from node.exchange.scoring import ScoringWorker
 from node.generation import (
     left_pad,
     logit_micro_batches,
@@ -56,7 +57,6 @@ from node.generation import (
 )
 from node.policy.model import Policy
 from node.rollouts import encode_prompt
-from node.scoring import ScoringWorker
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
