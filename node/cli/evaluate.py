@@ -22,11 +22,11 @@ import torch
 from tqdm import tqdm
 
 from node.config import ModelConfig, NodeConfig, VllmConfig
-from node.engines.base import GenerationBackend, SamplingSettings
 from node.errors import ConfigError, PolicyError, TaskError
+from node.generation.base import GenerationBackend, SamplingSettings
+from node.generation.rollouts import score_tasks
 from node.modes import HfWeights
 from node.policy.model import Policy
-from node.rollouts import score_tasks
 from node.tasks import Task, TaskSource, build_task_source
 
 logger = logging.getLogger(__name__)
@@ -115,10 +115,10 @@ def build_backend(policy: Policy, kind: str, *, batch_size: int, dtype: str, see
     """The backend the node's own evaluation would use (``cuda_graphs`` as ``generation.hf.cuda_graphs``: on a
     GPU the static-cache decode, whose rounding a near tie of greedy decoding can tell from the dynamic one)."""
     if kind == "hf":
-        from node.engines.hf import HFBackend
+        from node.generation.hf import HFBackend
 
         return HFBackend(policy, batch_size=batch_size, weights=hf_weights, cuda_graphs=cuda_graphs)
-    from node.engines.vllm_engine import VLLMBackend, base_model_path, require_vllm
+    from node.generation.vllm_engine import VLLMBackend, base_model_path, require_vllm
 
     require_vllm(policy.device)
     if policy.remix is not None:

@@ -24,8 +24,8 @@ from node.exchange.ingest import IngestLimits, Ingestor
 from node.exchange.outbound import to_rollout_groups
 from node.exchange.scoring import ScoringWorker
 from node.failpoints import crash_point
+from node.generation.rollouts import SampledGroup
 from node.policy.model import Policy
-from node.rollouts import SampledGroup
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import Identity

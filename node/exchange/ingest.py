@@ -48,7 +48,8 @@ from typing import Any
 import torch
 
 from node.exchange.scoring import ScoringWorker
-from node.generation import (
+from node.generation.rollouts import encode_prompt
+from node.generation.sampling import (
     left_pad,
     logit_micro_batches,
     right_pad,
@@ -56,7 +57,6 @@ from node.generation import (
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
-from node.rollouts import encode_prompt
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key

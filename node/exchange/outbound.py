@@ -5,8 +5,8 @@ The inverse direction (a peer's records into training groups) is ``node.exchange
 
 from __future__ import annotations
 
+from node.generation.rollouts import SampledGroup
 from node.policy.model import Policy
-from node.rollouts import SampledGroup
 from protocol.records import Rollout, RolloutGroup, SamplingParams
 
 __all__ = ["to_rollout_groups"]

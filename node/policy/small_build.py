@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from node.generation import generate
+from node.generation.sampling import generate
 from node.policy.build_env import build_environment
 from node.policy.hf_folder import save_tokenizer
 from node.policy.model_cache import DONE_FILE, echo_stderr
@@ -217,7 +217,7 @@ def train(recipe: Recipe, model: LlamaForCausalLM, pad_id: int, examples: dict[s
 
 
 def decode_as_node(tokenizer: Any, ids: list[int]) -> str:
-    """The text the node scores (``node.rollouts.decode_completion``): the final EOS dropped, nothing else."""
+    """The text the node scores (``node.generation.rollouts.decode_completion``): the final EOS dropped, nothing else."""
     body = ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
     return str(tokenizer.decode(body, skip_special_tokens=False))
 

@@ -33,11 +33,11 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from node.engines.base import SamplingSettings
 from node.failpoints import crash_point
+from node.generation.base import SamplingSettings
+from node.generation.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
 from node.metrics import MetricsWriter, peak_rss_mb
 from node.policy.model import pick_device
-from node.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
 from node.run.checkpoint import CheckpointManager, CheckpointState, capture_rng
 from node.run.peers import PeerGroupsMixin
 from node.run.rundir import prepare_run_dir
@@ -72,7 +72,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         prepare_run_dir(self.run_dir)
         self._record_config()
         if self.cfg.generation.backend == "vllm":
-            from node.engines.vllm_engine import require_vllm
+            from node.generation.vllm_engine import require_vllm
 
             require_vllm(pick_device(self.cfg.model.device))
         init = init_source(self.cfg)  # a wrong adapter.init_from fails before any model loads

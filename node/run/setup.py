@@ -13,14 +13,14 @@ import torch
 
 from node.api.board import NodeInfo
 from node.config import NodeConfig, resolve_api
-from node.engines.base import GenerationBackend
-from node.engines.hf import HFBackend
 from node.errors import ConfigError, TaskError
 from node.exchange.exchange import SwarmExchange
 from node.exchange.ingest import IngestLimits
 from node.exchange.scoring import ScoringWorker, SourceSpec
+from node.generation.base import GenerationBackend
+from node.generation.hf import HFBackend
+from node.generation.rollouts import split_by_fit
 from node.policy.model import Policy, build_policy, device_label
-from node.rollouts import split_by_fit
 from node.run.checkpoint import CheckpointManager, restore_rng
 from node.run.rundir import say_config_changes
 from node.run.saved import RunStep, load_init_state
@@ -94,7 +94,7 @@ class SetupMixin(NodeState):
         if g.backend == "hf":
             return HFBackend(self.policy, batch_size=g.batch_size, weights=g.hf.weights,
                              cuda_graphs=g.hf.cuda_graphs, keep_graphs=g.hf.keep_graphs)
-        from node.engines.vllm_engine import VLLMBackend, base_model_path
+        from node.generation.vllm_engine import VLLMBackend, base_model_path
 
         return VLLMBackend(self.policy, base_model_path(self.policy), g.vllm, dtype=m.dtype,
                            max_num_seqs=g.batch_size, seed=self.cfg.seed, trust_remote_code=m.trust_remote_code,

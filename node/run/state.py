@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from node.api.board import StatusBoard
 from node.config import NodeConfig
-from node.engines.base import GenerationBackend
 from node.exchange.exchange import BatchTransport, SwarmExchange
+from node.generation.base import GenerationBackend
 from node.metrics import MetricsWriter
 from node.policy.model import Policy
 from node.run.checkpoint import CheckpointManager

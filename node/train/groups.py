@@ -1,6 +1,6 @@
 """``TrainGroup``, one task's completions ready to train on, and the advantages assigned to groups.
 
-Produced by the node's own sampling (``node.rollouts``) and by ingestion of peers' records
+Produced by the node's own sampling (``node.generation.rollouts``) and by ingestion of peers' records
 (``node.exchange.ingest``); consumed by the SAPO mix and the trainer.
 """
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from node.generation import (
+from node.generation.sampling import (
     left_pad,
     logit_micro_batches,
     right_pad,

@@ -76,10 +76,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
-from node.engines.base import SamplingSettings  # noqa: E402
-from node.engines.hf import HFBackend  # noqa: E402
 from node.errors import PolicyError  # noqa: E402
-from node.generation import Completions, left_pad, sequence_logprobs  # noqa: E402
+from node.generation.base import SamplingSettings  # noqa: E402
+from node.generation.hf import HFBackend  # noqa: E402
+from node.generation.sampling import Completions, left_pad, sequence_logprobs  # noqa: E402
 from node.metrics import peak_rss_mb  # noqa: E402
 from node.policy.embedded import embedded_model  # noqa: E402
 from node.policy.model import Policy, build_policy  # noqa: E402
@@ -155,13 +155,13 @@ def load_model(kind: str, root: Path, dtype: str, device: str,
     if kind == "small":
         try:
             policy = build_policy(ModelConfig(name_or_path="small-base", dtype=dtype, device=device), adapter, 0)
-            from node.engines.vllm_engine import base_model_path
+            from node.generation.vllm_engine import base_model_path
 
             return policy, base_model_path(policy), "small-base", True
         except PolicyError:
             pass
     if kind == "smollm2":
-        from node.engines.vllm_engine import base_model_path
+        from node.generation.vllm_engine import base_model_path
 
         policy = build_policy(ModelConfig(name_or_path="smollm2-135m", dtype=dtype, device=device), adapter, 0)
         return policy, base_model_path(policy), "smollm2-135m (pretrained)", True
@@ -196,7 +196,7 @@ def step_prompts(policy: Policy, n: int, *, tasks: bool, kind: str = "") -> list
     if tasks:
         import random
 
-        from node.rollouts import encode_prompt
+        from node.generation.rollouts import encode_prompt
         from node.tasks import build_task_source
 
         name, datasets = TASKS.get(kind, ("arith", ["add"]))
@@ -313,7 +313,7 @@ def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: in
                mode: str, hf: HFBackend, *, compiled: bool = False) -> Row:
     """One engine; every rep is one step: the policy moves, reaches the engine, the engine samples, and the
     node's HF loop samples the same prompts right after (the paired rate the ``x node-hf`` column uses)."""
-    from node.engines.vllm_engine import VLLMBackend
+    from node.generation.vllm_engine import VLLMBackend
 
     settings = SamplingSettings(max_new_tokens=tokens)
     gen = torch.Generator(device=policy.device).manual_seed(0)

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from node.engines.base import SamplingSettings
-from node.engines.hf import HFBackend
+from node.generation.base import SamplingSettings
+from node.generation.hf import HFBackend
 from node.modes import HfWeights
 from node.policy.model import Policy
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from bench_generation import engine_config, load_model, step_prompts, sync_device, workload
 
-from node.engines.base import GenerationBackend, SamplingSettings
+from node.generation.base import GenerationBackend, SamplingSettings
 
 
 def run_training(args: argparse.Namespace) -> None:
     """N trainer steps of the first model with vLLM generation: tokens/s, step time, memory, gap."""
-    from node.engines.vllm_engine import VLLMBackend
+    from node.generation.vllm_engine import VLLMBackend
     from node.train.groups import TrainGroup
     from node.train.trainer import Trainer
 

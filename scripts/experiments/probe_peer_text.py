@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import load_config  # noqa: E402
-from node.engines.base import SamplingSettings  # noqa: E402
-from node.engines.hf import HFBackend  # noqa: E402
-from node.generation import right_pad, shared_prompt_logprobs  # noqa: E402
+from node.generation.base import SamplingSettings  # noqa: E402
+from node.generation.hf import HFBackend  # noqa: E402
+from node.generation.rollouts import encode_prompt, sample_groups  # noqa: E402
+from node.generation.sampling import right_pad, shared_prompt_logprobs  # noqa: E402
 from node.policy.model import build_policy  # noqa: E402
-from node.rollouts import encode_prompt, sample_groups  # noqa: E402
 from node.tasks import build_task_source  # noqa: E402
 
 CONFIGS = {"smollm2": "configs/smollm2-silo.yaml", "small-base": "configs/small-silo.yaml"}

@@ -50,10 +50,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import NodeConfig, load_config  # noqa: E402
-from node.engines.base import GenerationBackend, SamplingSettings  # noqa: E402
-from node.engines.hf import HFBackend  # noqa: E402
+from node.generation.base import GenerationBackend, SamplingSettings  # noqa: E402
+from node.generation.hf import HFBackend  # noqa: E402
+from node.generation.rollouts import SampledGroup, sample_groups, split_by_fit  # noqa: E402
 from node.policy.model import Policy, build_policy  # noqa: E402
-from node.rollouts import SampledGroup, sample_groups, split_by_fit  # noqa: E402
 from node.tasks import Task, TaskSource, build_task_source  # noqa: E402
 
 EASY_CONFIGS: dict[str, dict[str, Any]] = {
@@ -136,7 +136,7 @@ def build_backend(cfg: NodeConfig, policy: Policy) -> GenerationBackend:
     g, m = cfg.generation, cfg.model
     if g.backend == "hf":
         return HFBackend(policy, batch_size=g.batch_size)
-    from node.engines.vllm_engine import VLLMBackend, base_model_path
+    from node.generation.vllm_engine import VLLMBackend, base_model_path
 
     return VLLMBackend(policy, base_model_path(policy), g.vllm, dtype=m.dtype, max_num_seqs=g.batch_size,
                        seed=cfg.seed, trust_remote_code=m.trust_remote_code, lora_rank=cfg.adapter.rank)

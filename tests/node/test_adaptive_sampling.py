@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from node.engines.base import SamplingSettings
-from node.rollouts import _downsample, sample_groups_adaptive
+from node.generation.base import SamplingSettings
+from node.generation.rollouts import _downsample, sample_groups_adaptive
 from node.run.node import Node
 
 

@@ -85,7 +85,7 @@ def test_count_ops_prints_the_events_a_decode_position_costs_merged_and_as_train
 
 @pytest.mark.slow
 def test_the_benchmark_times_every_vllm_contender():
-    from node.engines.vllm_engine import vllm_import_error
+    from node.generation.vllm_engine import vllm_import_error
 
     if vllm_import_error() is not None:
         pytest.skip("vllm cannot be imported")

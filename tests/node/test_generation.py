@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.generation import (
+from node.generation.sampling import (
     LOGIT_BYTES,
     generate,
     left_pad,
@@ -157,7 +157,7 @@ def _eos_from_position(model, eos: int, position: int, batch_sizes: list[int]):
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_dropping_finished_rows_changes_nothing_but_the_work(model_and_tokenizer, monkeypatch, greedy):
-    import node.generation as generation
+    import node.generation.sampling as generation
 
     model, tok = model_and_tokenizer
     prompts = _prompts(tok)  # 7, 5, 7 and 3 tokens: forced EOS at position 9 ends them after 3, 5, 3 and 7

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import node.generation as generation
-import node.generation_static as generation_static
+import node.generation.sampling as generation
+import node.generation.static as generation_static
 from node.config import AdapterConfig, ModelConfig
-from node.engines.base import SamplingSettings
-from node.engines.hf import HFBackend
-from node.generation import generate, left_pad, sequence_logprobs
+from node.generation.base import SamplingSettings
+from node.generation.hf import HFBackend
+from node.generation.sampling import generate, left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy
 
 TEXTS = ["07+35=", "1+2=", "99+9=", "5+50="]

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import node.generation as generation
+import node.generation.sampling as generation
 from node.config import AdapterConfig, ModelConfig
-from node.engines.base import SamplingSettings
-from node.engines.hf import HFBackend
-from node.generation import left_pad, sequence_logprobs
+from node.generation.base import SamplingSettings
+from node.generation.hf import HFBackend
+from node.generation.sampling import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.trainer import Trainer

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from node.exchange.ingest import Ingestor
+from node.generation.rollouts import encode_prompt
 from node.policy.model import tokenizer_fingerprint
 from node.policy.small import train_bpe_tokenizer
 from node.policy.tiny import build_char_tokenizer
-from node.rollouts import encode_prompt
 from node.tasks import build_task_source
 from protocol.records import Rollout, SamplingParams
 

@@ -483,7 +483,7 @@ def test_the_sampling_loop_shares_a_groups_prompt_and_drops_finished_rows_with_t
     rows' routing with their cache: each row gets the tokens, log-probs and routing it gets alone."""
     from types import SimpleNamespace
 
-    from node.generation import generate
+    from node.generation.sampling import generate
 
     model = tiny_llama(seed=7)
     adapter = attach_remix(model, n=4, k=2, rank=2)

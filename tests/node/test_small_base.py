@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.config import ModelConfig, load_config
-from node.generation import generate
+from node.generation.sampling import generate
 from node.policy.embedded import embedded_model, embedded_names
 from node.policy.locate import locate_model, resolve_model_path
 from node.policy.model import load_base

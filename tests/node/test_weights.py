@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from node.config import AdapterConfig, ModelConfig
-from node.engines.weights import effective_weights
+from node.generation.weights import effective_weights
 from node.policy.model import build_policy
 from node.policy.tiny import tiny_base_path
 

@@ -35,10 +35,10 @@ from typing import Any, Literal
 import torch
 
 from node.config import VllmConfig
-from node.engines.base import SamplingSettings, check_prompts_fit, request_seeds
-from node.engines.weights import effective_weights
 from node.errors import ConfigError
-from node.generation import Completions, right_pad
+from node.generation.base import SamplingSettings, check_prompts_fit, request_seeds
+from node.generation.sampling import Completions, right_pad
+from node.generation.weights import effective_weights
 from node.policy.model import Policy
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from node.generation import Completions
+from node.generation.sampling import Completions
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def request_seeds(generator: torch.Generator | None, n: int) -> list[int] | None
 
 def check_prompts_fit(prompts: list[list[int]], max_len: int | None) -> None:
     """Raise ``ValueError`` when a prompt leaves no room for a completion within ``max_len`` tokens; callers
-    set such tasks aside first (``node.rollouts.split_by_fit``)."""
+    set such tasks aside first (``node.generation.rollouts.split_by_fit``)."""
     longest = max((len(p) for p in prompts), default=0)
     if max_len is not None and longest >= max_len:
         raise ValueError(f"a prompt of {longest} tokens leaves no room for a completion within {max_len} tokens")

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from node.engines.base import GenerationBackend, SamplingSettings
+from node.generation.base import GenerationBackend, SamplingSettings
 from node.policy.model import Policy
 from node.tasks import Task, TaskSource
 from node.train.groups import TrainGroup

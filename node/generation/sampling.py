@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from node.generation_static import DecoderPool, StaticDecoder
+from node.generation.static import DecoderPool, StaticDecoder
 
 
 @dataclass
@@ -161,9 +161,9 @@ def generate(
 ) -> Completions:
     """Sample one completion per prompt (token-id lists, already formatted and with BOS if any). With
     ``max_len``, a completion also ends (finish reason ``length``) where prompt plus completion reach it;
-    every prompt must be shorter (``node.engines.base.check_prompts_fit``). With ``cuda_graphs`` (not for
+    every prompt must be shorter (``node.generation.base.check_prompts_fit``). With ``cuda_graphs`` (not for
     ReMix) the forward passes run over a static KV cache, the decode step captured in a CUDA graph on a
-    GPU (``node.generation_static``); with ``decoders`` too, a decoder (and its graph) kept from an earlier call of
+    GPU (``node.generation.static``); with ``decoders`` too, a decoder (and its graph) kept from an earlier call of
     the same batch size is reused."""
     device = device or torch.device("cpu")
     eos_id = tokenizer.eos_token_id

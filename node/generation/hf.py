@@ -1,7 +1,7 @@
 """The HF backend: the node's own sampling loop on the trainable policy, batch by batch.
 
 With ``weights="merged"`` (the default) a LoRA policy samples from a merged copy of its model
-(``node.engines.merged``), refreshed by ``sync`` after every optimizer step and whenever its adapters
+(``node.generation.merged``), refreshed by ``sync`` after every optimizer step and whenever its adapters
 changed since; with ``"adapter"``, or a ReMix policy (whose routing picks adapters per sequence), from the
 policy's own modules, so every update is seen at once.
 """
@@ -14,10 +14,10 @@ import time
 import torch
 from torch import nn
 
-from node.engines.base import SamplingSettings, check_prompts_fit
-from node.engines.merged import MergedCopy, lora_layers
-from node.generation import Completions, concat_completions, generate
-from node.generation_static import DecoderPool
+from node.generation.base import SamplingSettings, check_prompts_fit
+from node.generation.merged import MergedCopy, lora_layers
+from node.generation.sampling import Completions, concat_completions, generate
+from node.generation.static import DecoderPool
 from node.modes import HfWeights
 from node.policy.model import Policy
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from node.engines.weights import base_model_of, merged_lora_weight
+from node.generation.weights import base_model_of, merged_lora_weight
 
 logger = logging.getLogger(__name__)
 
