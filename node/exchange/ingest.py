@@ -49,7 +49,7 @@ import torch
 
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
-from node.generation.sampling import (
+from node.policy.logprobs import (
     left_pad,
     logit_micro_batches,
     right_pad,
@@ -387,7 +387,7 @@ class Ingestor:
     # -- anchors ----------------------------------------------------------------------------------------
 
     def _chunks(self, pending: list[tuple[TrainGroup, int]]) -> list[list[tuple[TrainGroup, int]]]:
-        """Micro-batches whose logits fit ``anchor_bytes`` (``generation.logit_micro_batches``)."""
+        """Micro-batches whose logits fit ``anchor_bytes`` (``logprobs.logit_micro_batches``)."""
         vocab = int(getattr(getattr(self.policy.model, "config", None), "vocab_size", 0) or self._vocab_size)
         lengths = [len(group.completions[i]) for group, i in pending]
         return [pending[r.start : r.stop] for r in logit_micro_batches(lengths, vocab, self.limits.anchor_bytes,

@@ -11,7 +11,6 @@ sequences (a group) is computed once and its KV cache copied to each.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from node.generation.static import DecoderPool, StaticDecoder
+from node.policy.logprobs import left_pad, positions_from_mask
 
 
 @dataclass
@@ -52,35 +52,6 @@ def concat_completions(parts: list[Completions], pad_id: int = 0) -> Completions
                        torch.cat([pad(p.behavior_logprobs, 0.0) for p in parts]),
                        torch.cat([pad(p.completion_mask, False) for p in parts]),
                        [r for p in parts for r in p.finish_reasons], routing)
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, L]`` ids and attention mask, each row right-aligned."""
-    width = max((len(s) for s in sequences), default=0)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
-
-
-def right_pad(sequences: Sequence[Sequence[float]], pad_value: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, L]`` values and mask, each row left-aligned."""
-    width = max((len(s) for s in sequences), default=0)
-    values = torch.full((len(sequences), width), pad_value, dtype=dtype)
-    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
-    for i, s in enumerate(sequences):
-        if s:
-            values[i, : len(s)] = torch.tensor(s, dtype=dtype)
-            mask[i, : len(s)] = True
-    return values, mask
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that ignore left padding: ``[B, L]``, 0 at each row's first real token."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 _COMPACT_AT = 0.75
@@ -255,99 +226,3 @@ def live_check_interval(device: torch.device) -> int:
 _GPU_CHECK_EVERY = 8
 
 
-LOGIT_BYTES = 12
-"""Bytes a completion position's logits take per vocabulary entry when log-probs are computed: the float32
-logits, their temperature-scaled copy and the log-softmax (the backward pass of training reuses about as
-much again, which its budget's default allows for)."""
-
-
-def logit_micro_batches(completion_lengths: Sequence[int], vocab_size: int, budget_bytes: int,
-                        max_rows: int) -> list[range]:
-    """Split rows, in order, into micro-batches whose log-prob pass keeps its logits within ``budget_bytes``:
-    rows x (longest completion + 1) x ``vocab_size`` x ``LOGIT_BYTES``, and at most ``max_rows`` rows. A row
-    that alone exceeds the budget goes alone. With a 49,152-token vocabulary a 64-token completion's logits
-    take 39 MB, so the row count, not only ``max_rows``, is what bounds memory."""
-    batches: list[range] = []
-    start, widest = 0, 0
-    for i, length in enumerate(completion_lengths):
-        wider = max(widest, length + 1)
-        if i > start and (i - start >= max_rows or (i - start + 1) * wider * vocab_size * LOGIT_BYTES > budget_bytes):
-            batches.append(range(start, i))
-            start, wider = i, length + 1
-        widest = wider
-    if start < len(completion_lengths):
-        batches.append(range(start, len(completion_lengths)))
-    return batches
-
-
-def sequence_logprobs(
-    model: nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    remix: Any = None,
-) -> torch.Tensor:
-    """Per-token log-probs ``[B, Tc]`` of the completion tokens under ``model`` (left-padded prompts
-    ``[B, Tp]``, right-padded completions ``[B, Tc]``). Differentiable when grad is enabled. Logits are
-    computed only where a completion token is predicted (``logits_to_keep``): the prompt's positions, often
-    the longer part, never reach the output layer."""
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attn = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
-    if remix is not None:
-        prompt_only = torch.cat([prompt_mask.bool(), torch.zeros_like(completion_mask, dtype=torch.bool)], dim=1)
-        remix.set_prompt_mask(prompt_only)
-    kept = completion_ids.shape[1] + 1  # the last prompt position predicts the first completion token
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=positions_from_mask(attn),
-                   logits_to_keep=kept).logits
-    logits = logits[:, :-1, :].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
-
-
-def shared_prompt_logprobs(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    pad_id: int,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """``sequence_logprobs`` with each distinct prompt computed once: ``[B, Tc]`` log-probs of right-padded
-    completions ``[B, Tc]`` after ``prompts`` (one token list a row, on the completions' device).
-
-    An RL batch holds a group of completions per prompt, and the prompt is most of a row's tokens (a chat
-    prompt with a worked example against a short answer), so the full pass spends most of its work
-    recomputing it. Here the distinct prompts run once, their KV cache is copied to the rows that share
-    them (an indexing, so gradients flow back to the prompt's pass and sum over the group), and only the
-    completions run per row. The same log-probs as the full pass, up to float rounding; where the model
-    returns no cache that can copy rows (gradient checkpointing in training), every row runs in full."""
-    device = completion_ids.device
-    distinct: dict[tuple[int, ...], int] = {}
-    index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-    past = None
-    if len(distinct) < len(index):
-        p_ids, p_mask = (t.to(device) for t in left_pad([list(p) for p in distinct], pad_id))
-        out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=positions_from_mask(p_mask), use_cache=True,
-                    logits_to_keep=1)
-        past = out.past_key_values
-    if past is None or not hasattr(past, "batch_select_indices"):
-        ids, mask = left_pad([list(p) for p in prompts], pad_id)
-        return sequence_logprobs(model, ids.to(device), mask.to(device), completion_ids, completion_mask,
-                                 temperature=temperature)
-    rows = torch.tensor(index, device=device)
-    past.batch_select_indices(rows)
-    row_mask = p_mask[rows]
-    logits = out.logits[rows, -1:, :]  # the prompt's last position predicts the first completion token
-    width = completion_ids.shape[1]
-    if width > 1:  # the last completion token predicts nothing: it is not run
-        rest = completion_ids[:, :-1]
-        attn = torch.cat([row_mask, completion_mask[:, :-1].long()], dim=1)
-        positions = row_mask.sum(-1, keepdim=True) + torch.arange(width - 1, device=device)
-        tail = model(input_ids=rest, attention_mask=attn, position_ids=positions, past_key_values=past,
-                     use_cache=True).logits
-        logits = torch.cat([logits, tail], dim=1)
-    logits = logits.float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)

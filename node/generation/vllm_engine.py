@@ -37,8 +37,9 @@ import torch
 from node.config import VllmConfig
 from node.errors import ConfigError
 from node.generation.base import SamplingSettings, check_prompts_fit, request_seeds
-from node.generation.sampling import Completions, right_pad
+from node.generation.sampling import Completions
 from node.generation.weights import effective_weights
+from node.policy.logprobs import right_pad
 from node.policy.model import Policy
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from node.generation.sampling import (
+from node.policy.logprobs import (
     left_pad,
     logit_micro_batches,
     right_pad,

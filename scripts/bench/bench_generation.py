@@ -79,9 +79,10 @@ from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
 from node.errors import PolicyError  # noqa: E402
 from node.generation.base import SamplingSettings  # noqa: E402
 from node.generation.hf import HFBackend  # noqa: E402
-from node.generation.sampling import Completions, left_pad, sequence_logprobs  # noqa: E402
+from node.generation.sampling import Completions  # noqa: E402
 from node.metrics import peak_rss_mb  # noqa: E402
 from node.policy.embedded import embedded_model  # noqa: E402
+from node.policy.logprobs import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy  # noqa: E402
 from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E402
 

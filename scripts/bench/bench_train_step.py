@@ -1,7 +1,7 @@
 """What running a group's prompt once saves in a training step.
 
 The trainer's step on the same groups two ways: ``shared`` (the node's: each distinct prompt runs once and
-its KV cache is copied to the group's rows, ``node.generation.sampling.shared_prompt_logprobs``) and ``full`` (every
+its KV cache is copied to the group's rows, ``node.policy.logprobs.shared_prompt_logprobs``) and ``full`` (every
 row runs prompt and completion, ``sequence_logprobs``: what the trainer did before). Each runs in its own
 process, so its peak resident memory is its own; the time is the median of ``--reps`` steps after one
 warm-up step.
@@ -72,7 +72,7 @@ def child(args: argparse.Namespace) -> dict:
 
     import node.train.trainer as trainer_module
     from node.config import load_config
-    from node.generation.sampling import left_pad, sequence_logprobs
+    from node.policy.logprobs import left_pad, sequence_logprobs
     from node.run.node import Node
 
     torch.set_num_threads(args.threads)

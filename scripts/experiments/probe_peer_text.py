@@ -31,7 +31,7 @@ from node.config import load_config  # noqa: E402
 from node.generation.base import SamplingSettings  # noqa: E402
 from node.generation.hf import HFBackend  # noqa: E402
 from node.generation.rollouts import encode_prompt, sample_groups  # noqa: E402
-from node.generation.sampling import right_pad, shared_prompt_logprobs  # noqa: E402
+from node.policy.logprobs import right_pad, shared_prompt_logprobs  # noqa: E402
 from node.policy.model import build_policy  # noqa: E402
 from node.tasks import build_task_source  # noqa: E402
 

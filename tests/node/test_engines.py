@@ -21,8 +21,9 @@ import torch
 from node.config import AdapterConfig, ModelConfig, VllmConfig
 from node.generation.base import SamplingSettings
 from node.generation.hf import HFBackend
-from node.generation.sampling import left_pad, sequence_logprobs, top_p_filter
+from node.generation.sampling import top_p_filter
 from node.generation.vllm_engine import VLLMBackend, vllm_import_error
+from node.policy.logprobs import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy
 from node.policy.tiny import tiny_base_path
 

@@ -8,16 +8,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.generation.sampling import (
+from node.generation.sampling import generate, sample_rows, top_p_filter
+from node.policy.logprobs import (
     LOGIT_BYTES,
-    generate,
     left_pad,
     logit_micro_batches,
     right_pad,
-    sample_rows,
     sequence_logprobs,
     shared_prompt_logprobs,
-    top_p_filter,
 )
 from node.policy.tiny import build_char_tokenizer
 

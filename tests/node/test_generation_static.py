@@ -12,7 +12,8 @@ import node.generation.static as generation_static
 from node.config import AdapterConfig, ModelConfig
 from node.generation.base import SamplingSettings
 from node.generation.hf import HFBackend
-from node.generation.sampling import generate, left_pad, sequence_logprobs
+from node.generation.sampling import generate
+from node.policy.logprobs import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy
 
 TEXTS = ["07+35=", "1+2=", "99+9=", "5+50="]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
-from node.generation.sampling import left_pad, right_pad, sequence_logprobs
+from node.policy.logprobs import left_pad, right_pad, sequence_logprobs
 from node.run.daemon import start_swarm_transport
 from node.run.node import Node
 from node.train.groups import TrainGroup, assign_advantages

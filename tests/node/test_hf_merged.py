@@ -15,7 +15,7 @@ import node.generation.sampling as generation
 from node.config import AdapterConfig, ModelConfig
 from node.generation.base import SamplingSettings
 from node.generation.hf import HFBackend
-from node.generation.sampling import left_pad, sequence_logprobs
+from node.policy.logprobs import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy
 from node.train.groups import TrainGroup, assign_advantages
 from node.train.trainer import Trainer

@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.generation.sampling import generate, sequence_logprobs
+from node.generation.sampling import generate
+from node.policy.logprobs import sequence_logprobs
 from node.policy.remix import RemixAdapter, attach_remix
 
 VOCAB = 64

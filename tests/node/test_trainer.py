@@ -108,7 +108,7 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
 def _own_group(policy, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> TrainGroup:
     """The node's own group whose behaviour log-probs are the trainer's own plus ``behaviour_shift`` a token
     (what an engine that rounds differently reports)."""
-    from node.generation.sampling import right_pad, shared_prompt_logprobs
+    from node.policy.logprobs import right_pad, shared_prompt_logprobs
 
     completions = [[6, 7, 2], [8, 2], [9, 10, 11, 2]][: len(rewards)]
     prompt = [1, 4, 5]
