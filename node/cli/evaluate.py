@@ -21,17 +21,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from node.config import ModelConfig, NodeConfig, VllmConfig
+from node.config import ModelConfig, NodeConfig
 from node.errors import ConfigError, PolicyError, TaskError
 from node.generation.base import GenerationBackend, SamplingSettings
 from node.generation.rollouts import score_tasks
-from node.modes import HfWeights
 from node.policy.model import Policy
 from node.tasks import Task, TaskSource, build_task_source
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalPlan", "build_backend", "evaluate", "model_policy", "render_table"]
+__all__ = ["EvalPlan", "evaluate", "model_policy", "render_table"]
 
 
 @dataclass(frozen=True)
@@ -107,26 +106,6 @@ def model_policy(name_or_path: str, *, dtype: str = "float32", device: str = "cp
     return Policy(model=model, tokenizer=tokenizer, device=dev, name_or_path=name_or_path,
                   tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
                   model_fingerprint=model_fingerprint(base_name, base))
-
-
-def build_backend(policy: Policy, kind: str, *, batch_size: int, dtype: str, seed: int,
-                  vllm: VllmConfig | None = None, hf_weights: HfWeights = "merged",
-                  cuda_graphs: bool = False) -> GenerationBackend:
-    """The backend the node's own evaluation would use (``cuda_graphs`` as ``generation.hf.cuda_graphs``: on a
-    GPU the static-cache decode, whose rounding a near tie of greedy decoding can tell from the dynamic one)."""
-    if kind == "hf":
-        from node.generation.hf import HFBackend
-
-        return HFBackend(policy, batch_size=batch_size, weights=hf_weights, cuda_graphs=cuda_graphs)
-    from node.generation.vllm_engine import VLLMBackend, base_model_path, require_vllm
-
-    require_vllm(policy.device)
-    if policy.remix is not None:
-        raise ConfigError("--backend vllm cannot run a ReMix policy (its routing needs the node's own loop); "
-                          "use --backend hf")
-    base = getattr(getattr(policy.model, "get_base_model", lambda: policy.model)(), "config", None)
-    path = str(getattr(base, "name_or_path", "")) or base_model_path(policy)
-    return VLLMBackend(policy, path, vllm or VllmConfig(), dtype=dtype, max_num_seqs=batch_size, seed=seed)
 
 
 def evaluate(backend: GenerationBackend, policy: Policy, plan: EvalPlan, *,

@@ -324,7 +324,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run, cfg, source, datasets = _eval_inputs(args)
     _setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
     _quiet_loading()
-    from node.cli.evaluate import EvalPlan, build_backend, evaluate, model_policy, render_table
+    from node.cli.evaluate import EvalPlan, evaluate, model_policy, render_table
+    from node.generation.backend import build_backend
 
     n = args.n if args.n is not None else (None if run is not None or args.config else 200)
     plan = EvalPlan.of_run(cfg, datasets=datasets, n=n, samples=args.samples, sample_seed=args.seed)
@@ -342,8 +343,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         policy = model_policy(args.model, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code)
         title = f"swarm-node eval: {args.model} · {args.backend} backend"
     backend = build_backend(policy, args.backend, batch_size=plan.batch_size, dtype=cfg.model.dtype,
-                            seed=args.seed, vllm=cfg.generation.vllm, hf_weights=cfg.generation.hf.weights,
-                            cuda_graphs=cfg.generation.hf.cuda_graphs)
+                            seed=args.seed, hf=cfg.generation.hf, vllm=cfg.generation.vllm)
     try:
         result = evaluate(backend, policy, plan, show_progress=not (args.no_progress or args.json))
     finally:

@@ -89,8 +89,10 @@ def require_vllm(device: torch.device) -> None:
 
 
 def base_model_path(policy: Policy) -> str:
-    """Where the policy's base model was loaded from (a folder, or a hub name found in the local cache)."""
-    return str(policy.model.config.name_or_path)  # type: ignore[union-attr]
+    """Where the policy's base model was loaded from (a folder, or a hub name found in the local cache); for a
+    PEFT model, its base's."""
+    base = getattr(getattr(policy.model, "get_base_model", lambda: policy.model)(), "config", None)
+    return str(getattr(base, "name_or_path", "")) or str(policy.model.config.name_or_path)  # type: ignore[union-attr]
 
 
 def resolve_sync(mode: str, device: torch.device) -> SyncMode:

@@ -17,8 +17,8 @@ from node.errors import ConfigError, TaskError
 from node.exchange.exchange import SwarmExchange
 from node.exchange.ingest import IngestLimits
 from node.exchange.scoring import ScoringWorker, SourceSpec
+from node.generation.backend import node_backend
 from node.generation.base import GenerationBackend
-from node.generation.hf import HFBackend
 from node.generation.rollouts import split_by_fit
 from node.policy.model import Policy, build_policy, device_label
 from node.run.checkpoint import CheckpointManager, restore_rng
@@ -90,15 +90,7 @@ class SetupMixin(NodeState):
         return build_policy(self.cfg.model, self.cfg.adapter, self.cfg.seed)
 
     def _build_generator(self) -> GenerationBackend:
-        g, m = self.cfg.generation, self.cfg.model
-        if g.backend == "hf":
-            return HFBackend(self.policy, batch_size=g.batch_size, weights=g.hf.weights,
-                             cuda_graphs=g.hf.cuda_graphs, keep_graphs=g.hf.keep_graphs)
-        from node.generation.vllm_engine import VLLMBackend, base_model_path
-
-        return VLLMBackend(self.policy, base_model_path(self.policy), g.vllm, dtype=m.dtype,
-                           max_num_seqs=g.batch_size, seed=self.cfg.seed, trust_remote_code=m.trust_remote_code,
-                           lora_rank=self.cfg.adapter.rank)
+        return node_backend(self.cfg, self.policy)
 
     def _build_task_source(self) -> TaskSource:
         t = self.cfg.tasks

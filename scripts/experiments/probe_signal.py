@@ -50,8 +50,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import NodeConfig, load_config  # noqa: E402
+from node.generation.backend import node_backend  # noqa: E402
 from node.generation.base import GenerationBackend, SamplingSettings  # noqa: E402
-from node.generation.hf import HFBackend  # noqa: E402
 from node.generation.rollouts import SampledGroup, sample_groups, split_by_fit  # noqa: E402
 from node.policy.model import Policy, build_policy  # noqa: E402
 from node.tasks import Task, TaskSource, build_task_source  # noqa: E402
@@ -129,17 +129,6 @@ def node_config(args: argparse.Namespace, variant: str) -> NodeConfig:
     if args.source == "reasoning_gym":
         overrides.append(f"tasks.dataset_configs={json.dumps(dataset_configs(args.dataset_configs, datasets))}")
     return load_config(None, [*overrides, *VARIANTS[variant], *args.overrides])
-
-
-def build_backend(cfg: NodeConfig, policy: Policy) -> GenerationBackend:
-    """The generation backend as the node builds it (``node.run.node.Node._build_generator``)."""
-    g, m = cfg.generation, cfg.model
-    if g.backend == "hf":
-        return HFBackend(policy, batch_size=g.batch_size)
-    from node.generation.vllm_engine import VLLMBackend, base_model_path
-
-    return VLLMBackend(policy, base_model_path(policy), g.vllm, dtype=m.dtype, max_num_seqs=g.batch_size,
-                       seed=cfg.seed, trust_remote_code=m.trust_remote_code, lora_rank=cfg.adapter.rank)
 
 
 def build_source(cfg: NodeConfig) -> TaskSource:
@@ -232,7 +221,7 @@ def main() -> None:
     cfg = node_config(args, variants[0])
     started = time.perf_counter()
     policy = build_policy(cfg.model, cfg.adapter, cfg.seed)
-    backend = build_backend(cfg, policy)
+    backend = node_backend(cfg, policy)
     print(f"model and {args.backend} backend ready in {time.perf_counter() - started:.0f} s", flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     timings: dict[str, dict[str, float]] = {}
