@@ -10,7 +10,7 @@ The signature covers a canonical encoding of the document's meaning, not its tex
 fixed field order (no maps; mappings become arrays of ``[key, value]`` pairs sorted by key; floats as
 float64; the free-form ``dataset_configs`` as canonical JSON), prefixed by a domain string. So comments,
 key order and layout may change without breaking it; any change of a value does. Which config keys
-belong in ``settings`` is the node's business (``node.swarm_join``); this module only checks the shape.
+belong in ``settings`` is the node's business (``node.config.join``); this module only checks the shape.
 
 Parsing accepts untrusted text (a URL's answer): bounded in size, no YAML aliases, one
 ``DescriptorError`` naming the field out of anything that does not fit.

@@ -214,7 +214,7 @@ def swarm_node_problem(words: list[str]) -> str | None:
     overrides = list(getattr(args, "overrides", []) or [])
     if args.command == "host":  # a host's config is a HostConfig
         from node.config import load_config_data
-        from node.host_config import validate_host_config
+        from node.config.host import validate_host_config
 
         try:
             validate_host_config(load_config_data(ROOT / config if config else None, overrides))

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from node.api.budget import CpuBudget
 from node.api.threaded import ThreadedApp
-from node.host_config import HostApiConfig
+from node.config.host import HostApiConfig
 from protocol.descriptor import SwarmDescriptor
 from swarm.host import SwarmHost
 

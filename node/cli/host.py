@@ -76,9 +76,9 @@ def _public_name(maddr: str) -> str:
 
 def host_plan(args: argparse.Namespace) -> HostPlan:
     from node.config import load_config_data
-    from node.host_config import validate_host_config
+    from node.config.host import validate_host_config
+    from node.config.join import apply_descriptor, get_key, read_descriptor, set_key, trust_descriptor
     from node.run.rundir import prepare_run_dir
-    from node.swarm_join import apply_descriptor, get_key, read_descriptor, set_key, trust_descriptor
     from swarm.p2p_keys import P2pKeyError, ensure_p2p_key
 
     descriptor = read_descriptor(args.swarm)

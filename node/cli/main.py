@@ -210,7 +210,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if args.swarm:  # validated before the heavy imports below
-        from node.swarm_join import join_config
+        from node.config.join import join_config
 
         overrides = [*args.overrides, *([f"run_dir={args.run_dir}"] if args.run_dir else [])]
         cfg, notes = join_config(args.config, overrides, args.swarm, owner=args.swarm_owner,

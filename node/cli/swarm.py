@@ -138,7 +138,7 @@ def _flat(data: dict[str, object], key: str) -> Scalar:
 
 def _init(args: argparse.Namespace) -> int:
     from node.config import load_config
-    from node.swarm_join import shared_values, task_config_hash
+    from node.config.join import shared_values, task_config_hash
     from protocol.codec import SCHEMA_VERSION
 
     out = Path(args.out)
@@ -171,7 +171,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _sign(args: argparse.Namespace) -> int:
-    from node.swarm_join import read_descriptor
+    from node.config.join import read_descriptor
 
     descriptor = read_descriptor(args.file)
     if args.expires_days is not None:
@@ -185,7 +185,7 @@ def _sign(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from node.swarm_join import fixed_by, known_swarms_path, pinned_owners, read_descriptor
+    from node.config.join import fixed_by, known_swarms_path, pinned_owners, read_descriptor
 
     descriptor = read_descriptor(args.source)
     try:

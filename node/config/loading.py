@@ -74,7 +74,7 @@ def _format_errors(err: ValidationError) -> str:
 
 def load_config_data(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> dict[str, Any]:
     """A YAML config (or nothing when ``path`` is None) with ``overrides`` applied, not yet validated: what
-    the user set, for a check that must tell set keys from defaults (``node.swarm_join``)."""
+    the user set, for a check that must tell set keys from defaults (``node.config.join``)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)

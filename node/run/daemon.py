@@ -18,8 +18,8 @@ from pathlib import Path
 
 from node.api.client import api_banner
 from node.config import NodeConfig
+from node.config.join import PeerKeeper
 from node.run.node import Node, load_identity
-from node.swarm_join import PeerKeeper
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
 from swarm.state import NetworkStatus

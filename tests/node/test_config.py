@@ -13,7 +13,7 @@ from node.config import ConfigError, NodeConfig, apply_overrides, load_config
 def test_every_shipped_config_validates(path):
     if Path(path).name == "host.yaml":  # swarm-node host's own settings, no model
         from node.config import load_config_data
-        from node.host_config import validate_host_config
+        from node.config.host import validate_host_config
 
         validate_host_config(load_config_data(path, []))
     else:

@@ -49,7 +49,7 @@ def host_command(*args: str) -> list[str]:
 
 def make_descriptor(tmp_path: Path, hosts: list[str], **settings: object) -> Path:
     from node.config import load_config
-    from node.swarm_join import shared_values, task_config_hash
+    from node.config.join import shared_values, task_config_hash
 
     cfg = load_config(ROOT / "configs" / "swarm-shared.yaml", ["swarm.swarm_id=test-swarm",
                                                                  *(f"{k}={v}" for k, v in settings.items())])

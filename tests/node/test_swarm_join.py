@@ -21,8 +21,7 @@ from aiohttp import web
 
 from node.cli import main
 from node.config import load_config
-from node.errors import ConfigError
-from node.swarm_join import (
+from node.config.join import (
     REMEMBERED_PEERS,
     SHARED_SETTINGS,
     join_config,
@@ -31,6 +30,7 @@ from node.swarm_join import (
     shared_values,
     task_config_hash,
 )
+from node.errors import ConfigError
 from protocol.descriptor import SwarmDescriptor, TaskSet, owner_text, parse_descriptor
 from protocol.identity import Identity
 
@@ -251,7 +251,7 @@ def test_a_descriptor_url_is_fetched_within_a_time_and_size_bound(server: _Serve
         join(f"{base}/big")
     with pytest.raises(ConfigError, match="answered 404"):
         join(f"{base}/missing")
-    from node import swarm_join
+    from node.config import join as swarm_join
 
     monkeypatch.setattr(swarm_join, "FETCH_TIMEOUT", 2.0)
     started = time.monotonic()
@@ -295,7 +295,7 @@ def test_swarm_init_sign_and_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_the_peer_keeper_saves_and_hands_over_the_neighbours(tmp_path: Path) -> None:
-    from node.swarm_join import PeerKeeper
+    from node.config.join import PeerKeeper
 
     class Transport:
         def __init__(self) -> None:

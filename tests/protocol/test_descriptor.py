@@ -103,7 +103,7 @@ def test_another_owner_cannot_sign_for_the_first(identity: Identity, other_ident
     with pytest.raises(DescriptorSignatureError):
         swapped.verify()
     resigned = signed.sign(other_identity)
-    resigned.verify()  # valid, but by another owner: pinning (node.swarm_join) refuses it
+    resigned.verify()  # valid, but by another owner: pinning (node.config.join) refuses it
     assert resigned.owner_fingerprint != signed.owner_fingerprint
 
 
