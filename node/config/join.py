@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +30,7 @@ from node.errors import ConfigError
 from protocol.descriptor import MAX_DESCRIPTOR_BYTES, Scalar, SwarmDescriptor, parse_descriptor
 from protocol.errors import DescriptorError
 
-__all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SHARED_SETTINGS", "PeerKeeper", "apply_descriptor", "get_key", "hardware_class",
+__all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SHARED_SETTINGS", "apply_descriptor", "get_key", "hardware_class",
            "known_swarms_path", "pinned_owners", "read_descriptor", "remember_peers", "remembered_peers", "set_key", "shared_values",
            "trust_descriptor"]
 
@@ -315,32 +314,3 @@ def remember_peers(run_dir: str | os.PathLike[str], maddrs: list[str]) -> None:
     tmp.write_text("# peers this node met; used to join again when every host of the swarm is gone\n"
                    + "".join(f"{m}\n" for m in kept), encoding="utf-8")
     os.replace(tmp, path)
-
-
-class PeerKeeper:
-    """Every ``every`` seconds, a member's current DHT neighbours are saved in its run dir (``remember_peers``)
-    and handed to its transport as bootstrap peers: a restarted member, or one whose every neighbour is
-    gone, joins again through them when every host of the swarm is down. A thread; ``close()`` stops it."""
-
-    def __init__(self, transport: Any, run_dir: str | os.PathLike[str], every: float = 30.0) -> None:
-        self.transport, self.run_dir, self.every = transport, run_dir, every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="peer-keeper", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            self.keep()
-
-    def keep(self) -> list[str]:
-        """Save and hand over the current neighbours once; returns them."""
-        maddrs = self.transport.neighbour_maddrs()
-        if maddrs:  # saved first: what a crash right after leaves on disk is what the transport was given
-            with contextlib.suppress(OSError):
-                remember_peers(self.run_dir, maddrs)
-            self.transport.add_bootstrap_peers(maddrs)
-        return list(maddrs)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)

@@ -3,7 +3,8 @@
 The node is built by ``Node.setup()`` with the hivemind transport factory below: policy, tasks,
 trainer and checkpoint first, so a broken model or config fails before any network is touched; then
 the identity and the transport, started without waiting, so training begins at once while joining goes
-on in the background.
+on in the background. ``PeerKeeper`` saves the peers a member met in its run dir, its way back in when every
+host is gone.
 
 A swarm node whose config sets no ``seed`` takes one from its identity (the first 32 bits of its peer
 id), so nodes started from the same config sample different tasks, and a restarted node keeps its seed.
@@ -11,14 +12,18 @@ id), so nodes started from the same config sample different tasks, and a restart
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from node.api.client import api_banner
 from node.config import NodeConfig
-from node.config.join import PeerKeeper
+from node.config.join import remember_peers
 from node.run.node import Node, load_identity
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
@@ -28,6 +33,35 @@ from swarm.transport import SwarmTransport
 logger = logging.getLogger(__name__)
 
 _ADDRESS_WAIT_SECONDS = 5.0
+
+
+class PeerKeeper:
+    """Every ``every`` seconds, a member's current DHT neighbours are saved in its run dir (``remember_peers``)
+    and handed to its transport as bootstrap peers: a restarted member, or one whose every neighbour is
+    gone, joins again through them when every host of the swarm is down. A thread; ``close()`` stops it."""
+
+    def __init__(self, transport: Any, run_dir: str | os.PathLike[str], every: float = 30.0) -> None:
+        self.transport, self.run_dir, self.every = transport, run_dir, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="peer-keeper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.keep()
+
+    def keep(self) -> list[str]:
+        """Save and hand over the current neighbours once; returns them."""
+        maddrs = self.transport.neighbour_maddrs()
+        if maddrs:  # saved first: what a crash right after leaves on disk is what the transport was given
+            with contextlib.suppress(OSError):
+                remember_peers(self.run_dir, maddrs)
+            self.transport.add_bootstrap_peers(maddrs)
+        return list(maddrs)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def start_swarm_transport(settings: SwarmSettings, identity: Identity) -> SwarmTransport:

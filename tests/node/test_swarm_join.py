@@ -295,7 +295,7 @@ def test_swarm_init_sign_and_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_the_peer_keeper_saves_and_hands_over_the_neighbours(tmp_path: Path) -> None:
-    from node.config.join import PeerKeeper
+    from node.run.daemon import PeerKeeper
 
     class Transport:
         def __init__(self) -> None:
