@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from node.metrics import read_metrics
+from node.api.metrics import read_metrics
 
 
 def main(argv: list[str] | None = None) -> int:

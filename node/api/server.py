@@ -32,12 +32,12 @@ from aiohttp import web
 
 from node.api.board import StatusBoard
 from node.api.budget import CpuBudget
+from node.api.metrics import render_prometheus
 from node.api.metrics_index import MetricsIndex
 from node.api.threaded import ThreadedApp
 from node.api.views import health_doc, peers_doc, status_doc
 from node.config import ApiConfig
 from node.exchange.exchange import BatchTransport
-from node.metrics import render_prometheus
 
 logger = logging.getLogger(__name__)
 

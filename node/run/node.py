@@ -33,10 +33,10 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from node.api.metrics import MetricsWriter, peak_rss_mb
 from node.failpoints import crash_point
 from node.generation.base import SamplingSettings
 from node.generation.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
-from node.metrics import MetricsWriter, peak_rss_mb
 from node.policy.model import pick_device
 from node.run.checkpoint import CheckpointManager, CheckpointState, capture_rng
 from node.run.peers import PeerGroupsMixin

@@ -153,7 +153,7 @@ def load_policy(run: RunStep, *, dtype: str = "float32", device: str = "cpu") ->
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    from node.metrics import read_metrics
+    from node.api.metrics import read_metrics
 
     path = run_dir / "metrics.jsonl"
     return read_metrics(path) if path.is_file() else []

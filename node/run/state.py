@@ -15,10 +15,10 @@ import torch
 from tqdm import tqdm
 
 from node.api.board import StatusBoard
+from node.api.metrics import MetricsWriter
 from node.config import NodeConfig
 from node.exchange.exchange import BatchTransport, SwarmExchange
 from node.generation.base import GenerationBackend
-from node.metrics import MetricsWriter
 from node.policy.model import Policy
 from node.run.checkpoint import CheckpointManager
 from node.run.tracking import Trackers

@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from node.api.board import PeerIngest, StepSnapshot, freeze_record
-from node.metrics import read_metrics
+from node.api.metrics import read_metrics
 from node.run.state import NodeState
 
 

@@ -75,12 +75,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from node.api.metrics import peak_rss_mb  # noqa: E402
 from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
 from node.errors import PolicyError  # noqa: E402
 from node.generation.base import SamplingSettings  # noqa: E402
 from node.generation.hf import HFBackend  # noqa: E402
 from node.generation.sampling import Completions  # noqa: E402
-from node.metrics import peak_rss_mb  # noqa: E402
 from node.policy.embedded import embedded_model  # noqa: E402
 from node.policy.logprobs import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy  # noqa: E402

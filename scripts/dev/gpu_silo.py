@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from node.api.metrics import read_metrics  # noqa: E402
 from node.config import load_config  # noqa: E402
-from node.metrics import read_metrics  # noqa: E402
 from node.run.node import Node  # noqa: E402
 
 

@@ -21,8 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from node.api.client import EXIT_OK, EXIT_UNREACHABLE
+from node.api.metrics import read_metrics
 from node.cli import main
-from node.metrics import read_metrics
 from tests.chromium import Chromium, chromium_or_skip
 from tests.node.conftest import FAST
 

@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from node.api.board import NodeInfo, StatusBoard, StepSnapshot, freeze_record
 from node.api.client import EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE, status_command
+from node.api.metrics import render_prometheus
 from node.api.metrics_index import MetricsIndex
 from node.api.server import ApiServer
 from node.cli import main
 from node.config import API_TOKEN_ENV, ApiConfig, load_config, resolve_api
 from node.errors import ConfigError
-from node.metrics import render_prometheus
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -176,7 +176,7 @@ def test_static_files_ship_with_the_package():
 
 
 def test_a_resumed_node_reports_where_it_left_off(fast_config):
-    from node.metrics import read_metrics
+    from node.api.metrics import read_metrics
     from node.run.node import Node
 
     first = Node(fast_config("train.steps=2"), show_progress=False)  # eval at step 2 (FAST: eval_every=2)

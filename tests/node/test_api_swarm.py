@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 
 from node.api.client import EXIT_OK, status_command
+from node.api.metrics import read_metrics
 from node.config import with_initial_peers
-from node.metrics import read_metrics
 from node.run.daemon import start_swarm_transport
 from node.run.node import Node
 from swarm.transport import SwarmTransport

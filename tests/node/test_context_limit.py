@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from node.api.metrics import read_metrics
 from node.cli import main
 from node.config import AdapterConfig, ModelConfig
 from node.generation.hf import HFBackend
 from node.generation.rollouts import encode_prompt, greedy_accuracy, split_by_fit
-from node.metrics import read_metrics
 from node.policy.model import build_policy
 from node.run.node import Node
 from node.tasks import build_task_source

@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from node.api.metrics import read_metrics
 from node.failpoints import CRASH_ENV
-from node.metrics import read_metrics
 from node.run.checkpoint import CheckpointManager
 from tests.node.conftest import FAST
 

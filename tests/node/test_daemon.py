@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from node.metrics import read_metrics
+from node.api.metrics import read_metrics
 from tests.node.conftest import FAST
 from tests.node.test_exchange import _permuted_tiny_model
 

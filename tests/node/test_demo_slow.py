@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from node.metrics import read_metrics
+from node.api.metrics import read_metrics
 
 
 @pytest.mark.slow

@@ -377,7 +377,7 @@ def test_a_kv_cache_too_small_for_one_sequence_is_a_config_error_naming_the_fix(
 @needs_vllm
 @pytest.mark.slow
 def test_a_vllm_run_resumes_with_the_same_metrics_as_an_uninterrupted_one(tmp_path):
-    from node.metrics import read_metrics
+    from node.api.metrics import read_metrics
 
     straight, node = _train(tmp_path / "a")
     node.close()
@@ -395,7 +395,7 @@ def test_a_vllm_run_resumes_with_the_same_metrics_as_an_uninterrupted_one(tmp_pa
 def test_a_vllm_daemon_and_an_hf_daemon_with_another_tokenizer_share_and_train(tmp_path, tmp_path_factory):
     """Two ``swarm-node start`` processes on 127.0.0.1: one generates with the vLLM engine on a model whose
     tokenizer differs from its peer's (so both re-tokenize what they receive), the other with the HF loop."""
-    from node.metrics import read_metrics
+    from node.api.metrics import read_metrics
     from tests.node.test_daemon import _read_address, _start, _stop
     from tests.node.test_exchange import _permuted_tiny_model
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from node.api.metrics import read_metrics
 from node.config import ConfigError, load_config
-from node.metrics import read_metrics
 from node.run.node import Node
 
 

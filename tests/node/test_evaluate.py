@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from node.api.metrics import read_metrics
 from node.cli import main
 from node.cli.export import export_run
-from node.metrics import read_metrics
 from node.run.saved import open_run
 
 

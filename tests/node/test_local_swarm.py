@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from node.metrics import read_metrics
+from node.api.metrics import read_metrics
 from tests.node.conftest import FAST
 
 SMALL = [*FAST, "sapo.local_groups=4", "sapo.external_groups=4", "sapo.generated_groups=4",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from node.metrics import MetricsWriter, compact_rows, read_metrics
+from node.api.metrics import MetricsWriter, compact_rows, read_metrics
 
 
 def _row(step: int) -> dict:

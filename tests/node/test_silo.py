@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.metrics import read_metrics
+from node.api.metrics import read_metrics
 from node.run.node import Node
 from tests.node.conftest import FAST
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from node.api.metrics import read_metrics
 from node.config import AdapterConfig, ModelConfig, load_config
-from node.metrics import read_metrics
 from node.policy.fetched import download_member, registry_model
 from node.policy.gguf_import import load_from_gguf
 from node.policy.model import build_policy

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from node.api.metrics import read_metrics
 from node.errors import ConfigError
-from node.metrics import read_metrics
 from node.run.node import Node
 
 try:
