@@ -142,7 +142,7 @@ def check_model(report: Report, name: str, folder: Path, device: Any) -> None:
     started = time.perf_counter()
     golden = load_golden(name)
     if golden is None:
-        report.fail(f"{name}: no golden record in the package (node/assets/golden/{name}.json)")
+        report.fail(f"{name}: no golden record in the package (node/policy/assets/golden/{name}.json)")
         return
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)

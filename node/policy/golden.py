@@ -1,5 +1,5 @@
 """Golden ids: what a model's tokenizer and weights must give, stored in the repository per fetched or embedded
-model (``node/assets/golden/NAME.json``), so a folder converted or cached by any library version is compared
+model (``node/policy/assets/golden/NAME.json``), so a folder converted or cached by any library version is compared
 with the same numbers.
 
 A record holds the special tokens and their ids, a hash of the vocabulary in id order, the ids and decoded

@@ -38,8 +38,8 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def tiny_base_path() -> Path:
-    """Return the folder of the shipped tiny base model (``node/assets/tiny-base``)."""
-    return Path(__file__).resolve().parent.parent / "assets" / TINY_BASE_NAME
+    """Return the folder of the shipped tiny base model (``node/policy/assets/tiny-base``)."""
+    return Path(__file__).resolve().parent / "assets" / TINY_BASE_NAME
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -18,7 +18,7 @@ pretrained on formatted solutions.
 Deterministic for a given recipe on one machine (fixed seeds, deterministic algorithms, the recipe's thread
 count), not across machines: their kernels sum floats in other orders, and a few hundred steps of training
 amplify that into a different model. So the model every node uses is the one shipped in the package
-(``node/assets/small-base``, built here by ``scripts/build/build_small_base.py``); a rebuild elsewhere is checked
+(``node/policy/assets/small-base``, built here by ``scripts/build/build_small_base.py``); a rebuild elsewhere is checked
 against it with ``compare_builds``, within margins measured across builds (see that function).
 """
 

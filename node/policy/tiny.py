@@ -1,6 +1,6 @@
 """The embedded default model: a tiny Llama with a character-level tokenizer, shipped in the package.
 
-The folder ``node/assets/tiny-base/`` is produced by ``scripts/build/build_tiny_base.py`` and loads through
+The folder ``node/policy/assets/tiny-base/`` is produced by ``scripts/build/build_tiny_base.py`` and loads through
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any hub model, so a config names it ``tiny-base`` and
 the same loading code serves ``Qwen/Qwen2.5-0.5B-Instruct``.
 

@@ -1,6 +1,6 @@
 """The embedded ``small-base`` model: its figures, a rebuild from the recipe, and the check of a rebuild.
 
-    python scripts/build/build_small_base.py                     # the shipped model's figures (node/assets/small-base)
+    python scripts/build/build_small_base.py                     # the shipped model's figures (node/policy/assets/small-base)
     python scripts/build/build_small_base.py --out DIR           # rebuild from the recipe into DIR, then compare it
                                                            # with the shipped model (exit 1 if outside margins)
     python scripts/build/build_small_base.py --compare DIR       # compare an earlier rebuild in DIR
@@ -12,7 +12,7 @@ Every node runs the shipped folder, so its figures hold on every machine. A rebu
 kernels sum floats in other orders, and training turns that into another model of the same quality.
 ``compare_builds`` (``node.policy.small_build``) says whether a rebuild is one, with margins measured across
 builds. To replace the shipped model, rebuild into an empty folder and copy its files over
-``node/assets/small-base`` (then update docs/results/small-base-build.md's figures from its ``build_info.json``).
+``node/policy/assets/small-base`` (then update docs/results/small-base-build.md's figures from its ``build_info.json``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ default mostly 2-digit addition with a little subtraction and multiplication. Tr
 evaluation whose greedy accuracy on ``--eval-ops`` (default: addition) reaches ``--target-acc``, or after
 exactly ``--steps`` steps: an imperfect base, as a real base model is before RL.
 Deterministic for a given seed and machine (fixed seeds, deterministic algorithms, fixed thread count);
-the defaults rebuild the shipped ``node/assets/tiny-base`` byte for byte.
+the defaults rebuild the shipped ``node/policy/assets/tiny-base`` byte for byte.
 
 Other bases (different operation mixes, e.g. ``add3``/``sub3`` for 3-digit operands, or shorter
 pretraining) are for experiments: ``cached_base(options)`` builds one once under a cache folder keyed by

@@ -1,4 +1,4 @@
-"""Write the golden record of a fetched or embedded model: ``node/assets/golden/NAME.json``.
+"""Write the golden record of a fetched or embedded model: ``node/policy/assets/golden/NAME.json``.
 
     python scripts/build/make_golden.py smollm2-135m tiny-base small-base
 

@@ -36,7 +36,7 @@ def fast_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def small_base():
-    """The shipped small-base folder (``node/assets/small-base``)."""
+    """The shipped small-base folder (``node/policy/assets/small-base``)."""
     model = embedded_model("small-base")
     assert model is not None
     return model.path

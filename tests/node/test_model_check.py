@@ -174,7 +174,7 @@ def test_the_gguf_is_the_source_of_the_special_ids_and_every_token(tmp_path: Pat
 ])
 def test_a_folder_whose_tokenizer_and_config_disagree_is_refused_in_one_line(tmp_path: Path,
                                                                              command: list[str]) -> None:
-    folder = copy_folder(REPO_ROOT / "node" / "assets" / "tiny-base", tmp_path / "model")
+    folder = copy_folder(REPO_ROOT / "node" / "policy" / "assets" / "tiny-base", tmp_path / "model")
     edit_json(folder / "tokenizer_config.json", lambda c: c.update(eos_token="<bos>"))
     if command[0] == "eval":
         command = [*command, "--model", str(folder)]

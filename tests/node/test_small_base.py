@@ -51,7 +51,7 @@ def test_registry_names_the_shipped_folder(small_base: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     assert embedded_names()[:2] == ["tiny-base", "small-base"]
     small = embedded_model("small-base")
-    assert small is not None and small.path == REPO_ROOT / "node" / "assets" / "small-base" == small_base
+    assert small is not None and small.path == REPO_ROOT / "node" / "policy" / "assets" / "small-base" == small_base
     monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path))  # nothing is built or cached on a fresh machine
     assert resolve_model_path("small-base") == str(small_base)
     where = locate_model("small-base")
