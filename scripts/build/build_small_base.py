@@ -10,7 +10,7 @@
 Every node runs the shipped folder, so its figures hold on every machine. A rebuild follows the same recipe
 (``node.policy.small_recipe.FULL``), but only this machine reproduces the shipped bytes: other machines'
 kernels sum floats in other orders, and training turns that into another model of the same quality.
-``compare_builds`` (``node.policy.small_build``) says whether a rebuild is one, with margins measured across
+``compare_builds`` (``small_build.py`` beside this script) says whether a rebuild is one, with margins measured across
 builds. To replace the shipped model, rebuild into an empty folder and copy its files over
 ``node/policy/assets/small-base`` (then update docs/results/small-base-build.md's figures from its ``build_info.json``).
 """
@@ -28,8 +28,9 @@ from pathlib import Path
 # every step several-fold. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from small_build import build, compare_builds, measure, reward_table  # noqa: E402  -- beside this script
+
 from node.policy.embedded import embedded_model  # noqa: E402
-from node.policy.small_build import build, compare_builds, measure, reward_table  # noqa: E402
 from node.policy.small_recipe import FULL  # noqa: E402
 
 
