@@ -11,7 +11,9 @@ greedy continuation of fixed prompts in float32, each logit within ``LOGIT_TOLER
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
+import os
 import platform
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from node.cli.common import quiet_loading, setup_logging
 
 EXIT_FAILED = 1
 _VLLM_PROBE = "import vllm, sys; sys.stdout.write(vllm.__version__)"
@@ -191,3 +195,10 @@ def run_doctor(names: list[str] | None = None, device_name: str = "auto", vllm: 
         return EXIT_FAILED
     report.say(f"swarm-node doctor: all checks pass ({elapsed:.1f} s)")
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
+    quiet_loading()
+
+    return run_doctor(args.model, device_name=args.device, vllm=not args.no_vllm)

@@ -12,21 +12,24 @@ the run's temperature and top-p, ``samples`` a task, from a generator seeded wit
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from tqdm import tqdm
-
-from node.config import ModelConfig, NodeConfig
+from node.cli.common import quiet_loading, setup_logging
+from node.config import ModelConfig, NodeConfig, load_config
 from node.errors import ConfigError, PolicyError, TaskError
-from node.generation.base import GenerationBackend, SamplingSettings
-from node.generation.rollouts import score_tasks
-from node.policy.model import Policy
+from node.policy.locate import locate_model
 from node.tasks import Task, TaskSource, build_task_source
+
+if TYPE_CHECKING:  # torch, transformers and the backends load only once the command's inputs are checked
+    from node.generation.base import GenerationBackend
+    from node.policy.model import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ def model_policy(name_or_path: str, *, dtype: str = "float32", device: str = "cp
                  trust_remote_code: bool = False) -> Policy:
     """A model by name or path, without the node's adapters: a base model, a merged export, or a PEFT
     adapter folder (``adapter_config.json``: loaded onto the base it names)."""
-    from node.policy.model import load_base, model_fingerprint, pick_device, tokenizer_fingerprint
+    from node.policy.model import Policy, load_base, model_fingerprint, pick_device, tokenizer_fingerprint
 
     folder = Path(name_or_path).expanduser()
     adapter = folder / "adapter_config.json"
@@ -111,6 +114,12 @@ def model_policy(name_or_path: str, *, dtype: str = "float32", device: str = "cp
 def evaluate(backend: GenerationBackend, policy: Policy, plan: EvalPlan, *,
              show_progress: bool = True) -> dict[str, Any]:
     """Per dataset and in all: tasks, and greedy and sampled accuracy (share with reward >= 1) and reward."""
+    import torch
+    from tqdm import tqdm
+
+    from node.generation.base import SamplingSettings
+    from node.generation.rollouts import score_tasks
+
     source, tasks = build_tasks(plan)
     total = len(tasks) * (1 + plan.samples)
     bar = tqdm(total=total, disable=not show_progress, unit="completion", dynamic_ncols=True, leave=False)
@@ -156,3 +165,74 @@ def render_table(title: str, result: dict[str, Any]) -> str:
              f"{r['sampled']['accuracy']:.3f}", f"{r['sampled']['reward']:.3f}"]
             for name, r in result["datasets"].items()]
     return "\n".join([title, *table([head, *rows])])
+
+
+# -- the command -------------------------------------------------------------------------------------------
+
+def _eval_inputs(args: argparse.Namespace) -> tuple[Any, NodeConfig, str, list[str] | None]:
+    """``(run or None, config, task source, datasets or None)`` of ``swarm-node eval``, every mistake a
+    one-line ``ConfigError`` before torch is imported."""
+    from node.tasks.registry import check_datasets
+
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets else None
+    if (args.n is not None and args.n < 1) or args.samples < 1:
+        raise ConfigError("--n and --samples must be at least 1")
+    run = None
+    if args.run_dir:
+        from node.run.saved import open_run
+
+        if args.config:
+            raise ConfigError("--config goes with --model: a run is evaluated with its own config")
+
+        run = open_run(args.run_dir, args.step)
+        cfg = run.cfg
+    else:
+        if args.step is not None:
+            raise ConfigError("--step needs --run-dir (a --model has no checkpoints)")
+        cfg = load_config(args.config) if args.config else NodeConfig()
+        locate_model(args.model)
+    source = args.source or cfg.tasks.source
+    if source != cfg.tasks.source and datasets is None:
+        raise ConfigError(f"--source {source}: name its --datasets (the default ones are of {cfg.tasks.source})")
+    try:
+        check_datasets(source, datasets or list(cfg.tasks.eval_datasets or cfg.tasks.datasets))
+    except TaskError as exc:
+        raise ConfigError(f"--datasets: {exc}") from None
+    return run, cfg, source, datasets
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    run, cfg, source, datasets = _eval_inputs(args)
+    setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
+    quiet_loading()
+    from node.generation.backend import build_backend
+
+    n = args.n if args.n is not None else (None if run is not None or args.config else 200)
+    plan = EvalPlan.of_run(cfg, datasets=datasets, n=n, samples=args.samples, sample_seed=args.seed)
+    if source != cfg.tasks.source:  # the config's prompt and dataset settings are of its own source
+        plan = dataclasses.replace(plan, options={"chat_template": cfg.model.chat_template})
+    plan = dataclasses.replace(plan, source=source, max_new_tokens=args.max_new_tokens or plan.max_new_tokens)
+    if run is not None:
+        from node.run.saved import load_policy
+
+        policy = load_policy(run, dtype=cfg.model.dtype, device=cfg.model.device)
+        title = (f"swarm-node eval: {run.run_dir} at step {run.step} · {cfg.model.name_or_path} ({cfg.adapter.kind}) "
+                 f"· {args.backend} backend")
+    else:
+        m = cfg.model  # the device and dtype a node of this config would use (a GPU where there is one)
+        policy = model_policy(args.model, dtype=m.dtype, device=m.device, trust_remote_code=m.trust_remote_code)
+        title = f"swarm-node eval: {args.model} · {args.backend} backend"
+    backend = build_backend(policy, args.backend, batch_size=plan.batch_size, dtype=cfg.model.dtype,
+                            seed=args.seed, hf=cfg.generation.hf, vllm=cfg.generation.vllm)
+    try:
+        result = evaluate(backend, policy, plan, show_progress=not (args.no_progress or args.json))
+    finally:
+        backend.close()
+    result.update(model=args.model or cfg.model.name_or_path, step=run.step if run else None, backend=args.backend)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(render_table(title + f" · {result['tasks']} held-out tasks, {plan.samples} sample(s) a task", result))
+    return 0

@@ -20,15 +20,17 @@ offline; the card says how another machine finds that folder (``swarm-node fetch
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-
+from node.cli.common import quiet_loading, setup_logging
 from node.config import ModelConfig
 from node.errors import ConfigError
 from node.policy.embedded import embedded_model
@@ -36,12 +38,20 @@ from node.policy.fetched import gguf_file_of, registry_model
 from node.policy.locate import locate_model
 from node.run.saved import RunStep, eval_at, load_policy
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["ExportResult", "base_reference", "export_run"]
 
 ExportDtype = Literal["fp32", "bf16"]
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _torch_dtype(dtype: ExportDtype) -> torch.dtype:
+    import torch  # only once the command's inputs are checked
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 
 @dataclass
@@ -118,7 +128,7 @@ def _export_adapter(run: RunStep, policy: object, out: Path, dtype: ExportDtype)
     model.save_pretrained(str(out), save_embedding_layers=False)
     weights = out / "adapter_model.safetensors"
     tensors = load_file(str(weights))
-    save_file({k: v.to(_TORCH_DTYPES[dtype]).contiguous() for k, v in tensors.items()}, str(weights),
+    save_file({k: v.to(_torch_dtype(dtype)).contiguous() for k, v in tensors.items()}, str(weights),
               metadata={"format": "pt"})
     result = ExportResult(out, "adapter")
     norms = sorted(config.modules_to_save or [])
@@ -130,7 +140,7 @@ def _export_adapter(run: RunStep, policy: object, out: Path, dtype: ExportDtype)
 
 def _export_merged(policy: object, out: Path, dtype: ExportDtype) -> ExportResult:
     model = policy.model.merge_and_unload()  # type: ignore[attr-defined]  # trained norms replace the originals
-    model.to(_TORCH_DTYPES[dtype])
+    model.to(_torch_dtype(dtype))
     tokenizer = policy.tokenizer  # type: ignore[attr-defined]
     generation = model.generation_config
     if generation.eos_token_id is None:
@@ -146,7 +156,7 @@ def _export_remix(run: RunStep, policy: object, out: Path, dtype: ExportDtype) -
     from safetensors.torch import save_file
 
     state = policy.trainable_state()  # type: ignore[attr-defined]
-    save_file({k: v.to(_TORCH_DTYPES[dtype]).contiguous() for k, v in state.items()},
+    save_file({k: v.to(_torch_dtype(dtype)).contiguous() for k, v in state.items()},
               str(out / "remix_adapter.safetensors"), metadata={"format": "pt"})
     info = {"format": "swarm-node-remix", "base_model_name_or_path": base_reference(run.cfg.model),
             "adapter": run.cfg.adapter.model_dump(mode="json"), "step": run.step}
@@ -200,3 +210,21 @@ def model_card(run: RunStep, result: ExportResult, dtype: ExportDtype, command: 
         "", "```python", *load, "```", "",
     ]
     return "\n".join(lines)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import shlex
+
+    from node.run.saved import open_run
+
+    run = open_run(args.run_dir, args.step)  # a bad run dir or step fails before torch is imported
+    setup_logging(os.environ.get("SWARM_NODE_LOG", "WARNING"))
+    quiet_loading()
+
+    command = "swarm-node " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
+    result = export_run(run, Path(args.out), merged=args.merged, dtype=args.dtype, force=args.force, command=command)
+    what = {"adapter": "PEFT adapter", "merged": "merged model", "remix": "ReMix adapter"}[result.kind]
+    print(f"swarm-node export: {what} of {run.run_dir} at step {run.step} written to {result.out}", flush=True)
+    for note in result.notes:
+        print(f"swarm-node export: {note}", flush=True)
+    return 0
