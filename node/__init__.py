@@ -1,20 +1,18 @@
 """The node daemon: it composes ``protocol/`` and ``swarm/`` with a policy, tasks and a trainer.
 
-- ``config``: the typed configuration (YAML plus ``a.b=value`` overrides) and ``ConfigError``.
-- ``cli``: the ``swarm-node`` command (``silo``, ``start``, ``status``, ``keygen``).
-- ``runner``: ``Node``, the lifecycle (``setup``, ``run``, ``close``) and one training step.
-- ``daemon``: ``swarm-node start``: a ``Node`` joined to a swarm.
-- ``exchange`` / ``ingest``: our groups as signed records out; peers' records in, checked, re-scored and
-  re-tokenized for our policy within per-step budgets.
-- ``scoring``: peers' completions scored in a child process with a time limit per completion.
-- ``rollouts`` / ``generation``: tasks to scored groups; the node's own sampling loop with behaviour
-  log-probs.
-- ``engines/``: the generation backends behind one interface (``hf``: the node's loop; ``vllm``: an
-  in-process vLLM engine kept in step with the policy).
-- ``checkpoint`` / ``metrics``: atomic checkpoints (a damaged one falls back to the previous); the metrics
-  sink (JSONL) and its Prometheus form. ``rundir``: the run dir, checked writable before anything heavy loads.
-- ``api/``: the status API, Prometheus ``/metrics`` and the dashboard (``api.port``), ``swarm-node status``.
-- ``policy/``: base model loading, LoRA, ReMix, the embedded tiny model.
-- ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.
+One folder a job, listed from the top down; a folder imports only folders below it (held by
+tests/test_layering.py, which prints the order):
+
+- ``cli/``: the ``swarm-node`` command, one module a verb (``train``: silo and start, ``evaluate``, ``export``,
+  ``doctor``, ``fetch``, ``status``, ``keygen``, ``swarm``, ``host``).
+- ``run/``: the run loop (``Node``: setup, run, one step, close), the daemon, checkpoints, trackers, the run dir.
+- ``api/``: the status API, Prometheus ``/metrics``, the dashboard, ``swarm-node status``; the metrics file.
+- ``exchange/``: the peer path: our groups out as signed records, peers' records in, checked, re-scored and
+  re-tokenized into training groups within per-step budgets.
+- ``generation/``: tasks to scored groups; the sampling loop and the backends behind one interface.
 - ``train/``: advantages, losses and the SAPO sampler (pure functions) and the ``Trainer``.
+- ``policy/``: base model loading and checks, LoRA, ReMix, the log-probs of completions, the embedded models.
+- ``config/``: the typed configuration (YAML plus ``a.b=value`` overrides), a host's and a member's settings.
+- ``tasks/``: verifiable task sources regenerated from a ``TaskRef``.
+- leaf modules: ``errors`` (the error roots), ``modes`` (every mode ``Literal``), ``failpoints`` (crash tests).
 """

@@ -74,7 +74,7 @@ def test_no_import_cycles() -> None:
     # A package's __init__ importing its own submodules is how packages work, not a cycle.
     for name in list(graph):
         graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
-        if name in PACKAGES or any(name == f"{p}.{sub}" for p in PACKAGES for sub in ("tasks", "policy", "train")):
+        if name in PACKAGES or any(name == f"{p}.{sub}" for p in PACKAGES for sub in ("tasks", "policy", "train", "cli")):
             graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
     cycles = [c for c in (_cycle_from(m, graph) for m in sorted(graph)) if c]
     assert not cycles, cycles[0]
@@ -83,3 +83,67 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle_from("a", {"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle_from("a", {"a": {"b"}, "b": set()}) is None
+
+
+NODE_ORDER = ("cli", "run", "api", "exchange", "generation", "train", "policy", "config", "tasks",
+              ("errors", "modes", "failpoints"))
+"""node/'s rooms from the top down: a room imports only rooms after it (the last three leaf modules none of
+each other). A new folder or leaf module goes into this list where its imports put it."""
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "node" and len(parts) > 1 else None
+
+
+def _rank(room: str) -> int:
+    for i, entry in enumerate(NODE_ORDER):
+        if room == entry or (isinstance(entry, tuple) and room in entry):
+            return i
+    raise AssertionError(f"node/{room} is in no place of NODE_ORDER: add it where its imports put it")
+
+
+def room_edges() -> set[tuple[str, str]]:
+    """Pairs (importer, imported) of node's top-level rooms (a folder or a leaf module) tied by an import."""
+    edges = set()
+    for name, imported in _graph().items():
+        a = _room(name)
+        for m in imported:
+            b = _room(m)
+            if a and b and a != b:
+                edges.add((a, b))
+    return edges
+
+
+def _upward(edges: set[tuple[str, str]]) -> list[str]:
+    return sorted(f"node/{a} imports node/{b}" for a, b in edges if _rank(a) >= _rank(b))
+
+
+def test_node_rooms_import_downward_only() -> None:
+    rooms = {p.stem if p.suffix else p.name for p in (ROOT / "node").iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    for room in rooms:
+        _rank(room)
+    upward = _upward(room_edges())
+    print("node's rooms, top down:", " > ".join(e if isinstance(e, str) else " | ".join(e) for e in NODE_ORDER))
+    assert not upward, upward
+
+
+def test_node_has_few_rooms_and_few_ties() -> None:
+    folders = [p.name for p in (ROOT / "node").iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    leaves = [p.stem for p in (ROOT / "node").glob("*.py") if p.stem != "__init__"]
+    assert len(folders) <= 9 and len(leaves) <= 4, (folders, leaves)
+    prefixes = [p for p in leaves if "_" in p and sum(q.startswith(p.split("_")[0] + "_") for q in leaves) > 1]
+    assert not prefixes, f"a family of files sharing a prefix is a folder waiting to be made: {prefixes}"
+    assert len(room_edges()) <= 73, len(room_edges())  # half of the 146 the loose layout had
+
+
+def test_the_room_order_check_finds_an_upward_import() -> None:
+    assert _upward({("config", "run"), ("run", "config"), ("modes", "errors")}) == [
+        "node/config imports node/run", "node/modes imports node/errors"]
+    try:
+        _rank("nowhere")
+    except AssertionError as exc:
+        assert "NODE_ORDER" in str(exc)
+    else:
+        raise AssertionError("an unlisted room passed")

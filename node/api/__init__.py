@@ -9,4 +9,7 @@
 - ``metrics_index``  reads ``metrics.jsonl`` incrementally and answers "rows after step S".
 - ``client``  ``swarm-node status``: the terminal summary, from the API over HTTP (stdlib only).
 - ``static/`` the dashboard (one HTML page, plain JS) and the vendored uPlot charting library (MIT).
+
+It may import exchange/ (a transport's type), config/ and node's leaf modules; only run/ and cli/ import it.
+``metrics``: the ``metrics.jsonl`` writer (and its Prometheus form) beside its reader.
 """

@@ -14,6 +14,9 @@ One module a group of sections (a new key goes beside its section):
   across sections
 - ``loading``     ``load_config`` (``load_config_data`` then ``validate_config``), ``apply_overrides``, the
   error message; ``resolve_api`` and ``with_initial_peers`` (what the environment and the command line add)
+
+Also ``host`` (a swarm host's settings) and ``join`` (a member's settings from its swarm's signed descriptor).
+It may import tasks/ (dataset names are checked) and node's leaf modules only.
 """
 
 from node.config.generation import GenerationConfig, SamplingConfig, VllmConfig

@@ -8,6 +8,8 @@
 - ``prompting``: chat-template or plain prompt formatting (system prompt, worked examples), and final-answer
   extraction.
 - ``cache``: the LRU cache for regenerated tasks.
+
+It may import node's leaf modules only.
 """
 
 from node.errors import TaskError
