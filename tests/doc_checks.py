@@ -201,7 +201,7 @@ _OVERRIDE = re.compile(rf"(?:seed|run_dir|(?:{SECTIONS})\.[a-z0-9_.]+)=")
 
 def swarm_node_problem(words: list[str]) -> str | None:
     """Why ``swarm-node WORDS...`` would not get past its parser and the config, or None."""
-    from node.cli import build_parser
+    from node.cli.main import build_parser
     from node.config import load_config
     from node.errors import ConfigError
 
