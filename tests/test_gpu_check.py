@@ -7,22 +7,18 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
 def _bundle_module():
-    sys.path.insert(0, str(ROOT / "scripts" / "dev"))
-    try:
-        import gpu_bundle
-    finally:
-        sys.path.remove(str(ROOT / "scripts" / "dev"))
-    return gpu_bundle
+    return load_script("dev/gpu_bundle")
 
 
 def test_the_bundle_packs_files_into_bounded_parts_that_join_back(tmp_path):

@@ -15,23 +15,15 @@ import torch
 from safetensors.torch import load_file
 
 from node.policy.tiny import tiny_base_path
+from scripts.lib.generation.workload import random_weights_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench" / "bench_generation.py"
 
 
-def _bench_module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import bench_generation
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return bench_generation
-
-
 def test_random_weights_copy_keeps_shape_and_tokenizer_and_redraws_the_weights(tmp_path):
     source = Path(tiny_base_path())
-    folder = Path(_bench_module().random_weights_copy(str(source), tmp_path / "copy", torch.float32))
+    folder = Path(random_weights_copy(str(source), tmp_path / "copy", torch.float32))
     shape = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "eos_token_id")
     old_cfg, new_cfg = (json.loads((f / "config.json").read_text()) for f in (source, folder))
     assert [old_cfg[k] for k in shape] == [new_cfg[k] for k in shape]

@@ -1,7 +1,7 @@
 """Real processes on separate network hosts (Linux namespaces this test creates): NAT and partitions.
 
 Each node is ``scripts/lab/swarm_probe.py``: its own Python, its own p2pd, a real ``SwarmTransport`` that
-publishes a small batch every second. The lab (``scripts/lib/netns_lab.py``) puts public hosts on
+publishes a small batch every second. The lab (``scripts/lib/netlab/netns.py``) puts public hosts on
 203.0.113.0/24 and NATed hosts behind a masquerading router; every namespace and interface is removed
 at teardown, failed or not. Skipped, with the reason, where namespaces cannot be created (not root, no
 ``ip`` or ``nft``; ``scripts/dev/ci_deps.sh`` installs them) -- except where ``SWARM_NODE_NETNS=require`` (CI
@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.scripts import load_script
+from scripts.lib.netlab import netns as netns_lab
+from scripts.lib.netlab import swarm as lab_swarm
 
 PORT = 31337
 
 
-netns_lab = load_script("lib/netns_lab")
 _REASON = netns_lab.netns_unavailable_reason()
 _REQUIRED = os.environ.get("SWARM_NODE_NETNS") == "require"
 pytestmark = pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=str(_REASON))
@@ -176,7 +176,6 @@ def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> 
         assert not last_stats(node)["offences"], last_stats(node)
 
 
-lab_swarm = load_script("lib/lab_swarm")
 SMALL_STEPS = ["train.eval_every=0", "train.checkpoint_every=1000", "tasks.eval_size=8", "sapo.local_groups=4",
                "sapo.external_groups=4", "sapo.generated_groups=4", "generation.group_size=4"]
 

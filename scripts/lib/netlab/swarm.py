@@ -25,7 +25,7 @@ from typing import Any
 __all__ = ["API_PORT", "PORT", "Member", "cli", "init_swarm", "member_command", "names_resolved", "remembered",
            "start_host", "start_member", "wait_for_text"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PORT = 31337
 API_PORT = 8780
 CLI = [sys.executable, "-m", "node.cli"]
