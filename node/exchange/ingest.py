@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from node.exchange.plausibility import OwnProfile, ScreenSettings, token_keep
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import (
@@ -68,12 +69,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["OFFENCES", "REJECT_REASONS", "SURPLUS_REASONS", "IngestLimits", "Ingestor"]
 
-OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout"})
-"""Rejections no honest peer causes: each bans the author (once per call)."""
+OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout",
+                      "implausible_text"})
+"""Rejections no honest peer causes: each bans the author (once per call). ``implausible_text``: at least
+``screen_ban_share`` of an author's completions dropped by the span or length bound (``screen_ban_window`` read)."""
 REJECT_REASONS = frozenset({
     "unknown_task", "foreign_dataset", "seed_cap", "held_out", "too_long", "bad_token_id", "eos_mismatch",
     "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
     "score_error", "score_timeout", "scorer_unavailable", "peer_offended", "penalize_failed",
+    "implausible", "too_long_for_us", "implausible_text",
 })
 """Every reason ``ingest_rejected`` counts (docs/trust.md names each)."""
 SURPLUS_REASONS = frozenset({"peer_budget", "step_budget", "not_needed"})
@@ -111,8 +115,15 @@ class Ingestor:
     def __init__(self, policy: Policy, source: TaskSource, *, temperature: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, penalize: Callable[[str, str], None] | None = None,
-                 micro_batch_size: int = 256, anchor_flat_groups: bool = True) -> None:
+                 micro_batch_size: int = 256, anchor_flat_groups: bool = True,
+                 screen: ScreenSettings | None = None) -> None:
         self.policy = policy
+        # What a peer's text may teach: read with our own model, bounded by our own completions.
+        self.screen = screen or ScreenSettings()
+        self.profile = OwnProfile(self.screen)
+        self.read = [0, 0, 0]  # completions read, their tokens, tokens masked out of training
+        self._dropped_by_peer: OrderedDict[str, deque[bool]] = OrderedDict()  # an author's last verdicts: dropped?
+        self.read_by_peer: OrderedDict[str, int] = OrderedDict()  # completions read with our model, per author
         # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
         # (``train.external_shift``) gives it one; without a shift its anchors are never used.
         self.anchor_flat_groups = anchor_flat_groups
@@ -289,8 +300,52 @@ class Ingestor:
         if rewards is None:
             return None, offence
         group.rewards = rewards
-        if len(set(rewards)) > 1 or self.anchor_flat_groups:
+        if len(set(rewards)) == 1 and not self.anchor_flat_groups:
+            return group, None
+        if not self.screen.enabled:
             self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
+            return group, None
+        own = self._fill_anchors([(group, i) for i in range(len(group.completions))])
+        return self._screened(group, own, peer_id)
+
+    def observe_own(self, groups: list[TrainGroup]) -> None:
+        """Record the node's own sampled groups (their behaviour log-probs): what peer text is held to."""
+        for group in groups:
+            self.profile.observe(group.dataset, group.anchor_logprobs)
+
+    def _screened(self, group: TrainGroup, own: list[list[float]], peer_id: str) -> tuple[TrainGroup | None, str | None]:
+        """``group`` without the completions our own model finds implausible or needlessly long, with a mask of
+        the tokens below ``screen_token_floor`` (not trained on); ``(None, offence)`` once the author's text
+        keeps failing."""
+        s = self.screen
+        verdicts = self._dropped_by_peer.pop(peer_id, None) or deque(maxlen=s.ban_window)
+        self._dropped_by_peer[peer_id] = verdicts
+        self.read_by_peer[peer_id] = self.read_by_peer.pop(peer_id, 0) + len(own)
+        while len(self.read_by_peer) > MAX_TRACKED_PEERS:
+            self.read_by_peer.popitem(last=False)
+        while len(self._dropped_by_peer) > MAX_TRACKED_PEERS:
+            self._dropped_by_peer.popitem(last=False)
+        keep = []
+        for i, lps in enumerate(own):
+            why = self.profile.verdict(group.dataset, lps)
+            verdicts.append(why is not None)
+            if why is not None:
+                self._reject(why, group.key)
+            else:
+                keep.append(i)
+        self.read[0] += len(own)
+        if len(verdicts) == s.ban_window and sum(verdicts) >= s.ban_share * s.ban_window:  # its last ban_window read
+            self._reject("implausible_text", group.key)
+            return None, "implausible_text"
+        if not keep:
+            self._reject("empty_group", group.key)
+            return None, None
+        group.completions = [group.completions[i] for i in keep]
+        group.anchor_logprobs = [group.anchor_logprobs[i] for i in keep]
+        group.rewards = [group.rewards[i] for i in keep]
+        group.token_masks = [token_keep(own[i], s.token_floor) for i in keep]
+        self.read[1] += sum(len(m) for m in group.token_masks)
+        self.read[2] += sum(m.count(False) for m in group.token_masks)
         return group, None
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
@@ -394,8 +449,10 @@ class Ingestor:
                                                                         self.micro_batch_size)]
 
     @torch.no_grad()
-    def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:
-        """Our own log-probs of re-tokenized completions, computed once at ingestion: the TOPR anchor."""
+    def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> list[list[float]]:
+        """Our own log-probs of the ``pending`` completions, computed once at ingestion, in order; each becomes
+        the completion's TOPR anchor where it has none (re-tokenized text, another prompt)."""
+        out: list[list[float]] = []
         pad = self.policy.tokenizer.pad_token_id
         dev = self.policy.device
         for chunk in self._chunks(pending):
@@ -409,15 +466,21 @@ class Ingestor:
                 prompt_ids, prompt_mask = left_pad(prompts, pad)
                 lps = sequence_logprobs(self.policy.model, prompt_ids.to(dev), prompt_mask.to(dev), comp_ids,
                                         comp_mask, temperature=self.temperature, remix=self.policy.remix)
+            values = lps.float().cpu()
             for row, (group, i) in enumerate(chunk):
                 n = len(group.completions[i])
-                group.anchor_logprobs[i] = lps[row, :n].float().cpu().tolist()
+                out.append(values[row, :n].tolist())
+                if not group.anchor_logprobs[i]:
+                    group.anchor_logprobs[i] = out[-1]
+        return out
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
                                "ingest_reanchored": self.reanchored,
                                "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
                                "ingest_offences": dict(self.offences),
+                               "ingest_completions_read": self.read[0], "ingest_tokens_read": self.read[1],
+                               "ingest_tokens_masked": self.read[2],
                                "ingest_seconds": self.last_seconds}
         if self.scorer is not None:
             out.update(self.scorer.metrics())

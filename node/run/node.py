@@ -187,6 +187,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         own_cap, j = self._plan(len(local), len(with_signal))
         external: list[TrainGroup] = []
         if self.exchange is not None:
+            self.exchange.observe_own(local)  # what peers' text is held to
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch, j)
         t_exchange = time.perf_counter() - t_gen

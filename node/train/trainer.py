@@ -28,7 +28,8 @@ from node.train.peer_value import cosine
 logger = logging.getLogger(__name__)
 
 
-_Row = tuple[list[int], list[int], list[float], float, bool]  # prompt, completion, anchors, advantage, own sample
+# prompt, completion, anchors, advantage, own sample, tokens trained on (empty: all)
+_Row = tuple[list[int], list[int], list[float], float, bool, list[bool]]
 
 
 class Trainer:
@@ -91,10 +92,11 @@ class Trainer:
         self.distributions = {}
         self._keep = keep_distributions
         rows: list[_Row] = [
-            (g.prompt_ids, ids, lps, float(a), g.is_local)
+            (g.prompt_ids, ids, lps, float(a), g.is_local, keep)
             for g in groups
             if g.advantages is not None
-            for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
+            for ids, lps, a, keep in zip(g.completions, g.anchor_logprobs, g.advantages.tolist(),
+                                         g.token_masks or [[] for _ in g.completions])
             if ids
         ]
         for g in (g for g in groups if g.advantages is not None):  # an anchor a token, or the loss is nonsense
@@ -173,8 +175,11 @@ class Trainer:
         completion_ids, completion_mask = right_pad([r[1] for r in rows], pad_id, torch.long)
         anchor, _ = right_pad([r[2] for r in rows], 0.0, torch.float32)
         advantages = torch.tensor([r[3] for r in rows], dtype=torch.float32)
-        tensors = [t.to(device) for t in (completion_ids, completion_mask, anchor, advantages)]
-        completion_ids, completion_mask, anchor, advantages = tensors
+        # Tokens a peer may not teach (node.exchange.plausibility) stay in the context but out of the loss.
+        trained, _ = right_pad([r[5] or [True] * len(r[1]) for r in rows], False, torch.bool)
+        tensors = [t.to(device) for t in (completion_ids, completion_mask, anchor, advantages, trained)]
+        completion_ids, completion_mask, anchor, advantages, trained = tensors
+        loss_mask = completion_mask & trained
         remix = self.policy.remix
         if remix is None:  # a group's prompt runs once for all of its completions
             logprobs = shared_prompt_logprobs(self.policy.model, [r[0] for r in rows], completion_ids,
@@ -194,13 +199,13 @@ class Trainer:
                 anchor = torch.where(own_rows, logprobs.detach(), anchor)
             if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
                 anchor = logprobs.detach()
-            loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+            loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                       token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
         prompt_ids, prompt_mask = (t.to(device) for t in left_pad([r[0] for r in rows], pad_id))
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
-                                      weight)
+                                      weight, loss_mask)
 
     def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
         for key, values in (("advantages", advantages), ("logprob_gap", gaps)):
@@ -210,23 +215,24 @@ class Trainer:
 
     def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,
-                          weight: float) -> dict[str, float]:
+                          weight: float, loss_mask: torch.Tensor | None = None) -> dict[str, float]:
         """ReMix: the batch repeated M times (routing-major), one sampled routing per row; LoRA weights get the
         policy loss averaged over all M routings, the router the RLOO estimator over per-sequence losses."""
         m = self.routings
         remix = self.policy.remix
+        loss_mask = completion_mask if loss_mask is None else loss_mask
         rep = [t.repeat(m, *([1] * (t.dim() - 1))) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                                               anchor, advantages)]
-        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = rep
+                                                               anchor, advantages, loss_mask)]
+        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages, loss_mask = rep
         remix.sampled(m, self.routing_generator)
         logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                      temperature=self.temperature, remix=remix)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
-        loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+        loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                   **self.loss_kwargs)
         # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).
-        per_sequence = sequence_values(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+        per_sequence = sequence_values(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                        **self.loss_kwargs)
         router_loss = remix.router_loss(per_sequence, m)
         ((loss + router_loss) * weight).backward()

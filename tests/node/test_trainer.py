@@ -261,3 +261,46 @@ def test_the_alignment_of_own_and_peer_gradients_is_their_cosine_and_leaves_the_
     assert trainer.step(_twin_groups([0.0, 1.0]))["peer_alignment"] == pytest.approx(-1.0, abs=1e-6)
     own_only = _twin_groups([1.0, 0.0])[:1]
     assert "peer_alignment" not in trainer.step(own_only)  # one part: nothing to compare
+
+
+def _masked_group(masks: list[list[bool]], keep=(0, 1)) -> TrainGroup:
+    """A peer group of two completions with given advantages and token masks (``[]``: every token)."""
+    completions, advantages = [[6, 7, 2], [8, 9, 2]], [1.0, 0.5]
+    g = TrainGroup(key="k", peer_id="p", epoch=0, prompt_ids=[1, 4, 5], completions=[completions[i] for i in keep],
+                   anchor_logprobs=[[-1.0] * 3 for _ in keep], rewards=[0.0] * len(keep),
+                   token_masks=[masks[i] for i in keep])
+    g.advantages = torch.tensor([advantages[i] for i in keep])
+    return g
+
+
+def test_a_peer_completion_whose_every_token_is_masked_is_not_trained_on():
+    """A completion this node's model found implausible in every token contributes no gradient: the step is
+    the one on the other completion alone (the loss is a mean over sequences with a token to train)."""
+    _, masked, masked_grads = _lever_trainer()
+    _, alone, alone_grads = _lever_trainer()
+    masked.step([_masked_group([[True] * 3, [False] * 3])])
+    alone.step([_masked_group([[True] * 3, [False] * 3], keep=(0,))])
+    for a, b in zip(alone_grads[0], masked_grads[0], strict=True):  # up to the rounding of a padded batch
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
+    _, unmasked, unmasked_grads = _lever_trainer()
+    unmasked.step([_masked_group([[True] * 3, [True] * 3])])
+    assert any(not torch.allclose(a, b, atol=1e-6, rtol=1e-2) for a, b in zip(alone_grads[0], unmasked_grads[0]))
+
+
+def test_masked_tokens_stay_in_the_context_but_out_of_the_loss():
+    """The loss of a step with token 7 masked is the policy loss over the other tokens, the log-probs computed
+    with token 7 still in the context (it conditions the tokens after it); without the mask it differs."""
+    from node.policy.logprobs import right_pad, shared_prompt_logprobs
+    from node.train.losses import policy_loss
+
+    policy, trainer, _ = _lever_trainer()
+    masks = [[True, False, True], []]
+    group = _masked_group(masks)
+    ids, mask = right_pad(group.completions, 0, torch.long)
+    with torch.no_grad():
+        lps = shared_prompt_logprobs(policy.model, [group.prompt_ids] * 2, ids, mask, pad_id=0)
+    keep, _ = right_pad([m or [True] * 3 for m in masks], False, torch.bool)
+    expected, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, mask & keep, "reinforce")
+    unmasked, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, mask, "reinforce")
+    got = trainer.step([group])["loss"]
+    assert got == pytest.approx(float(expected), rel=1e-5) and abs(float(expected) - float(unmasked)) > 1e-3

@@ -1,0 +1,117 @@
+"""How far a peer's completion is from what this node could itself have said, measured with its own model.
+
+The verifier reads only a completion's final answer; whatever precedes or follows it is the author's choice,
+and a positive sample is trained like supervised data. So every peer completion is read by the receiver's own
+policy (its per-token log-probs at its sampling temperature, the pass that also gives re-tokenized text its
+anchor) and bounded by what the node's *own* completions look like:
+
+- ``token_keep``: a token the node's model gives less than ``exp(token_floor)`` in its context is kept out of
+  the loss (masked). A peer can then only reinforce tokens this node might itself have sampled: a payload whose
+  first word the node would not say is never trained into saying it, however often it arrives.
+- ``least_plausible_span``: the lowest mean log-prob of any ``window`` consecutive tokens. The node keeps the
+  same figure for its own recent completions (``OwnProfile``), and a peer completion whose span falls below
+  the ``span_quantile`` of its own, less ``span_margin`` nats, is dropped (``implausible``): an honest peer
+  sampling what this node samples falls there about as often as ``span_quantile`` of its own completions.
+- length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
+  the same dataset is dropped (``too_long_for_us``): needlessly long but correct text is how an attacker makes
+  a node verbose.
+
+Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
+wait; the token floor holds from the first step. Pure functions and a small rolling record: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["OwnProfile", "ScreenSettings", "least_plausible_span", "quantile", "token_keep"]
+
+
+@dataclass(frozen=True)
+class ScreenSettings:
+    """The ``ingest.screen_*`` settings (docs/configuration.md says why each default)."""
+
+    enabled: bool = True
+    token_floor: float = -9.2  # log(1e-4)
+    window: int = 6
+    span_quantile: float = 0.01
+    span_margin: float = 1.0
+    length_quantile: float = 0.95
+    length_ratio: float = 2.0
+    min_own: int = 64
+    ban_share: float = 0.9
+    ban_window: int = 64
+    history: int = 1024
+
+
+def least_plausible_span(logprobs: Sequence[float], window: int) -> float:
+    """The lowest mean of ``window`` consecutive log-probs (the mean of all when there are fewer); 0.0 for an
+    empty sequence."""
+    n = len(logprobs)
+    if n == 0:
+        return 0.0
+    if n <= window:
+        return sum(logprobs) / n
+    run = sum(logprobs[:window])
+    lowest = run
+    for i in range(window, n):
+        run += logprobs[i] - logprobs[i - window]
+        lowest = min(lowest, run)
+    return lowest / window
+
+
+def token_keep(logprobs: Sequence[float], floor: float) -> list[bool]:
+    """Per token: whether it is trained (its log-prob under the node's model is at least ``floor``)."""
+    return [lp >= floor for lp in logprobs]
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, lower side), ``values`` not empty."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+class OwnProfile:
+    """The node's own recent completions: their least plausible spans (all datasets) and lengths (per dataset),
+    ``history`` of each kept; the bounds a peer completion is held to."""
+
+    def __init__(self, settings: ScreenSettings) -> None:
+        self.settings = settings
+        self.spans: deque[float] = deque(maxlen=settings.history)
+        self.lengths: dict[str, deque[int]] = {}
+
+    def observe(self, dataset: str, logprobs: Sequence[Sequence[float]]) -> None:
+        """Record own completions (their behaviour log-probs, one list a completion) of ``dataset``."""
+        lengths = self.lengths.setdefault(dataset, deque(maxlen=self.settings.history))
+        for lps in logprobs:
+            if lps:
+                self.spans.append(least_plausible_span(lps, self.settings.window))
+                lengths.append(len(lps))
+
+    def span_floor(self) -> float | None:
+        """Below this a peer completion's span is implausible; None until ``min_own`` own completions."""
+        s = self.settings
+        if len(self.spans) < s.min_own:
+            return None
+        return quantile(list(self.spans), s.span_quantile) - s.span_margin
+
+    def max_length(self, dataset: str) -> int | None:
+        """The longest peer completion (tokens) kept on ``dataset``; None until ``min_own`` own ones of it."""
+        s = self.settings
+        lengths = self.lengths.get(dataset)
+        if lengths is None or len(lengths) < s.min_own:
+            return None
+        return math.ceil(s.length_ratio * quantile(list(lengths), s.length_quantile))
+
+    def verdict(self, dataset: str, logprobs: Sequence[float]) -> str | None:
+        """Why a peer completion (our log-probs of its tokens) is dropped, or None when it is kept."""
+        limit = self.max_length(dataset)
+        if limit is not None and len(logprobs) > limit:
+            return "too_long_for_us"
+        floor = self.span_floor()
+        if floor is not None and least_plausible_span(logprobs, self.settings.window) < floor:
+            return "implausible"
+        return None
