@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from scripts.lib.poison.attacks import SUITE
+from scripts.lib.poison.attacks import SUITE, together
 from scripts.lib.poison.lab import LabSpec, run
 
 MODELS = {
@@ -44,16 +44,19 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
     config, overrides = MODELS[args.model]
     honest_config = HONEST.get(args.honest)
     out = []
+    runs = [(None, together(args.attacks))] if args.together else [(a, ()) for a in args.attacks]
     for seed in args.seeds:
-        if "silo" in args.arms:
-            out.append(LabSpec(None, config, overrides, silo=True, steps=args.steps, seed=seed, threads=args.threads,
-                               eval_tasks=args.eval_tasks, samples=args.samples, label=args.model))
-        for attack in args.attacks:
-            for arm in (a for a in args.arms if a != "silo"):
-                out.append(LabSpec(attack, config, overrides, ARMS[arm], honest=args.honest != "none",
+        for arm in args.arms:  # in the order given
+            if arm == "silo":
+                out.append(LabSpec(None, config, (*overrides, *args.set), silo=True, steps=args.steps, seed=seed,
+                                   threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
+                                   label=args.model))
+                continue
+            for attack, extra in runs:
+                out.append(LabSpec(attack, config, (*overrides, *args.set), ARMS[arm], honest=args.honest != "none",
                                    honest_config=honest_config, steps=args.steps, seed=seed, threads=args.threads,
                                    attacker_groups=args.attacker_groups, eval_tasks=args.eval_tasks,
-                                   samples=args.samples, label=f"{args.model}-{arm}"))
+                                   samples=args.samples, label=f"{args.model}-{arm}", attacks=extra))
     return out
 
 
@@ -65,15 +68,17 @@ def table(results: list[dict]) -> list[str]:
         sp = r["spec"]
         if sp["silo"]:
             continue
-        a, base, v = sp["attack"], silo.get(sp["seed"]), r["victim"]
+        base, v = silo.get(sp["seed"]), r["victim"]
         arm = sp["label"].split("-", 1)[1] if "-" in sp["label"] else sp["label"]
         dropped = sum(n for k, n in (v.get("ingest_rejected") or {}).items() if k in ("implausible", "too_long_for_us"))
         reward = f"{r['greedy_reward']:.3f} ({base['greedy_reward']:.3f})" if base else f"{r['greedy_reward']:.3f}"
         length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
-        before, after = r["payload_before"].get(a), r["payload_after"].get(a)
-        lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
-        lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | {100 * r['asr_greedy'][a]:.1f}% "
-                     f"| {reward} | {length} | {lp} | {dropped} / {v.get('ingest_tokens_masked', 0)} |")
+        for a in r["asr_sampled"]:
+            before, after = r["payload_before"].get(a), r["payload_after"].get(a)
+            lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
+            lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
+                         f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | "
+                         f"{dropped} / {v.get('ingest_tokens_masked', 0)} |")
     return lines
 
 
@@ -91,6 +96,9 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=4, help="sampled completions a held-out task")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="runs/poison")
+    p.add_argument("--together", action="store_true", help="every attack against one victim at once, each from "
+                   "its own attacker with a payload of its own (one run an arm instead of one an attack)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (every node)")
     args = p.parse_args()
     args.attacks = list(SUITE) if args.attacks == "all" else args.attacks.split(",")
     unknown = [a for a in args.attacks if a not in SUITE]

@@ -57,7 +57,7 @@ class LabSpec:
 
     @property
     def name(self) -> str:
-        what = "silo" if self.silo else (self.attack or "honest")
+        what = "silo" if self.silo else (self.attack or ("all" if self.attacks else "honest"))
         return f"{what}{'-' + self.label if self.label else ''}-s{self.seed}"
 
 
