@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from protocol.identity import Identity
 from protocol.limits import Limits
 from protocol.records import Manifest
 from swarm.handoff import HandoffStore
-from swarm.hivemind_compat import dial
+from swarm.hivemind_compat import dht_neighbours, dial
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
 from swarm.validator import ManifestValidator
@@ -147,7 +148,23 @@ class CoreBase:
         self._decode_slot = asyncio.Semaphore(1)
         self._handler = handler_name(settings.swarm_id)
         self._put_handler = put_handler_name(settings.swarm_id)
-        self._relayed = settings.client_mode and settings.nat_sharing == "relay"
+        self._relayed = settings.client_mode is True and settings.nat_sharing == "relay"
+        self._reach_checks = 0  # reachability checks running for others (``swarm.core.reach``)
+        self._reach_asked: dict[str, float] = {}  # asker -> when its last check started (loop clock)
+
+    def _neighbours(self) -> list[str]:
+        """libp2p ids of the DHT neighbours (the servers in the routing table)."""
+        return [peer.to_base58() for peer in dht_neighbours(self.dht)]
+
+    def _confirm(self, maddrs: list[str]) -> None:
+        """These peers answered at these addresses just now (``swarm.addresses``)."""
+        with self.shared.lock:
+            self.shared.book.confirmed(maddrs, time.time())
+
+    def _unreachable(self, peer: PeerID) -> None:
+        """Dialing ``peer`` failed just now: no holder until it answers again."""
+        with self.shared.lock:
+            self.shared.book.failed(peer.to_base58(), time.time())
 
     async def _dial(self, peer_id: PeerID, addrs: list[Multiaddr]) -> bool:
         """Connect to ``peer_id`` (at once if already connected; its addresses are tried together)."""
