@@ -82,6 +82,11 @@ class AddressBook:
         alive = [p for p, e in self._peers.items() if e.ok_at >= e.failed_at]
         return sorted(alive, key=lambda p: self._peers[p].ok_at, reverse=True)
 
+    def failed_last(self, peer: str) -> bool:
+        """Whether the last news of ``peer`` is a failure (it is no holder until it answers again)."""
+        entry = self._peers.get(peer)
+        return entry is not None and entry.failed_at > entry.ok_at
+
     def maddrs(self, peer: str) -> list[str]:
         entry = self._peers.get(peer)
         return [] if entry is None else list(entry.maddrs)

@@ -22,8 +22,6 @@ from swarm.core.base import HEALTH_PERIOD, NETWORK_ERRORS, CoreBase, parse_peer_
 
 logger = logging.getLogger(__name__)
 
-_DIRECT = ("ip4", "ip6", "dns", "dns4", "dns6")
-
 
 class JoinMixin(CoreBase):
     """The join loop of ``SwarmCore``."""
@@ -118,22 +116,3 @@ class JoinMixin(CoreBase):
         if not await self._dial(peer_id, [addr]):
             return False
         return await self.dht.protocol.call_ping(peer_id) is not None
-
-    async def _port_closed(self, addr: Multiaddr) -> bool:
-        """Whether nothing takes a plain TCP connection at ``addr`` (a direct ``/ip4|ip6|dns*/.../tcp/P``
-        address; False for any other, which is dialed as it is). Checked before p2pd dials: every failed
-        p2pd dial lengthens libp2p's back-off for that address (5 s + 1 s x failures squared, up to 5
-        minutes), during which even a peer that is back is not dialed. A host down for minutes would
-        otherwise be reached again minutes after its return; a closed port costs p2pd no failure."""
-        parts = str(addr).strip("/").split("/")
-        if len(parts) != 4 or parts[0] not in _DIRECT or parts[2] != "tcp" or not parts[3].isdigit():
-            return False
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(parts[1], int(parts[3])),
-                                               self.settings.request_timeout)
-        except (OSError, asyncio.TimeoutError):
-            return True
-        writer.close()
-        with contextlib.suppress(OSError, asyncio.TimeoutError):
-            await asyncio.wait_for(writer.wait_closed(), 1.0)
-        return False

@@ -115,7 +115,7 @@ class PublishMixin(CoreBase):
 
     async def _put_one(self, peer_id: PeerID, addr: Multiaddr, item: PublishItem) -> bool:
         """Dial one holder and hand ``item`` over; whether it holds it now."""
-        if not await self._dial(peer_id, [addr]):
+        if await self._port_closed(addr) or not await self._dial(peer_id, [addr]):
             self._unreachable(peer_id)
             return False
         status = await self._put_to(peer_id, item)

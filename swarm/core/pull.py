@@ -300,6 +300,11 @@ class PullMixin(CoreBase):
         limit = min(manifest.byte_size, self.limits.max_compressed_bytes)
         listed = by_peer(manifest.address)
         for peer_id, addrs in list(listed.items())[:_MAX_PULL_SOURCES]:
+            with self.shared.lock:
+                gone = self.shared.book.failed_last(peer_id.to_base58())
+            if gone and await self._port_closed(addrs[0]):  # a holder that went away: no p2pd failure for it
+                progress.error = "dial"
+                continue
             if not await self._dial(peer_id, addrs):
                 progress.error = "dial"
                 self._unreachable(peer_id)
