@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -71,22 +72,44 @@ def host_key(tmp_path: Path) -> tuple[Path, str]:
 
 
 class HostProcess:
+    """``swarm-node host`` in a child process: its stdout read line by line in a thread (``lines``), its
+    stderr to a file (a pipe nobody reads would fill and stop it), started within ``STARTUP_TIMEOUT``."""
+
+    STARTUP_TIMEOUT = 120.0  # seconds to the line that says how members join: imports and a p2p daemon
+
     def __init__(self, tmp_path: Path, descriptor: Path, *extra: str) -> None:
         self.run_dir = tmp_path / "host"
         env = {**os.environ, "SWARM_NODE_KNOWN_SWARMS": str(tmp_path / "known"), "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            host_command("--swarm", str(descriptor), "-c", str(ROOT / "configs" / "host.yaml"), "--run-dir",
-                         str(self.run_dir), "api.port=0", "api.host=127.0.0.1", "swarm.collect_interval=0.2",
-                         "health_every=1", *extra),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.stderr_path = tmp_path / "host.stderr"
+        with self.stderr_path.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                host_command("--swarm", str(descriptor), "-c", str(ROOT / "configs" / "host.yaml"), "--run-dir",
+                             str(self.run_dir), "api.port=0", "api.host=127.0.0.1", "swarm.collect_interval=0.2",
+                             "health_every=1", *extra),
+                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=ROOT)
         self.lines: list[str] = []
+        started = threading.Event()
+        threading.Thread(target=self._read, args=(started,), daemon=True).start()
+        if not started.wait(self.STARTUP_TIMEOUT):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            pytest.fail(f"the host printed no 'members join with' line within {self.STARTUP_TIMEOUT:.0f} s: "
+                        f"{self.lines} {self.stderr()[-2000:]}")
+        assert any("status page at" in ln for ln in self.lines), (self.lines, self.stderr()[-2000:])
+        self.url = (self.run_dir / "api_url").read_text().strip()
+
+    def _read(self, started: threading.Event) -> None:
+        """Every stdout line into ``lines`` until the child closes it; ``started`` set at the line that ends
+        the start-up, or at the end of the output (a child that exited)."""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip())
             if "members join with" in line:
-                break
-        assert any("status page at" in ln for ln in self.lines), (self.lines, self.proc.stderr.read())  # type: ignore[union-attr]
-        self.url = (self.run_dir / "api_url").read_text().strip()
+                started.set()
+        started.set()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
@@ -115,7 +138,7 @@ def host(tmp_path: Path) -> Iterator[tuple[HostProcess, str]]:
         yield proc, address
     finally:
         code = proc.stop()
-        assert code == 0, proc.proc.stderr.read() if proc.proc.stderr else ""
+        assert code == 0, proc.stderr()[-2000:]
         assert not (proc.run_dir / "api_url").exists()
 
 
