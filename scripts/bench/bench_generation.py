@@ -274,7 +274,8 @@ def print_table(label: str, sequences: int, tokens: int, rows: list[Row],
           f"{'x node-hf':>11}{'gap':>10}")
     for r in rows:
         gap = f"{r.gap:.1e}" if r.gap is not None else "-"
-        print(f"{r.name:<18}{r.tokens:>8}{r.seconds:>9.2f}{r.tokens_per_s:>10.0f}{r.sync_seconds:>9.3f}"
+        # sync: 3 significant digits, so a refresh under half a millisecond (tiny-base) does not print as 0
+        print(f"{r.name:<18}{r.tokens:>8}{r.seconds:>9.2f}{r.tokens_per_s:>10.0f}{r.sync_seconds:>9.3g}"
               f"{r.step_tokens_per_s:>12.0f}{r.step_tokens_per_s / (r.paired_hf or base.step_tokens_per_s):>11.2f}"
               f"{gap:>10}"
               + (f"  ({'; '.join(r.notes)})" if r.notes else ""))

@@ -71,6 +71,7 @@ PORT = 31337
 MEMBER_CONFIG = "configs/public-swarm.yaml"
 SHARED_CONFIG = "configs/swarm-shared.yaml"
 NODE_SETTINGS = [
+    "api.port=null",  # configs/public-swarm.yaml serves one on 8770: nodes sharing 127.0.0.1 would collide
     "train.steps=1000000000",  # bounded by time
     "train.checkpoint_every=1000000",
     "train.eval_every=1000000",

@@ -54,7 +54,10 @@ def test_the_benchmark_prints_a_table_of_the_hf_contenders():
     assert set(rows) == {"generate/naive", "generate/batched", "node-hf", "node-hf-adapter"}
     for name in ("node-hf", "node-hf-adapter"):  # one token each; its gap
         assert int(rows[name][1]) == 32 and float(rows[name][7]) < 1e-4, rows[name]
-    assert "(weights merged)" in " ".join(rows["node-hf"]) and float(rows["node-hf"][4]) > 0  # its refresh
+    # The merged copy's refresh is timed (printed to 3 significant digits: tiny-base's takes well under a
+    # millisecond); the adapter as trained has nothing to refresh.
+    assert "(weights merged)" in " ".join(rows["node-hf"]) and float(rows["node-hf"][4]) > 0, rows["node-hf"]
+    assert float(rows["node-hf-adapter"][4]) == 0, rows["node-hf-adapter"]
     assert float(rows["node-hf"][6]) == 1.0  # the ratio column's reference
     ref = re.search(r"torch.mm reference .*: (\d+) tok/s at (\d+) GFLOP/s; share reached: node-hf (\d+)%", out)
     # The share is a whole percentage: tiny-base's one-token steps are mostly overhead, and on a loaded machine
