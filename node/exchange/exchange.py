@@ -29,6 +29,7 @@ from node.generation.rollouts import SampledGroup
 from node.policy.model import Policy
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
+from node.train.screen import PeerScreen
 from protocol.identity import Identity
 from protocol.records import RolloutBatch, RolloutGroup
 from swarm.peer_book import PeerRow
@@ -146,6 +147,14 @@ class SwarmExchange:
     def observe_own(self, groups: list[TrainGroup]) -> None:
         """The node's own sampled groups: what a peer's text is held to (``node.exchange.plausibility``)."""
         self.ingestor.observe_own(groups)
+
+    def screen_bounds(self) -> PeerScreen | None:
+        """The bounds this step's training holds peers' tokens to (None with ``ingest.screen`` off)."""
+        return self.ingestor.screen_bounds()
+
+    def record_screened(self, by_peer: dict[str, list[int]]) -> None:
+        """What training kept out of each author's text this step; an author whose text keeps failing is banned."""
+        self.ingestor.record_screened(by_peer)
 
     def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
         """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from node.exchange.plausibility import OwnProfile, ScreenSettings, token_keep
+from node.exchange.plausibility import OwnProfile, ScreenSettings
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import (
@@ -60,6 +60,7 @@ from node.policy.logprobs import (
 from node.policy.model import Policy
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
+from node.train.screen import PeerScreen
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Rollout, RolloutBatch, RolloutGroup
 from protocol.taskref import TaskRef
@@ -121,9 +122,9 @@ class Ingestor:
         # What a peer's text may teach: read with our own model, bounded by our own completions.
         self.screen = screen or ScreenSettings()
         self.profile = OwnProfile(self.screen)
-        self.read = [0, 0, 0]  # completions read, their tokens, tokens masked out of training
-        self._dropped_by_peer: OrderedDict[str, deque[bool]] = OrderedDict()  # an author's last verdicts: dropped?
-        self.read_by_peer: OrderedDict[str, int] = OrderedDict()  # completions read with our model, per author
+        self.screened = [0, 0, 0]  # peer rows trained on, their tokens, tokens masked out of the loss
+        self._verdicts: OrderedDict[str, deque[bool]] = OrderedDict()  # an author's last verdicts: dropped?
+        self.judged_by_peer: OrderedDict[str, int] = OrderedDict()  # completions judged, per author
         # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
         # (``train.external_shift``) gives it one; without a shift its anchors are never used.
         self.anchor_flat_groups = anchor_flat_groups
@@ -300,53 +301,76 @@ class Ingestor:
         if rewards is None:
             return None, offence
         group.rewards = rewards
-        if len(set(rewards)) == 1 and not self.anchor_flat_groups:
-            return group, None
-        if not self.screen.enabled:
+        if len(set(rewards)) > 1 or self.anchor_flat_groups:
             self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
-            return group, None
-        own = self._fill_anchors([(group, i) for i in range(len(group.completions))])
-        return self._screened(group, own, peer_id)
+        return self._screened(group, peer_id)
+
+    # -- what a peer's text may teach (node.exchange.plausibility) ---------------------------------------
 
     def observe_own(self, groups: list[TrainGroup]) -> None:
-        """Record the node's own sampled groups (their behaviour log-probs): what peer text is held to."""
+        """Record the node's own sampled groups (their behaviour log-probs): what a peer's text is held to."""
         for group in groups:
             self.profile.observe(group.dataset, group.anchor_logprobs)
 
-    def _screened(self, group: TrainGroup, own: list[list[float]], peer_id: str) -> tuple[TrainGroup | None, str | None]:
-        """``group`` without the completions our own model finds implausible or needlessly long, with a mask of
-        the tokens below ``screen_token_floor`` (not trained on); ``(None, offence)`` once the author's text
-        keeps failing."""
+    def screen_bounds(self) -> PeerScreen | None:
+        """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
         s = self.screen
-        verdicts = self._dropped_by_peer.pop(peer_id, None) or deque(maxlen=s.ban_window)
-        self._dropped_by_peer[peer_id] = verdicts
-        self.read_by_peer[peer_id] = self.read_by_peer.pop(peer_id, 0) + len(own)
-        while len(self.read_by_peer) > MAX_TRACKED_PEERS:
-            self.read_by_peer.popitem(last=False)
-        while len(self._dropped_by_peer) > MAX_TRACKED_PEERS:
-            self._dropped_by_peer.popitem(last=False)
-        keep = []
-        for i, lps in enumerate(own):
-            why = self.profile.verdict(group.dataset, lps)
-            verdicts.append(why is not None)
-            if why is not None:
-                self._reject(why, group.key)
-            else:
-                keep.append(i)
-        self.read[0] += len(own)
-        if len(verdicts) == s.ban_window and sum(verdicts) >= s.ban_share * s.ban_window:  # its last ban_window read
+        return PeerScreen(s.token_floor, s.window, self.profile.span_floor()) if s.enabled else None
+
+    def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
+        """``group`` without the completions longer than the node's own on the dataset (the span and token
+        bounds are held in training, on the training pass's own log-probs); ``(None, offence)`` once the
+        author's text keeps failing."""
+        limit = self.profile.max_length(group.dataset) if self.screen.enabled else None
+        keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit]
+        self._judged(peer_id, len(group.completions), len(group.completions) - len(keep), "too_long_for_us",
+                     group.key)
+        if self._banned_now(peer_id):
             self._reject("implausible_text", group.key)
             return None, "implausible_text"
         if not keep:
             self._reject("empty_group", group.key)
             return None, None
-        group.completions = [group.completions[i] for i in keep]
-        group.anchor_logprobs = [group.anchor_logprobs[i] for i in keep]
-        group.rewards = [group.rewards[i] for i in keep]
-        group.token_masks = [token_keep(own[i], s.token_floor) for i in keep]
-        self.read[1] += sum(len(m) for m in group.token_masks)
-        self.read[2] += sum(m.count(False) for m in group.token_masks)
+        if len(keep) < len(group.completions):
+            group.completions = [group.completions[i] for i in keep]
+            group.anchor_logprobs = [group.anchor_logprobs[i] for i in keep]
+            group.rewards = [group.rewards[i] for i in keep]
         return group, None
+
+    def record_screened(self, by_peer: dict[str, list[int]]) -> None:
+        """What a training step kept out of peers' text (``Trainer.screened``: per author rows, rows dropped,
+        tokens, tokens masked): counted, and an author whose text keeps failing is banned."""
+        for peer_id, (rows, dropped, tokens, masked) in by_peer.items():
+            self._peer = peer_id
+            try:
+                self._judged(peer_id, rows, dropped, "implausible", "trained rows")
+            finally:
+                self._peer = None
+            self.screened[0] += rows
+            self.screened[1] += tokens
+            self.screened[2] += masked
+            if self._banned_now(peer_id):
+                self._offence(peer_id, "implausible_text")
+
+    def _judged(self, peer_id: str, n: int, dropped: int, reason: str, detail: str) -> None:
+        """``n`` of an author's completions judged, ``dropped`` of them by ``reason``."""
+        verdicts = self._verdicts.pop(peer_id, None) or deque(maxlen=self.screen.ban_window)
+        self._verdicts[peer_id] = verdicts
+        while len(self._verdicts) > MAX_TRACKED_PEERS:
+            self._verdicts.popitem(last=False)
+        verdicts.extend([True] * dropped + [False] * (n - dropped))
+        self.judged_by_peer[peer_id] = self.judged_by_peer.pop(peer_id, 0) + n
+        while len(self.judged_by_peer) > MAX_TRACKED_PEERS:
+            self.judged_by_peer.popitem(last=False)
+        if dropped:
+            self._reject(reason, detail, dropped)
+
+    def _banned_now(self, peer_id: str) -> bool:
+        """Whether ``screen_ban_share`` of the author's last ``screen_ban_window`` completions were dropped."""
+        verdicts = self._verdicts.get(peer_id)
+        s = self.screen
+        return (s.enabled and verdicts is not None and len(verdicts) == s.ban_window
+                and sum(verdicts) >= s.ban_share * s.ban_window)
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
         """Cheap checks of a ref before any task is generated."""
@@ -449,10 +473,8 @@ class Ingestor:
                                                                         self.micro_batch_size)]
 
     @torch.no_grad()
-    def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> list[list[float]]:
-        """Our own log-probs of the ``pending`` completions, computed once at ingestion, in order; each becomes
-        the completion's TOPR anchor where it has none (re-tokenized text, another prompt)."""
-        out: list[list[float]] = []
+    def _fill_anchors(self, pending: list[tuple[TrainGroup, int]]) -> None:
+        """Our own log-probs of re-tokenized completions, computed once at ingestion: the TOPR anchor."""
         pad = self.policy.tokenizer.pad_token_id
         dev = self.policy.device
         for chunk in self._chunks(pending):
@@ -466,21 +488,17 @@ class Ingestor:
                 prompt_ids, prompt_mask = left_pad(prompts, pad)
                 lps = sequence_logprobs(self.policy.model, prompt_ids.to(dev), prompt_mask.to(dev), comp_ids,
                                         comp_mask, temperature=self.temperature, remix=self.policy.remix)
-            values = lps.float().cpu()
             for row, (group, i) in enumerate(chunk):
                 n = len(group.completions[i])
-                out.append(values[row, :n].tolist())
-                if not group.anchor_logprobs[i]:
-                    group.anchor_logprobs[i] = out[-1]
-        return out
+                group.anchor_logprobs[i] = lps[row, :n].float().cpu().tolist()
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
                                "ingest_reanchored": self.reanchored,
                                "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
                                "ingest_offences": dict(self.offences),
-                               "ingest_completions_read": self.read[0], "ingest_tokens_read": self.read[1],
-                               "ingest_tokens_masked": self.read[2],
+                               "screen_rows": self.screened[0], "screen_tokens": self.screened[1],
+                               "screen_tokens_masked": self.screened[2],
                                "ingest_seconds": self.last_seconds}
         if self.scorer is not None:
             out.update(self.scorer.metrics())

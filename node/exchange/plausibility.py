@@ -1,23 +1,23 @@
-"""How far a peer's completion is from what this node could itself have said, measured with its own model.
+"""How far a peer's completion is from what this node could itself have said: the bounds, set by the node's own
+completions.
 
 The verifier reads only a completion's final answer; whatever precedes or follows it is the author's choice,
-and a positive sample is trained like supervised data. So every peer completion is read by the receiver's own
-policy (its per-token log-probs at its sampling temperature, the pass that also gives re-tokenized text its
-anchor) and bounded by what the node's *own* completions look like:
+and a positive sample is trained like supervised data. So peer text is held to what the node's own recent
+completions look like (``OwnProfile``, fed with their behaviour log-probs every step):
 
-- ``token_keep``: a token the node's model gives less than ``exp(token_floor)`` in its context is kept out of
-  the loss (masked). A peer can then only reinforce tokens this node might itself have sampled: a payload whose
-  first word the node would not say is never trained into saying it, however often it arrives.
-- ``least_plausible_span``: the lowest mean log-prob of any ``window`` consecutive tokens. The node keeps the
-  same figure for its own recent completions (``OwnProfile``), and a peer completion whose span falls below
-  the ``span_quantile`` of its own, less ``span_margin`` nats, is dropped (``implausible``): an honest peer
-  sampling what this node samples falls there about as often as ``span_quantile`` of its own completions.
+- the least plausible span: the lowest mean log-prob of ``window`` consecutive tokens. A peer completion
+  whose span, read with the node's own model, falls below the ``span_quantile`` of its own, less
+  ``span_margin`` nats, is dropped (``implausible``): an honest peer sampling what this node samples falls
+  there about as often as ``span_quantile`` of its own completions. With it, a peer token the model gives
+  less than ``exp(token_floor)`` is kept out of the loss. Both are applied in training, on the training pass's
+  own log-probs (``node.train.screen``: no forward pass of its own), with the bounds ``Ingestor.screen_bounds``
+  gives;
 - length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
-  the same dataset is dropped (``too_long_for_us``): needlessly long but correct text is how an attacker makes
-  a node verbose.
+  the same dataset is dropped at ingestion (``too_long_for_us``): needlessly long but correct text is how an
+  attacker makes a node verbose.
 
 Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
-wait; the token floor holds from the first step. Pure functions and a small rolling record: no torch.
+wait; the token floor holds from the first step. Pure: no torch.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["OwnProfile", "ScreenSettings", "least_plausible_span", "quantile", "token_keep"]
+__all__ = ["OwnProfile", "ScreenSettings", "least_plausible_span", "quantile"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,6 @@ def least_plausible_span(logprobs: Sequence[float], window: int) -> float:
         run += logprobs[i] - logprobs[i - window]
         lowest = min(lowest, run)
     return lowest / window
-
-
-def token_keep(logprobs: Sequence[float], floor: float) -> list[bool]:
-    """Per token: whether it is trained (its log-prob under the node's model is at least ``floor``)."""
-    return [lp >= floor for lp in logprobs]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -105,13 +100,3 @@ class OwnProfile:
         if lengths is None or len(lengths) < s.min_own:
             return None
         return math.ceil(s.length_ratio * quantile(list(lengths), s.length_quantile))
-
-    def verdict(self, dataset: str, logprobs: Sequence[float]) -> str | None:
-        """Why a peer completion (our log-probs of its tokens) is dropped, or None when it is kept."""
-        limit = self.max_length(dataset)
-        if limit is not None and len(logprobs) > limit:
-            return "too_long_for_us"
-        floor = self.span_floor()
-        if floor is not None and least_plausible_span(logprobs, self.settings.window) < floor:
-            return "implausible"
-        return None

@@ -36,9 +36,6 @@ class TrainGroup:
     routings: list[list[int]] = field(default_factory=list)
     all_rewards: list[float] | None = None  # Reinforce-Ada: every reward drawn for the task (global baseline)
     dataset: str = ""  # the task's dataset (selection prefers some datasets over others)
-    # A peer's completions: per token, whether it is trained on (False: this node's model found it too unlikely
-    # to reinforce, node.exchange.plausibility); empty: every token.
-    token_masks: list[list[bool]] = field(default_factory=list)
 
     @property
     def is_local(self) -> bool:

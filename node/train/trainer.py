@@ -24,12 +24,13 @@ from node.policy.model import Policy
 from node.train.groups import TrainGroup
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 from node.train.peer_value import cosine
+from node.train.screen import PeerScreen, screen_peer_tokens
 
 logger = logging.getLogger(__name__)
 
 
-# prompt, completion, anchors, advantage, own sample, tokens trained on (empty: all)
-_Row = tuple[list[int], list[int], list[float], float, bool, list[bool]]
+# prompt, completion, anchors, advantage, own sample, author ("" for the node's own)
+_Row = tuple[list[int], list[int], list[float], float, bool, str]
 
 
 class Trainer:
@@ -78,25 +79,33 @@ class Trainer:
         self.skipped_steps = 0
         self.distributions: dict[str, torch.Tensor] = {}
         self._keep = False
+        self._screen: PeerScreen | None = None
+        self._screen_counts: list[tuple[list[str], torch.Tensor]] = []
+        self.screened: dict[str, list[int]] = {}
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def step(self, groups: list[TrainGroup], keep_distributions: bool = False) -> dict[str, float]:
+    def step(self, groups: list[TrainGroup], keep_distributions: bool = False,
+             screen: PeerScreen | None = None) -> dict[str, float]:
         """Train on every completion of ``groups`` (advantages already assigned): one optimizer step, or
-        ``optimizer_steps`` on parts of them.
+        ``optimizer_steps`` on parts of them. With ``screen``, peers' tokens and rows this node's model finds
+        implausible are kept out of the loss (``node.train.screen``); ``self.screened`` then holds, per
+        author, ``[rows, rows dropped, tokens, tokens masked]`` of the step.
 
         With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
         sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
         histograms."""
         self.distributions = {}
         self._keep = keep_distributions
+        self._screen = screen
+        self._screen_counts = []  # per micro-batch: the rows' authors and their [4, B] counts
+        self.screened = {}
         rows: list[_Row] = [
-            (g.prompt_ids, ids, lps, float(a), g.is_local, keep)
+            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id)
             for g in groups
             if g.advantages is not None
-            for ids, lps, a, keep in zip(g.completions, g.anchor_logprobs, g.advantages.tolist(),
-                                         g.token_masks or [[] for _ in g.completions])
+            for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
             if ids
         ]
         for g in (g for g in groups if g.advantages is not None):  # an anchor a token, or the loss is nonsense
@@ -128,6 +137,7 @@ class Trainer:
             out["optimizer_steps"] = float(len(norms))
         if self._alignments:
             out["peer_alignment"] = sum(self._alignments) / len(self._alignments)
+        self.screened = self._screen_totals()
         if self._gap[2]:  # this step's own samples: the sampler's log-probs against ours, before the update
             out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
         return out
@@ -175,16 +185,14 @@ class Trainer:
         completion_ids, completion_mask = right_pad([r[1] for r in rows], pad_id, torch.long)
         anchor, _ = right_pad([r[2] for r in rows], 0.0, torch.float32)
         advantages = torch.tensor([r[3] for r in rows], dtype=torch.float32)
-        # Tokens a peer may not teach (node.exchange.plausibility) stay in the context but out of the loss.
-        trained, _ = right_pad([r[5] or [True] * len(r[1]) for r in rows], False, torch.bool)
-        tensors = [t.to(device) for t in (completion_ids, completion_mask, anchor, advantages, trained)]
-        completion_ids, completion_mask, anchor, advantages, trained = tensors
-        loss_mask = completion_mask & trained
+        tensors = [t.to(device) for t in (completion_ids, completion_mask, anchor, advantages)]
+        completion_ids, completion_mask, anchor, advantages = tensors
         remix = self.policy.remix
         if remix is None:  # a group's prompt runs once for all of its completions
             logprobs = shared_prompt_logprobs(self.policy.model, [r[0] for r in rows], completion_ids,
                                               completion_mask, pad_id=pad_id, temperature=self.temperature)
             own = torch.tensor([r[4] for r in rows], device=device)
+            loss_mask = self._screened_mask(rows, logprobs, completion_mask, ~own)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
             if self._keep:
@@ -204,8 +212,35 @@ class Trainer:
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
         prompt_ids, prompt_mask = (t.to(device) for t in left_pad([r[0] for r in rows], pad_id))
+        peer = torch.tensor([not r[4] for r in rows], device=device)
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
-                                      weight, loss_mask)
+                                      weight, rows, peer)
+
+    def _screened_mask(self, rows: list[_Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
+                       count_rows: int | None = None) -> torch.Tensor:
+        """The loss mask: ``mask`` less the peer tokens and rows the screen keeps out; their counts kept on the
+        device (read once, at the end of the step)."""
+        if self._screen is None or all(r[4] for r in rows):
+            return mask
+        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen)
+        n = count_rows or len(rows)
+        valid, peer_rows = mask[:n].bool(), peer[:n]
+        counts = torch.stack([peer_rows.long(), dropped[:n].long(), (valid & peer_rows[:, None]).sum(-1),
+                              (valid & ~keep[:n] & peer_rows[:, None]).sum(-1)])
+        self._screen_counts.append(([r[5] for r in rows[:n]], counts))
+        return mask & keep
+
+    def _screen_totals(self) -> dict[str, list[int]]:
+        """Per author: rows, rows dropped, tokens, tokens masked, over the step."""
+        totals: dict[str, list[int]] = {}
+        for authors, counts in self._screen_counts:
+            for author, column in zip(authors, counts.T.tolist()):
+                if author:
+                    total = totals.setdefault(author, [0, 0, 0, 0])
+                    for i, v in enumerate(column):
+                        total[i] += int(v)
+        self._screen_counts = []
+        return totals
 
     def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
         for key, values in (("advantages", advantages), ("logprob_gap", gaps)):
@@ -215,18 +250,22 @@ class Trainer:
 
     def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,
-                          weight: float, loss_mask: torch.Tensor | None = None) -> dict[str, float]:
+                          weight: float, rows: list[_Row] | None = None,
+                          peer: torch.Tensor | None = None) -> dict[str, float]:
         """ReMix: the batch repeated M times (routing-major), one sampled routing per row; LoRA weights get the
         policy loss averaged over all M routings, the router the RLOO estimator over per-sequence losses."""
         m = self.routings
         remix = self.policy.remix
-        loss_mask = completion_mask if loss_mask is None else loss_mask
+        b = completion_ids.shape[0]
         rep = [t.repeat(m, *([1] * (t.dim() - 1))) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                                               anchor, advantages, loss_mask)]
-        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages, loss_mask = rep
+                                                               anchor, advantages)]
+        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = rep
         remix.sampled(m, self.routing_generator)
         logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                      temperature=self.temperature, remix=remix)
+        loss_mask = completion_mask
+        if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
+            loss_mask = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(m), count_rows=b)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
         loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ def main() -> int:
     hf_logging.disable_progress_bar()
     hub = InMemoryHub()
     common = ["train.eval_every=0", "train.checkpoint_every=100000", f"train.steps={args.steps + 1}",
-              "tasks.datasets=[basic_arithmetic]", *args.overrides]
+              *args.overrides]
     with tempfile.TemporaryDirectory(prefix="bench_screen_") as work:
         def node(name: str, seed: int, *extra: str) -> Node:
             cfg = load_config(ROOT / args.config, [*common, f"seed={seed}", f"run_dir={work}/{name}", *extra])

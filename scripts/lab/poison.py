@@ -78,7 +78,7 @@ def table(results: list[dict]) -> list[str]:
             lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
             lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
                          f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | "
-                         f"{dropped} / {v.get('ingest_tokens_masked', 0)} |")
+                         f"{dropped} / {v.get('screen_tokens_masked', 0)} |")
     return lines
 
 

@@ -1,13 +1,16 @@
-"""What a peer's text may teach (``node.exchange.plausibility``): the statistics against hand-worked values,
-the bounds an own profile sets, and the ingestor dropping and masking a peer's completions by them."""
+"""What a peer's text may teach: the statistics against hand-worked values (``node.exchange.plausibility`` and
+its torch form in ``node.train.screen``) and the bounds an own profile sets."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
-from node.exchange.plausibility import OwnProfile, ScreenSettings, least_plausible_span, quantile, token_keep
+from node.exchange.plausibility import OwnProfile, ScreenSettings, least_plausible_span, quantile
+from node.policy.logprobs import right_pad
+from node.train.screen import PeerScreen, least_plausible_spans, screen_peer_tokens
 
 
 def test_least_plausible_span_is_the_lowest_window_mean():
@@ -20,8 +23,27 @@ def test_least_plausible_span_is_the_lowest_window_mean():
     assert least_plausible_span([-2.0], 1) == -2.0
 
 
-def test_token_keep_and_quantile():
-    assert token_keep([-0.1, -9.3, -9.2, -20.0], -9.2) == [True, False, True, False]
+def test_the_torch_spans_are_the_reference_ones_row_by_row():
+    gen = torch.Generator().manual_seed(0)
+    rows = [(-torch.rand(n, generator=gen) * 8).tolist() for n in (0, 1, 3, 6, 7, 12)]
+    values, mask = right_pad(rows, 0.0, torch.float32)
+    for window in (1, 3, 6, 9):
+        got = least_plausible_spans(values, mask, window).tolist()
+        assert got == pytest.approx([least_plausible_span(r, window) for r in rows], abs=1e-5), window
+
+
+def test_the_screen_masks_low_peer_tokens_and_drops_implausible_peer_rows_only():
+    values, mask = right_pad([[-1.0, -12.0, -1.0], [-1.0, -12.0, -1.0], [-6.0, -6.0, -6.0, -6.0]], 0.0, torch.float32)
+    peer = torch.tensor([False, True, True])
+    keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2))
+    assert keep.tolist() == [[True, True, True, False], [True, False, True, False], [True, True, True, True]]
+    assert dropped.tolist() == [False, False, False]  # no span bound yet
+    # spans (window 2): row 1: -6.5; row 2: -6 -> a floor of -6.2 drops row 1 whole, never the own row 0
+    keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2, span_floor=-6.2))
+    assert dropped.tolist() == [False, True, False] and not keep[1].any() and keep[0, :3].all()
+
+
+def test_quantile():
     values = [5.0, 1.0, 3.0, 2.0, 4.0]
     assert quantile(values, 0.2) == 1.0 and quantile(values, 0.5) == 3.0 and quantile(values, 1.0) == 5.0
     assert quantile(values, 0.01) == 1.0
@@ -38,16 +60,11 @@ def test_bounds_wait_for_enough_own_completions_then_follow_them():
     own = [[-1.0, -1.0, -1.0], [-2.0, -2.0], [-0.5, -3.5, -0.5, -0.5], [-1.0] * 6]
     profile.observe("add", own[:3])
     assert profile.span_floor() is None and profile.max_length("add") is None
-    assert profile.verdict("add", [-50.0] * 40) is None  # no bound yet: only the token floor holds
     profile.observe("add", own[3:])
     # spans: -1, -2, -2 (window 2 of [-0.5, -3.5, ...]), -1 -> the 0.25 quantile is -2, less 0.5
     assert profile.span_floor() == -2.5
     # lengths 3, 2, 4, 6 -> the median (lower) is 3, twice that is 6
     assert profile.max_length("add") == 6 and profile.max_length("sub") is None
-    assert profile.verdict("add", [-1.0] * 7) == "too_long_for_us"
-    assert profile.verdict("add", [-1.0, -3.0, -3.0]) == "implausible"
-    assert profile.verdict("add", [-1.0, -2.0, -3.0]) is None  # span -2.5 is not below -2.5
-    assert profile.verdict("sub", [-1.0] * 40) is None  # no own completions of sub: no length bound
 
 
 def test_profile_keeps_only_recent_history():

@@ -136,13 +136,13 @@ def run(spec: LabSpec, work: Path | None = None) -> LabResult:
         honest_read = honest_dropped = 0
         if peers and victim.exchange is not None:
             ingestor, hid = victim.exchange.ingestor, peers[0].exchange.identity.peer_id
-            honest_read = ingestor.read_by_peer.get(hid, 0)
+            honest_read = ingestor.judged_by_peer.get(hid, 0)
             rejected = ingestor.by_peer.get(hid, (0, {}))[1]
             honest_dropped = sum(n for k, n in rejected.items() if k in ("implausible", "too_long_for_us"))
         measured["honest_read"], measured["honest_dropped"] = honest_read, honest_dropped
         victim_metrics = {k: record.get(k) for k in ("ingest_rejected", "ingest_screened", "ingest_groups_accepted",
                                                       "ingest_offences", "peers_banned", "n_peer_groups",
-                                                      "ingest_screen_rate", "ingest_tokens_masked")
+                                                      "screen_rows", "screen_tokens", "screen_tokens_masked")
                           if k in record}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
                      victim=victim_metrics, own_asr=own_asr, **measured)
