@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
 def _bundle_module():
-    sys.path.insert(0, str(ROOT / "scripts" / "dev"))
-    try:
-        import gpu_bundle
-    finally:
-        sys.path.remove(str(ROOT / "scripts" / "dev"))
-    return gpu_bundle
+    return load_script("dev/gpu_bundle")
 
 
 def test_the_bundle_packs_files_into_bounded_parts_that_join_back(tmp_path):
@@ -51,11 +48,16 @@ def test_the_script_parses_and_passes_shellcheck_where_it_is_installed():
 
 
 def test_without_torch_it_says_in_one_line_what_to_install(tmp_path):
-    python = shutil.which("python3")
-    if python is None or subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
-        pytest.skip("no python3 without torch on this machine")
-    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": python, "GPU_CHECK_OUT": str(tmp_path)})
+    """This interpreter, with torch, transformers and peft made unimportable (a package of each name first on
+    its path, whose import fails), as on a bare machine: so the test runs wherever the tests do."""
+    hidden = tmp_path / "hidden"
+    for name in ("torch", "transformers", "peft"):
+        (hidden / name).mkdir(parents=True)
+        (hidden / name / "__init__.py").write_text(f"raise ImportError('no {name} on this machine')\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "PYTHONPATH": str(hidden),
+           "GPU_CHECK_OUT": str(tmp_path / "out")}
+    assert subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True).returncode == 1
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: install first: torch transformers peft"), lines

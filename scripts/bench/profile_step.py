@@ -30,8 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import torch  # noqa: E402
 
 from node.config import load_config  # noqa: E402

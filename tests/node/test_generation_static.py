@@ -4,6 +4,8 @@ the decode step is captured in a CUDA graph and must give the same again."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -95,8 +97,18 @@ def test_a_pool_keeps_a_bounded_number_of_decoders_and_refuses_a_batch_it_was_no
 
 
 def test_the_backend_asks_for_graphs_only_on_cuda():
-    policy = _policy("tiny-base")
-    assert HFBackend(policy, batch_size=8, cuda_graphs=True).cuda_graphs is False
+    """Both halves of the choice, without a GPU: the backend reads the policy's device and builds nothing on
+    it, so the policy here is told it is on CUDA. Graphs (and, with ``keep_graphs``, a pool of decoders) where
+    it is and they are asked for; neither on the CPU, asked or not."""
+    cpu = _policy("tiny-base")
+    cuda = dataclasses.replace(cpu, device=torch.device("cuda"))
+    chosen = {(policy.device.type, graphs, keep): (backend.cuda_graphs, backend.decoders is not None)
+              for policy in (cpu, cuda) for graphs in (False, True) for keep in (False, True)
+              for backend in [HFBackend(policy, batch_size=8, cuda_graphs=graphs, keep_graphs=keep)]}
+    assert chosen == {("cpu", False, False): (False, False), ("cpu", False, True): (False, False),
+                      ("cpu", True, False): (False, False), ("cpu", True, True): (False, False),
+                      ("cuda", False, False): (False, False), ("cuda", False, True): (False, False),
+                      ("cuda", True, False): (True, False), ("cuda", True, True): (True, True)}
 
 
 def _cuda_policy() -> Policy:
