@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from node.exchange.plausibility import OwnProfile, ScreenSettings
+from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import (
@@ -58,6 +58,7 @@ from node.policy.logprobs import (
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
+from node.policy.special import stop_ids
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
 from node.train.screen import PeerScreen
@@ -123,8 +124,7 @@ class Ingestor:
         self.screen = screen or ScreenSettings()
         self.profile = OwnProfile(self.screen)
         self.screened = [0, 0, 0]  # peer rows trained on, their tokens, tokens masked out of the loss
-        self._verdicts: OrderedDict[str, deque[bool]] = OrderedDict()  # an author's last verdicts: dropped?
-        self.judged_by_peer: OrderedDict[str, int] = OrderedDict()  # completions judged, per author
+        self.verdicts = AuthorVerdicts(self.screen, MAX_TRACKED_PEERS)  # per author: kept out, of judged
         # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
         # (``train.external_shift``) gives it one; without a shift its anchors are never used.
         self.anchor_flat_groups = anchor_flat_groups
@@ -146,6 +146,8 @@ class Ingestor:
         tok = policy.tokenizer
         self._vocab_size = len(tok)
         self._eos = tok.eos_token_id
+        # any of the model's end-of-sequence ids ends a completion (node.policy.special)
+        self._stops = frozenset(stop_ids(getattr(policy, "model", None), tok))
         self._special = frozenset(int(i) for i in tok.all_special_ids)
         self._seeds: dict[tuple[str, int], set[int]] = {}  # (author, epoch) -> task seeds seen
         self.by_peer: OrderedDict[str, tuple[int, Counter[str]]] = OrderedDict()  # groups accepted, rejected
@@ -354,23 +356,12 @@ class Ingestor:
 
     def _judged(self, peer_id: str, n: int, dropped: int, reason: str, detail: str) -> None:
         """``n`` of an author's completions judged, ``dropped`` of them by ``reason``."""
-        verdicts = self._verdicts.pop(peer_id, None) or deque(maxlen=self.screen.ban_window)
-        self._verdicts[peer_id] = verdicts
-        while len(self._verdicts) > MAX_TRACKED_PEERS:
-            self._verdicts.popitem(last=False)
-        verdicts.extend([True] * dropped + [False] * (n - dropped))
-        self.judged_by_peer[peer_id] = self.judged_by_peer.pop(peer_id, 0) + n
-        while len(self.judged_by_peer) > MAX_TRACKED_PEERS:
-            self.judged_by_peer.popitem(last=False)
+        self.verdicts.record(peer_id, n, dropped)
         if dropped:
             self._reject(reason, detail, dropped)
 
     def _banned_now(self, peer_id: str) -> bool:
-        """Whether ``screen_ban_share`` of the author's last ``screen_ban_window`` completions were dropped."""
-        verdicts = self._verdicts.get(peer_id)
-        s = self.screen
-        return (s.enabled and verdicts is not None and len(verdicts) == s.ban_window
-                and sum(verdicts) >= s.ban_share * s.ban_window)
+        return self.verdicts.banned(peer_id)
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
         """Cheap checks of a ref before any task is generated."""
@@ -403,7 +394,7 @@ class Ingestor:
             return None, None, "too_long"
         if any(i >= self._vocab_size for i in ids):
             return None, None, "bad_token_id"
-        if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
+        if ends_with_eos != (bool(ids) and ids[-1] in self._stops):
             return None, None, "eos_mismatch"
         body = ids[:-1] if ends_with_eos else ids
         if any(i in self._special for i in body):

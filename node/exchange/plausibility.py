@@ -23,7 +23,7 @@ wait; the token floor holds from the first step. Pure: no torch.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -100,3 +100,30 @@ class OwnProfile:
         if lengths is None or len(lengths) < s.min_own:
             return None
         return math.ceil(s.length_ratio * quantile(list(lengths), s.length_quantile))
+
+
+class AuthorVerdicts:
+    """Per author: whether each of its last ``ban_window`` judged completions was dropped, and how many of its
+    completions were judged in all; the ``max_authors`` most recently judged authors kept."""
+
+    def __init__(self, settings: ScreenSettings, max_authors: int) -> None:
+        self.settings = settings
+        self.max_authors = max_authors
+        self._last: OrderedDict[str, deque[bool]] = OrderedDict()
+        self.judged: OrderedDict[str, int] = OrderedDict()
+
+    def record(self, author: str, n: int, dropped: int) -> None:
+        """``n`` of the author's completions judged, ``dropped`` of them kept out."""
+        last = self._last.pop(author, None) or deque(maxlen=self.settings.ban_window)
+        self._last[author] = last
+        last.extend([True] * dropped + [False] * (n - dropped))
+        self.judged[author] = self.judged.pop(author, 0) + n
+        for book in (self._last, self.judged):
+            while len(book) > self.max_authors:
+                book.popitem(last=False)
+
+    def banned(self, author: str) -> bool:
+        """Whether ``ban_share`` of the author's last ``ban_window`` completions were dropped (screen on)."""
+        last, s = self._last.get(author), self.settings
+        return (s.enabled and last is not None and len(last) == s.ban_window
+                and sum(last) >= s.ban_share * s.ban_window)

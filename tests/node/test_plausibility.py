@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from node.exchange.plausibility import OwnProfile, ScreenSettings, least_plausible_span, quantile
+from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings, least_plausible_span, quantile
 from node.policy.logprobs import right_pad
 from node.train.screen import PeerScreen, least_plausible_spans, screen_peer_tokens
 
@@ -73,3 +73,19 @@ def test_profile_keeps_only_recent_history():
     assert profile.span_floor() == -10.5
     profile.observe("add", [[-1.0, -1.0]] * 4)
     assert profile.span_floor() == -1.5 and math.isclose(profile.max_length("add") or 0, 4)
+
+
+def test_an_author_is_banned_once_its_last_window_is_mostly_dropped_and_the_oldest_authors_are_forgotten():
+    verdicts = AuthorVerdicts(ScreenSettings(ban_window=4, ban_share=0.75), max_authors=2)
+    verdicts.record("a", 3, 3)
+    assert not verdicts.banned("a")  # three verdicts: the window is not full yet
+    verdicts.record("a", 1, 0)
+    assert verdicts.banned("a")  # 3 of the last 4 dropped
+    verdicts.record("a", 2, 0)
+    assert not verdicts.banned("a") and verdicts.judged["a"] == 6  # the window moved on: 1 of the last 4
+    verdicts.record("b", 4, 4)
+    verdicts.record("c", 1, 0)
+    assert list(verdicts.judged) == ["b", "c"] and not verdicts.banned("a")
+    off = AuthorVerdicts(ScreenSettings(enabled=False, ban_window=1, ban_share=0.5), max_authors=2)
+    off.record("a", 1, 1)
+    assert not off.banned("a")

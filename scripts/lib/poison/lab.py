@@ -136,7 +136,7 @@ def run(spec: LabSpec, work: Path | None = None) -> LabResult:
         honest_read = honest_dropped = 0
         if peers and victim.exchange is not None:
             ingestor, hid = victim.exchange.ingestor, peers[0].exchange.identity.peer_id
-            honest_read = ingestor.judged_by_peer.get(hid, 0)
+            honest_read = ingestor.verdicts.judged.get(hid, 0)
             rejected = ingestor.by_peer.get(hid, (0, {}))[1]
             honest_dropped = sum(n for k, n in rejected.items() if k in ("implausible", "too_long_for_us"))
         measured["honest_read"], measured["honest_dropped"] = honest_read, honest_dropped
