@@ -226,5 +226,5 @@ def payload_logprob(victim: Any, attack: Attack, spec: LabSpec) -> float | None:
     dev = victim.policy.device
     with torch.no_grad():
         lps = shared_prompt_logprobs(victim.policy.model, prompts, ids.to(dev), mask.to(dev), pad_id=tok.pad_token_id)
-    lps = lps.float().cpu()
-    return float((lps * mask).sum() / mask.sum())
+    lps, mask = lps.float().cpu(), mask.bool()
+    return float(torch.where(mask, lps, 0.0).sum() / mask.sum())  # padding is a special token: -inf, not 0
