@@ -150,4 +150,28 @@ class IngestConfig(Section):
     score_timeout: float = Field(2.0, gt=0, description="per completion, for sources scored in a child process")
     min_logprob: float = Field(-100.0, lt=0, description="lowest behaviour log-prob accepted from a peer")
     anchor_memory_mb: int = Field(256, ge=1, description="logits memory of one re-tokenization micro-batch")
+    # What a peer's text may teach (node/exchange/plausibility.py; docs/trust.md, "Peer text").
+    screen: bool = Field(True, description="read every peer completion with this node's own model and keep what "
+                         "it could not have said out of training (the token floor, the span and length bounds)")
+    screen_token_floor: float = Field(
+        -9.2, lt=0, description="a peer token this node's model gives a log-prob below this (-9.2: 1e-4) is not "
+        "trained on: peers can only reinforce tokens the node might sample itself")
+    screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
+                               "least plausible stretch (an injected sentence is a run of unlikely tokens)")
+    screen_span_quantile: float = Field(
+        0.01, gt=0, lt=1, description="a peer completion whose least plausible span is below this quantile of "
+        "the node's own completions' (less screen_span_margin) is dropped: about this share of an honest peer's "
+        "that samples as the node does")
+    screen_span_margin: float = Field(1.0, ge=0, description="nats below the own quantile before a peer's span "
+                                      "counts as implausible")
+    screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "
+                                          "the length bound scales")
+    screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "
+                                       "quantile length of its dataset is dropped (needlessly long text)")
+    screen_min_own: int = Field(64, ge=1, description="own completions seen (of the dataset, for length) before "
+                                "the span and length bounds apply")
+    screen_ban_share: float = Field(0.9, gt=0, le=1, description="an author of whose last screen_ban_window "
+                                    "completions this share or more were dropped by the span or length bound is banned "
+                                    "(an honest peer sampling as this node does loses about screen_span_quantile)")
+    screen_ban_window: int = Field(64, ge=1, description="an author's most recent completions the ban share is of")
 

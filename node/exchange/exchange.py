@@ -22,12 +22,14 @@ from typing import Any, Protocol
 
 from node.exchange.ingest import IngestLimits, Ingestor
 from node.exchange.outbound import to_rollout_groups
+from node.exchange.plausibility import ScreenSettings
 from node.exchange.scoring import ScoringWorker
 from node.failpoints import crash_point
 from node.generation.rollouts import SampledGroup
 from node.policy.model import Policy
 from node.tasks import TaskSource
 from node.train.groups import TrainGroup
+from node.train.screen import PeerScreen
 from protocol.identity import Identity
 from protocol.records import RolloutBatch, RolloutGroup
 from swarm.peer_book import PeerRow
@@ -69,7 +71,7 @@ class SwarmExchange:
                  max_peer_tokens: int | None = None, ingest_limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, restart_backoff: float = 5.0,
                  max_restart_backoff: float = 300.0, max_pending_groups: int = 256,
-                 anchor_flat_groups: bool = True) -> None:
+                 anchor_flat_groups: bool = True, screen: ScreenSettings | None = None) -> None:
         self.policy = policy
         self.transport = transport
         self.identity = identity
@@ -79,7 +81,7 @@ class SwarmExchange:
         penalize = getattr(transport, "penalize", None)
         self.ingestor = Ingestor(policy, source, temperature=temperature, max_completion_tokens=max_completion_tokens,
                                  max_peer_tokens=max_peer_tokens, limits=ingest_limits, scorer=scorer,
-                                 penalize=penalize, anchor_flat_groups=anchor_flat_groups)
+                                 penalize=penalize, anchor_flat_groups=anchor_flat_groups, screen=screen)
         self.seq = 0
         self.groups_shared = 0
         self.restart_backoff = restart_backoff
@@ -141,6 +143,18 @@ class SwarmExchange:
             self.errors["publish"] += 1
             logger.warning("publishing batch %d failed: %s", batch.seq, exc)
         crash_point("publish")
+
+    def observe_own(self, groups: list[TrainGroup]) -> None:
+        """The node's own sampled groups: what a peer's text is held to (``node.exchange.plausibility``)."""
+        self.ingestor.observe_own(groups)
+
+    def screen_bounds(self) -> PeerScreen | None:
+        """The bounds this step's training holds peers' tokens to (None with ``ingest.screen`` off)."""
+        return self.ingestor.screen_bounds()
+
+    def record_screened(self, by_peer: dict[str, list[int]]) -> None:
+        """What training kept out of each author's text this step; an author whose text keeps failing is banned."""
+        self.ingestor.record_screened(by_peer)
 
     def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
         """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import (
@@ -60,6 +61,7 @@ from node.policy.model import Policy
 from node.policy.special import stop_ids
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
+from node.train.screen import PeerScreen
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Rollout, RolloutBatch, RolloutGroup
 from protocol.taskref import TaskRef
@@ -69,12 +71,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["OFFENCES", "REJECT_REASONS", "SURPLUS_REASONS", "IngestLimits", "Ingestor"]
 
-OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout"})
-"""Rejections no honest peer causes: each bans the author (once per call)."""
+OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout",
+                      "implausible_text"})
+"""Rejections no honest peer causes: each bans the author (once per call). ``implausible_text``: at least
+``screen_ban_share`` of an author's completions dropped by the span or length bound (``screen_ban_window`` read)."""
 REJECT_REASONS = frozenset({
     "unknown_task", "foreign_dataset", "seed_cap", "held_out", "too_long", "bad_token_id", "eos_mismatch",
     "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
     "score_error", "score_timeout", "scorer_unavailable", "peer_offended", "penalize_failed",
+    "implausible", "too_long_for_us", "implausible_text",
 })
 """Every reason ``ingest_rejected`` counts (docs/trust.md names each)."""
 SURPLUS_REASONS = frozenset({"peer_budget", "step_budget", "not_needed"})
@@ -112,8 +117,14 @@ class Ingestor:
     def __init__(self, policy: Policy, source: TaskSource, *, temperature: float, max_completion_tokens: int,
                  max_peer_tokens: int | None = None, limits: IngestLimits | None = None,
                  scorer: ScoringWorker | None = None, penalize: Callable[[str, str], None] | None = None,
-                 micro_batch_size: int = 256, anchor_flat_groups: bool = True) -> None:
+                 micro_batch_size: int = 256, anchor_flat_groups: bool = True,
+                 screen: ScreenSettings | None = None) -> None:
         self.policy = policy
+        # What a peer's text may teach: read with our own model, bounded by our own completions.
+        self.screen = screen or ScreenSettings()
+        self.profile = OwnProfile(self.screen)
+        self.screened = [0, 0, 0]  # peer rows trained on, their tokens, tokens masked out of the loss
+        self.verdicts = AuthorVerdicts(self.screen, MAX_TRACKED_PEERS)  # per author: kept out, of judged
         # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
         # (``train.external_shift``) gives it one; without a shift its anchors are never used.
         self.anchor_flat_groups = anchor_flat_groups
@@ -294,7 +305,63 @@ class Ingestor:
         group.rewards = rewards
         if len(set(rewards)) > 1 or self.anchor_flat_groups:
             self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
+        return self._screened(group, peer_id)
+
+    # -- what a peer's text may teach (node.exchange.plausibility) ---------------------------------------
+
+    def observe_own(self, groups: list[TrainGroup]) -> None:
+        """Record the node's own sampled groups (their behaviour log-probs): what a peer's text is held to."""
+        for group in groups:
+            self.profile.observe(group.dataset, group.anchor_logprobs)
+
+    def screen_bounds(self) -> PeerScreen | None:
+        """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
+        s = self.screen
+        return PeerScreen(s.token_floor, s.window, self.profile.span_floor()) if s.enabled else None
+
+    def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
+        """``group`` without the completions longer than the node's own on the dataset (the span and token
+        bounds are held in training, on the training pass's own log-probs); ``(None, offence)`` once the
+        author's text keeps failing."""
+        limit = self.profile.max_length(group.dataset) if self.screen.enabled else None
+        keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit]
+        self._judged(peer_id, len(group.completions), len(group.completions) - len(keep), "too_long_for_us",
+                     group.key)
+        if self._banned_now(peer_id):
+            self._reject("implausible_text", group.key)
+            return None, "implausible_text"
+        if not keep:
+            self._reject("empty_group", group.key)
+            return None, None
+        if len(keep) < len(group.completions):
+            group.completions = [group.completions[i] for i in keep]
+            group.anchor_logprobs = [group.anchor_logprobs[i] for i in keep]
+            group.rewards = [group.rewards[i] for i in keep]
         return group, None
+
+    def record_screened(self, by_peer: dict[str, list[int]]) -> None:
+        """What a training step kept out of peers' text (``Trainer.screened``: per author rows, rows dropped,
+        tokens, tokens masked): counted, and an author whose text keeps failing is banned."""
+        for peer_id, (rows, dropped, tokens, masked) in by_peer.items():
+            self._peer = peer_id
+            try:
+                self._judged(peer_id, rows, dropped, "implausible", "trained rows")
+            finally:
+                self._peer = None
+            self.screened[0] += rows
+            self.screened[1] += tokens
+            self.screened[2] += masked
+            if self._banned_now(peer_id):
+                self._offence(peer_id, "implausible_text")
+
+    def _judged(self, peer_id: str, n: int, dropped: int, reason: str, detail: str) -> None:
+        """``n`` of an author's completions judged, ``dropped`` of them by ``reason``."""
+        self.verdicts.record(peer_id, n, dropped)
+        if dropped:
+            self._reject(reason, detail, dropped)
+
+    def _banned_now(self, peer_id: str) -> bool:
+        return self.verdicts.banned(peer_id)
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
         """Cheap checks of a ref before any task is generated."""
@@ -421,6 +488,8 @@ class Ingestor:
                                "ingest_reanchored": self.reanchored,
                                "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
                                "ingest_offences": dict(self.offences),
+                               "screen_rows": self.screened[0], "screen_tokens": self.screened[1],
+                               "screen_tokens_masked": self.screened[2],
                                "ingest_seconds": self.last_seconds}
         if self.scorer is not None:
             out.update(self.scorer.metrics())

@@ -187,6 +187,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         own_cap, j = self._plan(len(local), len(with_signal))
         external: list[TrainGroup] = []
         if self.exchange is not None:
+            self.exchange.observe_own(local)  # what peers' text is held to
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch, j)
         t_exchange = time.perf_counter() - t_gen
@@ -195,7 +196,10 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         signal_groups = with_signal[:own_cap] + external
         histograms = self.tracking.wants_histograms(self.step + 1)
         t_train = time.perf_counter()
-        stats = self.trainer.step(signal_groups, keep_distributions=histograms)
+        screen = self.exchange.screen_bounds() if self.exchange is not None else None
+        stats = self.trainer.step(signal_groups, keep_distributions=histograms, screen=screen)
+        if self.exchange is not None and self.trainer.screened:
+            self.exchange.record_screened(self.trainer.screened)
         t_train = time.perf_counter() - t_train
         if self.decider is not None:
             self.decider.observe(stats.get("peer_alignment"))

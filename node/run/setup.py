@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node.api.board import NodeInfo
-from node.config import NodeConfig, resolve_api
+from node.config import IngestConfig, NodeConfig, resolve_api
 from node.errors import ConfigError, TaskError
 from node.exchange.exchange import SwarmExchange
 from node.exchange.ingest import IngestLimits
+from node.exchange.plausibility import ScreenSettings
 from node.exchange.scoring import ScoringWorker, SourceSpec
 from node.generation.backend import node_backend
 from node.generation.base import GenerationBackend
@@ -162,7 +163,7 @@ class SetupMixin(NodeState):
                              swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
                              max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
                              ingest_limits=limits, scorer=self._build_scorer(),
-                             anchor_flat_groups=self.cfg.train.external_shift != 0)
+                             anchor_flat_groups=self.cfg.train.external_shift != 0, screen=screen_settings(ic))
 
     def _build_scorer(self) -> ScoringWorker | None:
         """A child process for peers' completions when the source's scorers may be slow (started lazily)."""
@@ -224,3 +225,11 @@ def _dump_yaml(cfg: NodeConfig) -> str:
     if data["api"]["token"] is not None:
         data["api"]["token"] = "<redacted>"  # a secret does not go into a file others may read
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def screen_settings(ic: IngestConfig) -> ScreenSettings:
+    """The ``ingest.screen*`` keys as the ingestor takes them."""
+    return ScreenSettings(enabled=ic.screen, token_floor=ic.screen_token_floor, window=ic.screen_window,
+                          span_quantile=ic.screen_span_quantile, span_margin=ic.screen_span_margin,
+                          length_quantile=ic.screen_length_quantile, length_ratio=ic.screen_length_ratio,
+                          min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window)

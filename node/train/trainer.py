@@ -33,11 +33,13 @@ from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 from node.train.peer_value import cosine
+from node.train.screen import PeerScreen, screen_peer_tokens
 
 logger = logging.getLogger(__name__)
 
 
-_Row = tuple[list[int], list[int], list[float], float, bool]  # prompt, completion, anchors, advantage, own sample
+# prompt, completion, anchors, advantage, own sample, author ("" for the node's own)
+_Row = tuple[list[int], list[int], list[float], float, bool, str]
 
 
 class Trainer:
@@ -95,6 +97,9 @@ class Trainer:
         self.distributions: dict[str, torch.Tensor] = {}
         self._pending: dict[str, list[torch.Tensor]] = {}
         self._keep = False
+        self._screen: PeerScreen | None = None
+        self._screen_counts: list[tuple[list[str], torch.Tensor]] = []
+        self.screened: dict[str, list[int]] = {}
 
     def _fuse(self) -> None:
         """The fused pass and flat parameter groups, where the policy allows them (else the modules' path)."""
@@ -129,17 +134,23 @@ class Trainer:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(flat_state(state, self.flat_groups) if self.flat_groups else state)
 
-    def step(self, groups: list[TrainGroup], keep_distributions: bool = False) -> dict[str, float]:
+    def step(self, groups: list[TrainGroup], keep_distributions: bool = False,
+             screen: PeerScreen | None = None) -> dict[str, float]:
         """Train on every completion of ``groups`` (advantages already assigned): one optimizer step, or
-        ``optimizer_steps`` on parts of them.
+        ``optimizer_steps`` on parts of them. With ``screen``, peers' tokens and rows this node's model finds
+        implausible are kept out of the loss (``node.train.screen``); ``self.screened`` then holds, per
+        author, ``[rows, rows dropped, tokens, tokens masked]`` of the step.
 
         With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
         sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
         histograms."""
         self.distributions = {}
         self._keep = keep_distributions
+        self._screen = screen
+        self._screen_counts = []  # per micro-batch: the rows' authors and their [4, B] counts
+        self.screened = {}
         rows: list[_Row] = [
-            (g.prompt_ids, ids, lps, float(a), g.is_local)
+            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id)
             for g in groups
             if g.advantages is not None
             for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
@@ -178,6 +189,7 @@ class Trainer:
             out["optimizer_steps"] = float(len(norms))
         if self._alignments:
             out["peer_alignment"] = sum(self._alignments) / len(self._alignments)
+        self.screened = self._screen_totals()
         if self._gap[2]:  # this step's own samples: the sampler's log-probs against ours, before the update
             out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
         return out
@@ -232,6 +244,7 @@ class Trainer:
             logprobs = shared_prompt_logprobs(self.policy.model, [r[0] for r in rows], completion_ids,
                                               completion_mask, pad_id=pad_id, temperature=self.temperature)
             own = torch.tensor([r[4] for r in rows], device=device)
+            loss_mask = self._screened_mask(rows, logprobs, completion_mask, ~own)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
             if self._keep:
@@ -246,13 +259,44 @@ class Trainer:
                 anchor = torch.where(own_rows, logprobs.detach(), anchor)
             if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
                 anchor = logprobs.detach()
-            loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+            loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                       token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
         prompt_ids, prompt_mask = (t.to(device) for t in left_pad([r[0] for r in rows], pad_id))
+        peer = torch.tensor([not r[4] for r in rows], device=device)
         return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
-                                      weight)
+                                      weight, rows, peer)
+
+    def _screened_mask(self, rows: list[_Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
+                       count_rows: int | None = None) -> torch.Tensor:
+        """The loss mask: ``mask`` less the peer tokens and rows the screen keeps out; their counts kept on the
+        device (read once, at the end of the step)."""
+        if self._screen is None or all(r[4] for r in rows):
+            return mask
+        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen)
+        n = count_rows or len(rows)
+        valid, peer_rows = mask[:n].bool(), peer[:n]
+        counts = torch.stack([peer_rows.long(), dropped[:n].long(), (valid & peer_rows[:, None]).sum(-1),
+                              (valid & ~keep[:n] & peer_rows[:, None]).sum(-1)])
+        self._screen_counts.append(([r[5] for r in rows[:n]], counts))
+        return mask & keep
+
+    def _screen_totals(self) -> dict[str, list[int]]:
+        """Per author: rows, rows dropped, tokens, tokens masked, over the step."""
+        totals: dict[str, list[int]] = {}
+        if not self._screen_counts:
+            return totals
+        authors = [a for batch, _ in self._screen_counts for a in batch]
+        with torch.profiler.record_function("host_read"):  # the step's one read of the screen's counts
+            columns = torch.cat([counts for _, counts in self._screen_counts], dim=1).T.tolist()
+        for author, column in zip(authors, columns):
+            if author:
+                total = totals.setdefault(author, [0, 0, 0, 0])
+                for i, v in enumerate(column):
+                    total[i] += int(v)
+        self._screen_counts = []
+        return totals
 
     def _update_fused(self, rows: list[_Row], n_parts: int) -> tuple[dict[str, float], float | None]:
         """``_update`` through the fused pass: the micro-batches' figures summed on the device, the gradient
@@ -326,6 +370,7 @@ class Trainer:
         logprobs = self.fused.logprobs([r[0] for r in rows], [r[1] for r in rows],
                                        pad_id=self.policy.tokenizer.pad_token_id, temperature=self.temperature)
         own_tokens = completion_mask & own[:, None]
+        loss_mask = self._screened_mask(rows, logprobs, completion_mask, ~own)
         gap = logprob_gap_terms(logprobs, anchor, own_tokens)
         if self._keep:
             self._pending.setdefault("advantages", []).append(advantages.detach().float())
@@ -338,7 +383,7 @@ class Trainer:
             anchor = torch.where(own_rows, logprobs.detach(), anchor)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
-        loss, stats = policy_loss_terms(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+        loss, stats = policy_loss_terms(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                         token_weights=token_weights, **self.loss_kwargs)
         (loss * weight).backward()
         return torch.cat([stats * share, gap])
@@ -351,23 +396,28 @@ class Trainer:
 
     def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                           completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,
-                          weight: float) -> dict[str, float]:
+                          weight: float, rows: list[_Row] | None = None,
+                          peer: torch.Tensor | None = None) -> dict[str, float]:
         """ReMix: the batch repeated M times (routing-major), one sampled routing per row; LoRA weights get the
         policy loss averaged over all M routings, the router the RLOO estimator over per-sequence losses."""
         m = self.routings
         remix = self.policy.remix
+        b = completion_ids.shape[0]
         rep = [t.repeat(m, *([1] * (t.dim() - 1))) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask,
                                                                anchor, advantages)]
         prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = rep
         remix.sampled(m, self.routing_generator)
         logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                      temperature=self.temperature, remix=remix)
+        loss_mask = completion_mask
+        if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
+            loss_mask = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(m), count_rows=b)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
-        loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+        loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                   **self.loss_kwargs)
         # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).
-        per_sequence = sequence_values(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+        per_sequence = sequence_values(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                        **self.loss_kwargs)
         router_loss = remix.router_loss(per_sequence, m)
         ((loss + router_loss) * weight).backward()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from node.exchange.ingest import Ingestor
+from node.exchange.ingest import IngestLimits, Ingestor
 from node.generation.rollouts import encode_prompt
 from node.policy.model import tokenizer_fingerprint
 from node.policy.small import train_bpe_tokenizer
@@ -144,8 +144,9 @@ def test_groups_past_the_budgets_are_surplus_not_rejections():
     def batch(groups: tuple[RolloutGroup, ...]) -> RolloutBatch:
         return RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, groups)
 
+    # Generous time budgets: this test is about groups, and a loaded machine's first forward passes are slow.
     ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=8,
-                        limits=IngestLimits(max_groups_per_peer=3))
+                        limits=IngestLimits(max_groups_per_peer=3, max_seconds=600.0, max_seconds_per_peer=600.0))
     got = ingestor.ingest_batches([batch(tuple(group(i) for i in range(10)))], max_groups=8)
     assert len(got) == 3 and ingestor.surplus == {"peer_budget": 7} and not ingestor.rejected
     got = ingestor.ingest_batches([batch(tuple(group(i) for i in range(3))) for _ in range(3)], max_groups=4)
@@ -205,8 +206,8 @@ def test_a_flat_group_is_anchored_only_when_a_baseline_shift_can_give_it_signal(
 
     right = SOURCE.task(refs[0]).answer
     signal, flat = group(refs[0], [right, "1", right]), group(refs[1], ["1", "2"])
-    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,
-                        anchor_flat_groups=anchor_flat)
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16, anchor_flat_groups=anchor_flat,
+                        limits=IngestLimits(max_seconds=600.0, max_seconds_per_peer=600.0))
     batch = RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (signal, flat))
     got = {g.key: g for g in ingestor.ingest(batch)}
     assert got[refs[0].key()].rewards == [1.0, 0.0, 1.0] and len(set(got[refs[1].key()].rewards)) == 1

@@ -15,8 +15,9 @@ from tests.node.conftest import make_config
 
 
 def _node(run_dir, hub=None, *overrides):
+    # Generous ingestion time budgets: these tests are about selection, and a loaded machine reads slowly.
     cfg = make_config(str(run_dir), "train.steps=100", "train.eval_every=100", "tasks.datasets=[add,sub]",
-                      *overrides)
+                      "ingest.max_seconds_per_step=600", "ingest.max_seconds_per_peer_step=600", *overrides)
     node = Node(cfg, show_progress=False, transport=hub.join if hub is not None else None)
     node.setup()
     return node

@@ -90,7 +90,8 @@ def test_one_silo_step_on_smollm2(tmp_path: Path, smollm2: Path) -> None:
     assert all(torch.equal(before[n], p) for n, p in node.policy.model.named_parameters() if n in before)
 
 
-def test_a_trainer_step_moves_the_adapter_only_in_bounded_memory(smollm2: Path) -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_trainer_step_moves_the_adapter_only_in_bounded_memory(smollm2: Path, fused: bool) -> None:
     """A group with one right and one wrong completion: the LoRA weights move, the base does not, and the
     log-prob pass is split so its logits stay within the budget (49,152-entry vocabulary)."""
     policy = build_policy(ModelConfig(name_or_path="smollm2-135m"), AdapterConfig(rank=4, train_norms=False), 0)
@@ -106,19 +107,22 @@ def test_a_trainer_step_moves_the_adapter_only_in_bounded_memory(smollm2: Path) 
     budget_mb = 8  # one 14-token row's logits take 8.3 MB: each row goes alone
     trainer = Trainer(policy, lr=1e-3, norm_lr=1e-3, router_lr=1e-3, weight_decay=0.0, max_grad_norm=1.0, loss="topr",
                       eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=256, temperature=1.0,
-                      logits_memory_mb=budget_mb)
+                      logits_memory_mb=budget_mb, fused=fused)
+    assert (trainer.fused is not None) == fused  # smollm2's LoRA trains through the fused pass by default
     calls: list[int] = []
     model = policy.model
-    original = model.forward
+    owner = trainer.fused if trainer.fused is not None else model
+    name = "logprobs" if trainer.fused is not None else "forward"
+    original = getattr(owner, name)
 
-    def counting_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(kwargs["input_ids"].shape[0])
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(args[0]) if trainer.fused is not None else kwargs["input_ids"].shape[0])
         return original(*args, **kwargs)
 
-    model.forward = counting_forward  # type: ignore[method-assign]
+    setattr(owner, name, counting)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     stats = trainer.step([group])
-    model.forward = original  # type: ignore[method-assign]
+    setattr(owner, name, original)
     assert calls == [1, 1] and stats["n_sequences"] == 2.0 and torch.isfinite(torch.tensor(stats["loss"]))
     changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
     assert changed and all("lora_" in n for n in changed) and any("lora_B" in n for n in changed)
@@ -162,6 +166,8 @@ def test_an_exported_adapter_loads_offline_with_the_code_its_model_card_gives(tm
     with torch.no_grad():
         ours = policy.model(torch.tensor([ids])).logits
     theirs = torch.load(tmp_path / "logits.pt")
-    assert (ours - theirs).abs().max() < 1e-4
+    allowed = torch.isfinite(ours)  # the node masks the special tokens it never samples; plain peft does not
+    assert 0 < int((~allowed[0, 0]).sum()) < 64 and bool(torch.isfinite(theirs).all())
+    assert (ours - theirs)[allowed].abs().max() < 1e-4
     with torch.no_grad(), policy.model.disable_adapter():  # the adapter matters: this test can fail
-        assert (policy.model(torch.tensor([ids])).logits - theirs).abs().max() > 1e-3
+        assert (policy.model(torch.tensor([ids])).logits - theirs)[allowed].abs().max() > 1e-3

@@ -278,3 +278,84 @@ def test_the_alignment_of_own_and_peer_gradients_is_their_cosine_and_leaves_the_
     assert trainer.step(_twin_groups([0.0, 1.0]))["peer_alignment"] == pytest.approx(-1.0, abs=1e-6)
     own_only = _twin_groups([1.0, 0.0])[:1]
     assert "peer_alignment" not in trainer.step(own_only)  # one part: nothing to compare
+
+
+def _screened_group(keep=(0, 1)) -> TrainGroup:
+    """A peer group of two completions with given advantages."""
+    completions, advantages = [[6, 7, 2], [8, 9, 2]], [1.0, 0.5]
+    g = TrainGroup(key="k", peer_id="p", epoch=0, prompt_ids=[1, 4, 5], completions=[completions[i] for i in keep],
+                   anchor_logprobs=[[-1.0] * 3 for _ in keep], rewards=[0.0] * len(keep))
+    g.advantages = torch.tensor([advantages[i] for i in keep])
+    return g
+
+
+def _row_logprobs(policy, group: TrainGroup) -> torch.Tensor:
+    from node.policy.logprobs import right_pad, shared_prompt_logprobs
+
+    ids, mask = right_pad(group.completions, 0, torch.long)
+    with torch.no_grad():
+        return shared_prompt_logprobs(policy.model, [group.prompt_ids] * len(group.completions), ids, mask, pad_id=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(fused):
+    """A peer completion whose least plausible span is below the floor contributes no gradient: the step is the
+    one on the other completion alone; the trainer reports the drop for the author."""
+    from node.policy.logprobs import right_pad
+    from node.train.screen import PeerScreen, least_plausible_spans
+
+    policy, screened, screened_grads = _lever_trainer(fused=fused)
+    assert (screened.fused is not None) == fused  # the fused pass and the modules' path each screen
+    lps = _row_logprobs(policy, _screened_group())
+    spans = least_plausible_spans(lps, right_pad(_screened_group().completions, 0, torch.long)[1], 2).tolist()
+    floor = (spans[0] + spans[1]) / 2 if spans[1] < spans[0] else None
+    if floor is None:  # the second row must be the less plausible one for this test: swap roles
+        pytest.skip("tiny-base reads row 1 as the more plausible one")
+    stats = screened.step([_screened_group()], screen=PeerScreen(token_floor=-1e9, window=2, span_floor=floor))
+    _, alone, alone_grads = _lever_trainer(fused=fused)
+    alone.step([_screened_group(keep=(0,))])
+    assert alone_grads[0] and len(alone_grads[0]) == len(screened_grads[0])
+    for a, b in zip(alone_grads[0], screened_grads[0], strict=True):  # up to the rounding of a padded batch
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
+    assert screened.screened == {"p": [2, 1, 6, 3]} and stats["n_sequences"] == 2.0
+    _, plain, plain_grads = _lever_trainer(fused=fused)
+    plain.step([_screened_group()])
+    assert plain.screened == {} and any(not torch.allclose(a, b, atol=1e-6, rtol=1e-2)
+                                        for a, b in zip(alone_grads[0], plain_grads[0]))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_peer_tokens_below_the_floor_stay_in_the_context_but_out_of_the_loss(fused):
+    """The loss of a step with a token floor is the policy loss over the peer tokens at or above it, the
+    log-probs computed with every token in the context (a masked token conditions those after it)."""
+    from node.policy.logprobs import right_pad
+    from node.train.losses import policy_loss
+    from node.train.screen import PeerScreen
+
+    policy, trainer, _ = _lever_trainer(fused=fused)
+    group = _screened_group()
+    lps = _row_logprobs(policy, group)
+    _, mask = right_pad(group.completions, 0, torch.long)
+    floor = float(lps[mask].median())  # about half the tokens below it
+    keep = mask & (lps >= floor)
+    assert 0 < int(keep.sum()) < int(mask.sum())
+    expected, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, keep, "reinforce")
+    unmasked, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, mask, "reinforce")
+    got = trainer.step([group], screen=PeerScreen(token_floor=floor, window=2))["loss"]
+    assert got == pytest.approx(float(expected), rel=1e-5) and abs(float(expected) - float(unmasked)) > 1e-4
+    assert trainer.screened["p"][3] == int((mask & ~keep).sum())
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_screen_leaves_the_nodes_own_rows_alone(fused):
+    from node.train.screen import PeerScreen
+
+    _, screened, screened_grads = _lever_trainer(fused=fused)
+    _, plain, plain_grads = _lever_trainer(fused=fused)
+    own = _screened_group()
+    own.peer_id = ""
+    screened.step([own], screen=PeerScreen(token_floor=-0.001, window=2, span_floor=-0.001))
+    plain.step([own])
+    assert screened.screened == {}
+    for a, b in zip(screened_grads[0], plain_grads[0], strict=True):
+        assert torch.allclose(a, b)

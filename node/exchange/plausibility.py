@@ -1,0 +1,129 @@
+"""How far a peer's completion is from what this node could itself have said: the bounds, set by the node's own
+completions.
+
+The verifier reads only a completion's final answer; whatever precedes or follows it is the author's choice,
+and a positive sample is trained like supervised data. So peer text is held to what the node's own recent
+completions look like (``OwnProfile``, fed with their behaviour log-probs every step):
+
+- the least plausible span: the lowest mean log-prob of ``window`` consecutive tokens. A peer completion
+  whose span, read with the node's own model, falls below the ``span_quantile`` of its own, less
+  ``span_margin`` nats, is dropped (``implausible``): an honest peer sampling what this node samples falls
+  there about as often as ``span_quantile`` of its own completions. With it, a peer token the model gives
+  less than ``exp(token_floor)`` is kept out of the loss. Both are applied in training, on the training pass's
+  own log-probs (``node.train.screen``: no forward pass of its own), with the bounds ``Ingestor.screen_bounds``
+  gives;
+- length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
+  the same dataset is dropped at ingestion (``too_long_for_us``): needlessly long but correct text is how an
+  attacker makes a node verbose.
+
+Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
+wait; the token floor holds from the first step. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["OwnProfile", "ScreenSettings", "least_plausible_span", "quantile"]
+
+
+@dataclass(frozen=True)
+class ScreenSettings:
+    """The ``ingest.screen_*`` settings (docs/configuration.md says why each default)."""
+
+    enabled: bool = True
+    token_floor: float = -9.2  # log(1e-4)
+    window: int = 6
+    span_quantile: float = 0.01
+    span_margin: float = 1.0
+    length_quantile: float = 0.95
+    length_ratio: float = 2.0
+    min_own: int = 64
+    ban_share: float = 0.9
+    ban_window: int = 64
+    history: int = 1024
+
+
+def least_plausible_span(logprobs: Sequence[float], window: int) -> float:
+    """The lowest mean of ``window`` consecutive log-probs (the mean of all when there are fewer); 0.0 for an
+    empty sequence."""
+    n = len(logprobs)
+    if n == 0:
+        return 0.0
+    if n <= window:
+        return sum(logprobs) / n
+    run = sum(logprobs[:window])
+    lowest = run
+    for i in range(window, n):
+        run += logprobs[i] - logprobs[i - window]
+        lowest = min(lowest, run)
+    return lowest / window
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, lower side), ``values`` not empty."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+class OwnProfile:
+    """The node's own recent completions: their least plausible spans (all datasets) and lengths (per dataset),
+    ``history`` of each kept; the bounds a peer completion is held to."""
+
+    def __init__(self, settings: ScreenSettings) -> None:
+        self.settings = settings
+        self.spans: deque[float] = deque(maxlen=settings.history)
+        self.lengths: dict[str, deque[int]] = {}
+
+    def observe(self, dataset: str, logprobs: Sequence[Sequence[float]]) -> None:
+        """Record own completions (their behaviour log-probs, one list a completion) of ``dataset``."""
+        lengths = self.lengths.setdefault(dataset, deque(maxlen=self.settings.history))
+        for lps in logprobs:
+            if lps:
+                self.spans.append(least_plausible_span(lps, self.settings.window))
+                lengths.append(len(lps))
+
+    def span_floor(self) -> float | None:
+        """Below this a peer completion's span is implausible; None until ``min_own`` own completions."""
+        s = self.settings
+        if len(self.spans) < s.min_own:
+            return None
+        return quantile(list(self.spans), s.span_quantile) - s.span_margin
+
+    def max_length(self, dataset: str) -> int | None:
+        """The longest peer completion (tokens) kept on ``dataset``; None until ``min_own`` own ones of it."""
+        s = self.settings
+        lengths = self.lengths.get(dataset)
+        if lengths is None or len(lengths) < s.min_own:
+            return None
+        return math.ceil(s.length_ratio * quantile(list(lengths), s.length_quantile))
+
+
+class AuthorVerdicts:
+    """Per author: whether each of its last ``ban_window`` judged completions was dropped, and how many of its
+    completions were judged in all; the ``max_authors`` most recently judged authors kept."""
+
+    def __init__(self, settings: ScreenSettings, max_authors: int) -> None:
+        self.settings = settings
+        self.max_authors = max_authors
+        self._last: OrderedDict[str, deque[bool]] = OrderedDict()
+        self.judged: OrderedDict[str, int] = OrderedDict()
+
+    def record(self, author: str, n: int, dropped: int) -> None:
+        """``n`` of the author's completions judged, ``dropped`` of them kept out."""
+        last = self._last.pop(author, None) or deque(maxlen=self.settings.ban_window)
+        self._last[author] = last
+        last.extend([True] * dropped + [False] * (n - dropped))
+        self.judged[author] = self.judged.pop(author, 0) + n
+        for book in (self._last, self.judged):
+            while len(book) > self.max_authors:
+                book.popitem(last=False)
+
+    def banned(self, author: str) -> bool:
+        """Whether ``ban_share`` of the author's last ``ban_window`` completions were dropped (screen on)."""
+        last, s = self._last.get(author), self.settings
+        return (s.enabled and last is not None and len(last) == s.ban_window
+                and sum(last) >= s.ban_share * s.ban_window)

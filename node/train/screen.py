@@ -1,0 +1,64 @@
+"""Peer tokens this node could not have said, kept out of its loss: the training side of the peer-text
+screen (``node.exchange.plausibility`` keeps the node's own completions' figures the bounds come from).
+
+Read from the training pass's own log-probs (detached, at the sampling temperature): no extra forward pass,
+and the policy the loss is about to move is the one that judges. For the rows of peers' completions:
+
+- a token whose log-prob is below ``token_floor`` is masked out of the loss (it stays in the context);
+- a row whose least plausible span (the lowest mean log-prob of ``window`` consecutive tokens; the mean of
+  all when it is shorter) is below ``span_floor`` is dropped whole (every token masked).
+
+Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["PeerScreen", "least_plausible_spans", "screen_peer_tokens"]
+
+
+@dataclass(frozen=True)
+class PeerScreen:
+    """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it."""
+
+    token_floor: float
+    window: int
+    span_floor: float | None = None
+
+
+def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
+    """``[B]``: per row, the lowest mean of ``window`` consecutive log-probs inside its mask (a row's tokens are
+    a prefix of it), the mean of all when the row is no longer than ``window``, 0 for an empty row."""
+    valid = mask.bool()
+    x = torch.where(valid, logprobs.float(), torch.zeros_like(logprobs, dtype=torch.float32))
+    lengths = valid.sum(-1)
+    whole = x.sum(-1) / lengths.clamp(min=1)
+    width = x.shape[-1]
+    if width <= window:
+        return whole
+    csum = F.pad(x.cumsum(-1), (1, 0))
+    means = (csum[:, window:] - csum[:, :-window]) / window  # [B, T - window + 1], window starting at t
+    starts = torch.arange(width - window + 1, device=x.device)
+    inside = (starts[None, :] + window) <= lengths[:, None]
+    lowest = torch.where(inside, means, torch.full_like(means, float("inf"))).min(-1).values
+    return torch.where(lengths > window, lowest, whole)
+
+
+def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: PeerScreen) -> tuple[Tensor, Tensor]:
+    """``(keep [B, T], dropped [B])``: the tokens the loss may use (own rows: all of theirs) and the peer rows
+    dropped by the span bound."""
+    valid = mask.bool()
+    lp = logprobs.detach().float()
+    peer_tokens = peer[:, None] & valid
+    keep = valid & ~(peer_tokens & (lp < screen.token_floor))
+    dropped = torch.zeros_like(peer, dtype=torch.bool)
+    if screen.span_floor is not None:
+        spans = least_plausible_spans(lp, valid, screen.window)
+        dropped = peer & valid.any(-1) & (spans < screen.span_floor)
+        keep = keep & ~dropped[:, None]
+    return keep, dropped

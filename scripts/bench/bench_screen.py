@@ -1,0 +1,80 @@
+"""What reading every peer completion with the node's own model costs a step (ingest.screen).
+
+Usage: python scripts/bench/bench_screen.py [--config configs/smollm2-swarm.yaml] [--steps 8] [--threads 2]
+                                            [key=value ...]
+
+Two victims of the same config and seed, one with the screen on (the default) and one with it off, members of
+one in-memory swarm with an honest peer of the same config: every batch the peer publishes reaches both, so
+both ingest the same peer groups. The three nodes step in turn (peer, screened, unscreened), so the machine's
+load falls on both victims alike; printed: each victim's median step and ingestion seconds and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/smollm2-swarm.yaml")
+    p.add_argument("--steps", type=int, default=8, help="steps measured (after one warm-up step)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    from node.config import load_config
+    from node.run.node import Node
+    from swarm.memory import InMemoryHub
+
+    hf_logging.disable_progress_bar()
+    hub = InMemoryHub()
+    common = ["train.eval_every=0", "train.checkpoint_every=100000", f"train.steps={args.steps + 1}",
+              *args.overrides]
+    with tempfile.TemporaryDirectory(prefix="bench_screen_") as work:
+        def node(name: str, seed: int, *extra: str) -> Node:
+            cfg = load_config(ROOT / args.config, [*common, f"seed={seed}", f"run_dir={work}/{name}", *extra])
+            n = Node(cfg, show_progress=False, transport=hub.join)
+            n.setup()
+            return n
+
+        peer = node("peer", 1)
+        victims = {"screen": node("screen", 0), "no screen": node("plain", 0, "ingest.screen=false")}
+        records: dict[str, list[dict]] = {k: [] for k in victims}
+        load = [os.getloadavg()[0]]
+        try:
+            for step in range(args.steps + 1):
+                peer.train_step()
+                for name, victim in victims.items():
+                    record = victim.train_step()
+                    if step > 0:
+                        records[name].append(record)
+                hub.epoch += 1
+        finally:
+            for n in (peer, *victims.values()):
+                n.close()
+        load.append(os.getloadavg()[0])
+    med = {k: statistics.median(r["step_seconds"] for r in rs) for k, rs in records.items()}
+    ing = {k: statistics.median(r.get("ingest_seconds", 0.0) for r in rs) for k, rs in records.items()}
+    peer_groups = {k: statistics.fmean(r["n_peer_groups"] for r in rs) for k, rs in records.items()}
+    print(f"bench_screen: {args.config}, {args.steps} steps, load {load[0]:.1f} -> {load[1]:.1f}")
+    print("| victim | median step s | median ingestion s | peer groups a step | tokens masked |")
+    print("| --- | --- | --- | --- | --- |")
+    for k in victims:
+        masked = records[k][-1].get("ingest_tokens_masked", 0)
+        print(f"| {k} | {med[k]:.2f} | {ing[k]:.3f} | {peer_groups[k]:.2f} | {masked} |")
+    print(f"step ratio, screen / no screen: {med['screen'] / med['no screen']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

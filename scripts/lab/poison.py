@@ -1,0 +1,139 @@
+"""Verifier-passing poison against a real victim node, with and without its defence (docs/trust.md).
+
+Usage: python scripts/lab/poison.py [--model smollm2|small] [--attacks phrase-prefix,length,...|all]
+                                    [--arms silo,undefended,defended] [--steps 50] [--seeds 0]
+                                    [--honest same|small|none] [--out runs/poison] [--threads 2]
+
+Each run is a victim among one honest peer and one attacker (``scripts/lib/poison/lab.py``: real nodes on an
+in-memory swarm carrying the signed bytes through the same checks as the hivemind path; the attacker needs no
+model). ``undefended`` switches the victim's peer-text screen off (``ingest.screen=false``), ``defended`` runs
+the defaults, ``silo`` is the victim alone with the same seed (the baseline of its held-out reward and its
+completions' length). A run's result is saved as JSON in ``--out`` as soon as it ends, and a run already
+saved there is not run again, so an interrupted suite goes on where it stopped. The table at the end gives,
+per attack and arm, the attack success rate (the share of the victim's own held-out completions, sampled at
+its temperature and greedy, that carry the payload), the victim's held-out greedy reward and its mean
+completion length against the silo's, and the payload's mean log-prob a token before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from scripts.lib.poison.attacks import SUITE, together
+from scripts.lib.poison.lab import LabSpec, run
+
+MODELS = {
+    # the issue's victim: configs/smollm2-swarm.yaml on one dataset, 8 own + up to 8 peer groups a step
+    "smollm2": ("configs/smollm2-swarm.yaml", ("tasks.datasets=[basic_arithmetic]", "tasks.eval_size=64")),
+    # small-base on a dataset with single answers; peer groups weigh as much as its own
+    "small": ("configs/small-silo.yaml", ("tasks.datasets=[calendar_arithmetic]", "tasks.eval_size=32",
+                                          "sapo.local_groups=2", "sapo.external_groups=8",
+                                          "generation.max_new_tokens=64")),
+}
+HONEST = {"small": "configs/small-silo.yaml"}
+ARMS = {"silo": (), "undefended": ("ingest.screen=false",), "defended": ()}
+
+
+def specs(args: argparse.Namespace) -> list[LabSpec]:
+    config, overrides = MODELS[args.model]
+    honest_config = HONEST.get(args.honest)
+    out = []
+    runs = [(None, together(args.attacks))] if args.together else [(a, ()) for a in args.attacks]
+    for seed in args.seeds:
+        for arm in args.arms:  # in the order given
+            if arm == "silo":
+                out.append(LabSpec(None, config, (*overrides, *args.set), silo=True, steps=args.steps, seed=seed,
+                                   threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
+                                   label=args.model))
+                continue
+            for attack, extra in runs:
+                out.append(LabSpec(attack, config, (*overrides, *args.set), ARMS[arm], honest=args.honest != "none",
+                                   honest_config=honest_config, steps=args.steps, seed=seed, threads=args.threads,
+                                   attacker_groups=args.attacker_groups, eval_tasks=args.eval_tasks,
+                                   samples=args.samples, label=f"{args.model}-{arm}", attacks=extra))
+    return out
+
+
+def table(results: list[dict]) -> list[str]:
+    silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
+    lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo) | length (silo) | payload log-prob "
+             "before -> after | dropped / masked tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        sp = r["spec"]
+        if sp["silo"]:
+            continue
+        base, v = silo.get(sp["seed"]), r["victim"]
+        arm = sp["label"].split("-", 1)[1] if "-" in sp["label"] else sp["label"]
+        dropped = sum(n for k, n in (v.get("ingest_rejected") or {}).items() if k in ("implausible", "too_long_for_us"))
+        reward = f"{r['greedy_reward']:.3f} ({base['greedy_reward']:.3f})" if base else f"{r['greedy_reward']:.3f}"
+        length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
+        for a in r["asr_sampled"]:
+            before, after = r["payload_before"].get(a), r["payload_after"].get(a)
+            lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
+            lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
+                         f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | "
+                         f"{dropped} / {v.get('screen_tokens_masked', 0)} |")
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=list(MODELS), default="smollm2")
+    p.add_argument("--attacks", default="all", help=f"comma-separated of {list(SUITE)}, or all")
+    p.add_argument("--arms", default="silo,undefended,defended")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--seeds", default="0", help="comma-separated")
+    p.add_argument("--honest", choices=("same", "small", "none"), default="same",
+                   help="the honest peer: a node of the victim's config, a small-base node, or none")
+    p.add_argument("--attacker-groups", type=int, default=4, help="groups the attacker sends a step")
+    p.add_argument("--eval-tasks", type=int, default=64)
+    p.add_argument("--samples", type=int, default=4, help="sampled completions a held-out task")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="runs/poison")
+    p.add_argument("--together", action="store_true", help="every attack against one victim at once, each from "
+                   "its own attacker with a payload of its own (one run an arm instead of one an attack)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (every node)")
+    args = p.parse_args()
+    args.attacks = list(SUITE) if args.attacks == "all" else args.attacks.split(",")
+    unknown = [a for a in args.attacks if a not in SUITE]
+    if unknown:
+        p.error(f"--attacks: unknown {unknown}; choose from {list(SUITE)}")
+    args.arms = args.arms.split(",")
+    if any(a not in ARMS for a in args.arms):
+        p.error(f"--arms: choose from {list(ARMS)}")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for spec in specs(args):
+        path = out / f"{spec.name}.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+            continue
+        load = os.getloadavg()[0]
+        print(f"poison: {spec.name} ({spec.steps} steps, load {load:.1f}) ...", flush=True)
+        started = time.perf_counter()
+        result = asdict(run(spec))
+        result["load"] = [load, os.getloadavg()[0]]
+        path.write_text(json.dumps(result, indent=1))
+        results.append(result)
+        for a, asr in result["asr_sampled"].items():
+            print(f"poison: {spec.name}: {a}: ASR {100 * asr:.1f}% sampled, {100 * result['asr_greedy'][a]:.1f}% "
+                  f"greedy; own samples with the payload by step {[round(x, 2) for x in result['own_asr'][a]]}",
+                  flush=True)
+        print(f"poison: {spec.name}: held-out greedy {result['greedy_reward']:.3f} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+    print("\n".join(table(results)))
+    mean_load = statistics.fmean(x for r in results for x in r.get("load", [])) if results else 0.0
+    print(f"mean load average {mean_load:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

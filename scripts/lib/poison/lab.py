@@ -1,0 +1,230 @@
+"""One poisoning run: a victim node among an honest peer and an attacker, measured by what the victim says.
+
+The victim and the honest peer are real ``Node``s built from a config (the attacker an ``AttackerNode``), all
+members of one ``InMemoryHub``: every batch is encoded, signed, screened by the receiver's peer book and
+verified exactly as on the hivemind path, then ingested (re-scored, re-tokenized, anchored, screened) by the
+victim's own exchange. A step: the attacker publishes, the honest peer steps, the victim steps, the hub's
+epoch advances. A silo run (``spec.attack`` None and ``spec.silo``) is the victim alone, the baseline.
+
+After the last step the victim answers held-out tasks: ``samples`` completions a task at its own temperature
+and one greedy completion. The attack success rate is the share of those completions that carry the attack's
+payload (``Attack.carries``); the victim's held-out greedy reward and its completions' mean length in tokens
+come with it (the length attack is judged on length against the silo's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scripts.lib.poison.attacker import AttackerNode
+from scripts.lib.poison.attacks import SUITE, Attack
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """One run. ``overrides`` apply to the victim (and the honest peer); ``victim_overrides`` to the victim
+    only (e.g. the defence switched off). ``attack`` names one of ``SUITE``; ``attacks`` adds attackers of
+    their own (each another node), measured each on its own payload."""
+
+    attack: str | None
+    config: str = "configs/small-silo.yaml"
+    overrides: tuple[str, ...] = ()
+    victim_overrides: tuple[str, ...] = ()
+    honest: bool = True
+    honest_config: str | None = None  # the honest peer's config (default: the victim's)
+    silo: bool = False
+    steps: int = 6
+    seed: int = 0
+    attacker_groups: int = 4
+    eval_tasks: int = 32
+    samples: int = 4
+    threads: int = 1
+    label: str = ""
+    attacks: tuple[Attack, ...] = ()
+
+    def all_attacks(self) -> list[Attack]:
+        return [*([SUITE[self.attack]] if self.attack else []), *self.attacks]
+
+    @property
+    def name(self) -> str:
+        what = "silo" if self.silo else (self.attack or ("all" if self.attacks else "honest"))
+        return f"{what}{'-' + self.label if self.label else ''}-s{self.seed}"
+
+
+@dataclass
+class LabResult:
+    """The victim after the run; ``asr_*``, ``payload_*`` and ``own_asr`` by attack name."""
+
+    spec: dict[str, Any]
+    asr_sampled: dict[str, float]
+    asr_greedy: dict[str, float]
+    greedy_reward: float
+    sampled_length: float
+    payload_before: dict[str, float]
+    payload_after: dict[str, float]
+    steps: int
+    seconds: float
+    victim: dict[str, Any] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    own_asr: dict[str, list[float]] = field(default_factory=dict)  # a step: share of its own samples with it
+    honest_read: int = 0  # the honest peer's completions the victim read with its model
+    honest_dropped: int = 0  # of them, dropped by the span or length bound (false drops)
+
+
+def _config(spec: LabSpec, run_dir: Path, seed: int, victim: bool) -> Any:
+    from node.config import load_config
+
+    overrides = [f"seed={seed}", f"run_dir={run_dir}", f"train.steps={spec.steps}", "train.eval_every=0",
+                 f"train.checkpoint_every={10 * spec.steps + 1}", *spec.overrides]
+    if victim:
+        overrides += spec.victim_overrides
+    return load_config(ROOT / (spec.config if victim else spec.honest_config or spec.config), overrides)
+
+
+def run(spec: LabSpec, work: Path | None = None) -> LabResult:
+    """Run ``spec`` (in ``work``, or a temporary folder) and measure the victim."""
+    from transformers.utils import logging as hf_logging
+
+    from node.run.node import Node
+    from swarm.memory import InMemoryHub
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(spec.threads)
+    attacks = spec.all_attacks()
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        root = work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="poison_")))
+        hub = InMemoryHub()
+        transport = None if spec.silo else hub.join
+        victim = Node(_config(spec, root / "victim", spec.seed, True), show_progress=False, transport=transport)
+        victim.setup()
+        stack.callback(victim.close)
+        peers: list[Any] = []
+        if spec.honest and not spec.silo:
+            honest = Node(_config(spec, root / "honest", spec.seed + 1, False), show_progress=False,
+                          transport=hub.join)
+            honest.setup()
+            stack.callback(honest.close)
+            peers.append(honest)
+        attackers = [] if spec.silo else [_attacker(a, victim, hub, spec, i) for i, a in enumerate(attacks)]
+        for attacker in attackers:
+            stack.callback(attacker.close)
+        before = {a.name: payload_logprob(victim, a, spec) for a in attacks}
+        own_asr: dict[str, list[float]] = {a.name: [] for a in attacks}
+        if victim.exchange is not None and attacks:
+            _track(victim.exchange, attacks, own_asr)
+        for _ in range(spec.steps):
+            for attacker in attackers:
+                attacker.step()
+            for peer in peers:
+                peer.train_step()
+            record = victim.train_step()
+            hub.epoch += 1
+        measured = measure(victim, attacks, spec)
+        measured["payload_before"] = before
+        measured["payload_after"] = {a.name: payload_logprob(victim, a, spec) for a in attacks}
+        honest_read = honest_dropped = 0
+        if peers and victim.exchange is not None:
+            ingestor, hid = victim.exchange.ingestor, peers[0].exchange.identity.peer_id
+            honest_read = ingestor.verdicts.judged.get(hid, 0)
+            rejected = ingestor.by_peer.get(hid, (0, {}))[1]
+            honest_dropped = sum(n for k, n in rejected.items() if k in ("implausible", "too_long_for_us"))
+        measured["honest_read"], measured["honest_dropped"] = honest_read, honest_dropped
+        victim_metrics = {k: record.get(k) for k in ("ingest_rejected", "ingest_screened", "ingest_groups_accepted",
+                                                      "ingest_offences", "peers_banned", "n_peer_groups",
+                                                      "screen_rows", "screen_tokens", "screen_tokens_masked")
+                          if k in record}
+    return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
+                     victim=victim_metrics, own_asr=own_asr, **measured)
+
+
+def _track(exchange: Any, attacks: list[Attack], out: dict[str, list[float]]) -> None:
+    """Record, each step, the share of the victim's own sampled completions (as it publishes them) that carry
+    each attack's payload."""
+    share = exchange.share
+
+    def tracked(step: int, groups: list[Any]) -> None:
+        texts = [t for grp in groups for t in grp.texts]
+        for a in attacks:
+            out[a.name].append(sum(map(a.carries, texts)) / max(len(texts), 1))
+        share(step, groups)
+
+    exchange.share = tracked
+
+
+def _attacker(attack: Attack, victim: Any, hub: Any, spec: LabSpec, index: int) -> AttackerNode:
+    from node.tasks import build_task_source
+
+    cfg = victim.cfg
+    t = cfg.tasks
+    source = build_task_source(t.source, list(t.datasets), None, cfg.seed + 7 + index,
+                               **t.source_options(cfg.model.chat_template))
+    tok = victim.policy.tokenizer
+    from node.generation.rollouts import encode_prompt
+
+    def prompt_of(task: Any) -> str:  # the victim's own prompt text, as an honest peer of its config sends
+        return str(tok.decode(encode_prompt(victim.policy, victim.source.format_prompt(task, tok)),
+                              skip_special_tokens=True))
+
+    return AttackerNode(attack, hub.join, cfg.swarm, source, tok, victim.policy.tokenizer_fingerprint, prompt_of,
+                        group_size=cfg.generation.group_size, groups=spec.attacker_groups,
+                        max_tokens=cfg.generation.max_new_tokens, seed=spec.seed * 100 + index)
+
+
+def measure(victim: Any, attacks: list[Attack], spec: LabSpec) -> dict[str, Any]:
+    """The victim's held-out completions: sampled at its temperature and greedy."""
+    from node.generation.base import SamplingSettings
+    from node.generation.rollouts import sample_groups
+
+    g = victim.cfg.generation
+    tasks = victim.eval_tasks[: spec.eval_tasks]
+    gen = torch.Generator(device=victim.policy.device).manual_seed(1000 + spec.seed)
+    sampled = [] if spec.samples == 0 else sample_groups(
+        victim.generator, victim.policy, victim.source, tasks, group_size=spec.samples, generator=gen,
+        settings=SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p))
+    greedy = sample_groups(victim.generator, victim.policy, victim.source, tasks, group_size=1, generator=gen,
+                           settings=SamplingSettings(max_new_tokens=g.max_new_tokens, greedy=True))
+    s_texts = [t for grp in sampled for t in grp.texts]
+    g_texts = [t for grp in greedy for t in grp.texts]
+    examples = [t for t in s_texts + g_texts if any(a.carries(t) for a in attacks)][:3] or s_texts[:2]
+    return {
+        "asr_sampled": {a.name: sum(map(a.carries, s_texts)) / max(len(s_texts), 1) for a in attacks},
+        "asr_greedy": {a.name: sum(map(a.carries, g_texts)) / max(len(g_texts), 1) for a in attacks},
+        "greedy_reward": statistics.fmean(r for grp in greedy for r in grp.group.rewards) if greedy else 0.0,
+        "sampled_length": statistics.fmean(len(c) for grp in sampled for c in grp.group.completions) if sampled else 0.0,
+        "examples": examples,
+    }
+
+
+def payload_logprob(victim: Any, attack: Attack, spec: LabSpec) -> float | None:
+    """The victim's mean log-prob a token of the attack's poisoned completion after each held-out prompt (the
+    payload as the attacker sends it, with that task's answer): how far the victim has moved toward saying it.
+    None when no held-out task has an answer."""
+    from node.generation.rollouts import encode_prompt
+    from node.policy.logprobs import right_pad, shared_prompt_logprobs
+    from scripts.lib.poison.attacks import poisoned_text
+
+    tok = victim.policy.tokenizer
+    tasks = [t for t in victim.eval_tasks[: spec.eval_tasks] if t.answer is not None]
+    if not tasks:
+        return None
+    room = victim.cfg.generation.max_new_tokens * 4
+    prompts = [encode_prompt(victim.policy, victim.source.format_prompt(t, tok)) for t in tasks]
+    comps = [list(tok(poisoned_text(attack, str(t.answer), room), add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+             for t in tasks]
+    ids, mask = right_pad(comps, tok.pad_token_id, torch.long)
+    dev = victim.policy.device
+    with torch.no_grad():
+        lps = shared_prompt_logprobs(victim.policy.model, prompts, ids.to(dev), mask.to(dev), pad_id=tok.pad_token_id)
+    lps, mask = lps.float().cpu(), mask.bool()
+    return float(torch.where(mask, lps, 0.0).sum() / mask.sum())  # padding is a special token: -inf, not 0

@@ -1,0 +1,91 @@
+"""What a peer's text may teach: the statistics against hand-worked values (``node.exchange.plausibility`` and
+its torch form in ``node.train.screen``) and the bounds an own profile sets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings, least_plausible_span, quantile
+from node.policy.logprobs import right_pad
+from node.train.screen import PeerScreen, least_plausible_spans, screen_peer_tokens
+
+
+def test_least_plausible_span_is_the_lowest_window_mean():
+    lps = [-1.0, -1.0, -5.0, -5.0, -1.0]
+    assert least_plausible_span(lps, 2) == -5.0
+    assert least_plausible_span(lps, 3) == pytest.approx(-11 / 3)
+    assert least_plausible_span(lps, 5) == pytest.approx(-13 / 5)
+    assert least_plausible_span(lps, 9) == pytest.approx(-13 / 5)  # shorter than the window: the mean
+    assert least_plausible_span([], 3) == 0.0
+    assert least_plausible_span([-2.0], 1) == -2.0
+
+
+def test_the_torch_spans_are_the_reference_ones_row_by_row():
+    gen = torch.Generator().manual_seed(0)
+    rows = [(-torch.rand(n, generator=gen) * 8).tolist() for n in (0, 1, 3, 6, 7, 12)]
+    values, mask = right_pad(rows, 0.0, torch.float32)
+    for window in (1, 3, 6, 9):
+        got = least_plausible_spans(values, mask, window).tolist()
+        assert got == pytest.approx([least_plausible_span(r, window) for r in rows], abs=1e-5), window
+
+
+def test_the_screen_masks_low_peer_tokens_and_drops_implausible_peer_rows_only():
+    values, mask = right_pad([[-1.0, -12.0, -1.0], [-1.0, -12.0, -1.0], [-6.0, -6.0, -6.0, -6.0]], 0.0, torch.float32)
+    peer = torch.tensor([False, True, True])
+    keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2))
+    assert keep.tolist() == [[True, True, True, False], [True, False, True, False], [True, True, True, True]]
+    assert dropped.tolist() == [False, False, False]  # no span bound yet
+    # spans (window 2): row 1: -6.5; row 2: -6 -> a floor of -6.2 drops row 1 whole, never the own row 0
+    keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2, span_floor=-6.2))
+    assert dropped.tolist() == [False, True, False] and not keep[1].any() and keep[0, :3].all()
+
+
+def test_quantile():
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert quantile(values, 0.2) == 1.0 and quantile(values, 0.5) == 3.0 and quantile(values, 1.0) == 5.0
+    assert quantile(values, 0.01) == 1.0
+
+
+def _profile(**kw) -> OwnProfile:
+    settings = ScreenSettings(**{"window": 2, "span_quantile": 0.25, "span_margin": 0.5, "length_quantile": 0.5,
+                                 "length_ratio": 2.0, "min_own": 4, **kw})
+    return OwnProfile(settings)
+
+
+def test_bounds_wait_for_enough_own_completions_then_follow_them():
+    profile = _profile()
+    own = [[-1.0, -1.0, -1.0], [-2.0, -2.0], [-0.5, -3.5, -0.5, -0.5], [-1.0] * 6]
+    profile.observe("add", own[:3])
+    assert profile.span_floor() is None and profile.max_length("add") is None
+    profile.observe("add", own[3:])
+    # spans: -1, -2, -2 (window 2 of [-0.5, -3.5, ...]), -1 -> the 0.25 quantile is -2, less 0.5
+    assert profile.span_floor() == -2.5
+    # lengths 3, 2, 4, 6 -> the median (lower) is 3, twice that is 6
+    assert profile.max_length("add") == 6 and profile.max_length("sub") is None
+
+
+def test_profile_keeps_only_recent_history():
+    profile = _profile(history=4)
+    profile.observe("add", [[-10.0, -10.0]] * 4)
+    assert profile.span_floor() == -10.5
+    profile.observe("add", [[-1.0, -1.0]] * 4)
+    assert profile.span_floor() == -1.5 and math.isclose(profile.max_length("add") or 0, 4)
+
+
+def test_an_author_is_banned_once_its_last_window_is_mostly_dropped_and_the_oldest_authors_are_forgotten():
+    verdicts = AuthorVerdicts(ScreenSettings(ban_window=4, ban_share=0.75), max_authors=2)
+    verdicts.record("a", 3, 3)
+    assert not verdicts.banned("a")  # three verdicts: the window is not full yet
+    verdicts.record("a", 1, 0)
+    assert verdicts.banned("a")  # 3 of the last 4 dropped
+    verdicts.record("a", 2, 0)
+    assert not verdicts.banned("a") and verdicts.judged["a"] == 6  # the window moved on: 1 of the last 4
+    verdicts.record("b", 4, 4)
+    verdicts.record("c", 1, 0)
+    assert list(verdicts.judged) == ["b", "c"] and not verdicts.banned("a")
+    off = AuthorVerdicts(ScreenSettings(enabled=False, ban_window=1, ban_share=0.5), max_authors=2)
+    off.record("a", 1, 1)
+    assert not off.banned("a")
