@@ -14,13 +14,12 @@ from typing import Any
 import torch
 
 from node.policy.logprobs import (
-    left_pad,
     logit_micro_batches,
     right_pad,
-    sequence_logprobs,
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
+from node.policy.remix_logprobs import routed_logprobs
 from node.train.groups import TrainGroup
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 from node.train.peer_value import cosine
@@ -198,8 +197,7 @@ class Trainer:
                                       token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
-        prompt_ids, prompt_mask = (t.to(device) for t in left_pad([r[0] for r in rows], pad_id))
-        return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
+        return self._remix_micro_step([r[0] for r in rows], completion_ids, completion_mask, anchor, advantages,
                                       weight)
 
     def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
@@ -208,19 +206,18 @@ class Trainer:
             self.distributions[key] = torch.cat([self.distributions[key], values]) if key in self.distributions \
                 else values
 
-    def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,
-                          weight: float) -> dict[str, float]:
-        """ReMix: the batch repeated M times (routing-major), one sampled routing per row; LoRA weights get the
-        policy loss averaged over all M routings, the router the RLOO estimator over per-sequence losses."""
+    def _remix_micro_step(self, prompts: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                          anchor: torch.Tensor, advantages: torch.Tensor, weight: float) -> dict[str, float]:
+        """ReMix: the batch scored under M sampled routings (routing-major rows), each distinct prompt routed
+        and run once a routing (``routed_logprobs``); LoRA weights get the policy loss averaged over all M
+        routings, the router the RLOO estimator over per-sequence losses."""
         m = self.routings
         remix = self.policy.remix
-        rep = [t.repeat(m, *([1] * (t.dim() - 1))) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                                               anchor, advantages)]
-        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = rep
         remix.sampled(m, self.routing_generator)
-        logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                     temperature=self.temperature, remix=remix)
+        logprobs = routed_logprobs(self.policy.model, remix, prompts, completion_ids, completion_mask,
+                                   pad_id=self.policy.tokenizer.pad_token_id, m=m, temperature=self.temperature)
+        completion_mask, anchor, advantages = (t.repeat(m, *([1] * (t.dim() - 1)))
+                                               for t in (completion_mask, anchor, advantages))
         if not self.off_policy_correction:
             anchor = logprobs.detach()
         loss, stats = policy_loss(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
