@@ -60,7 +60,7 @@ def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]
     for phase in (*PHASES, "other"):
         span = sum(end - start for label, start, end in ranges if label == phase) / 1e6
         out[phase] = {"wall_s": span if phase != "other" else None, "busy_s": 0.0, "launches": 0, "replays": 0,
-                      "host_reads": 0, "calls": sum(1 for label, _, _ in ranges if label == phase)}
+                      "host_reads": 0, "ops": 0, "calls": sum(1 for label, _, _ in ranges if label == phase)}
     for e in events:
         if e.name.startswith("phase:") or not str(e.device_type).endswith("CPU"):
             continue  # a device kernel is counted once, with the host operation that launched it
@@ -72,6 +72,7 @@ def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]
         row["launches"] += e.name in LAUNCHES
         row["replays"] += e.name in REPLAYS
         row["host_reads"] += e.name in READS
+        row["ops"] += e.name.startswith("aten::")  # operators, nested ones included: the per-launch proxy on a CPU
         entry = names[phase][e.name]
         entry[0] += 1
         entry[1] += float(e.self_cpu_time_total) / 1e6
@@ -123,18 +124,18 @@ def main() -> int:
         finally:
             node.close()
     medians = {key: statistics.median(float(r[key]) for r in timed) for key in ("step_seconds", "gen_seconds",
-                                                                                  "train_seconds")}
+                                                                                  "train_seconds", "gen_tokens_per_s")}
     phases = phase_table(prof.events(), wall, args.top)
     device = str(node.policy.device)
     print(f"profile_step: {args.config} on {device}; unprofiled medians over {args.steps} steps: step "
           f"{medians['step_seconds']:.3f} s, sampling+scoring {medians['gen_seconds']:.3f} s, training "
           f"{medians['train_seconds']:.3f} s; the profiled step {wall:.3f} s")
     print(f"{'phase':<9} {'calls':>5} {'wall s':>8} {'busy s':>8} {'busy %':>7} {'launches':>9} {'replays':>8} "
-          f"{'host reads':>10}")
+          f"{'host reads':>10} {'ops':>9}")
     for phase, row in phases.items():
         busy = 100 * row["busy_s"] / row["wall_s"] if row["wall_s"] else 0.0
         print(f"{phase:<9} {row['calls']:>5} {row['wall_s']:>8.3f} {row['busy_s']:>8.3f} {busy:>6.1f}% "
-              f"{row['launches']:>9} {row['replays']:>8} {row['host_reads']:>10}")
+              f"{row['launches']:>9} {row['replays']:>8} {row['host_reads']:>10} {row['ops']:>9}")
     for phase, row in phases.items():
         print(f"-- {phase}: most host time: " + "; ".join(f"{n} x{c} {s:.3f}s" for n, c, s in row["top_host"]))
         if row["top_device"]:
