@@ -10,6 +10,8 @@ hivemind's public API lacks four things a node needs:
 * dialing a peer at a given address (``P2P._client.connect``): ``P2P`` only dials through the DHT; and
   dropping the connections to a peer (``P2P._client.disconnect``), to tell whether it can still be dialed;
 * the current DHT neighbours (``DHTNode.protocol.routing_table.peer_id_to_uid``);
+* turning a client-mode DHT node into a server in place (``become_dht_server``: hivemind decides it once,
+  in ``DHTProtocol.create``): a ``client_mode: auto`` node does so once a peer could dial it back;
 * counting the DHT's outgoing requests (``DHTNode.protocol.call_find`` and ``call_store``, wrapped on the
   instance), for the node's statistics;
 * p2pd flags ``P2P.create`` has no argument for (the connection manager's and the relay service's limits
@@ -41,7 +43,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.errors import SwarmError
 
-__all__ = ["HivemindCompatError", "count_dht_requests", "dht_neighbours", "dial", "disconnect", "own_session_p2pd",
+__all__ = ["HivemindCompatError", "become_dht_server", "count_dht_requests", "dht_neighbours", "dial", "disconnect", "own_session_p2pd",
            "p2pd_flags", "p2pd_pid", "p2pd_process"]
 
 TESTED_VERSIONS = ("1.1.10", "1.1.11", "1.1.12")
@@ -150,6 +152,23 @@ def dht_neighbours(dht: DHTNode) -> list[PeerID]:
     """The peers in ``dht``'s routing table."""
     table = _attribute(_attribute(dht, "protocol"), "routing_table")
     return list(_attribute(table, "peer_id_to_uid"))
+
+
+async def become_dht_server(dht: DHTNode) -> bool:
+    """Make a client-mode ``dht`` a DHT server now, as ``DHTProtocol.create(client_mode=False)`` would have:
+    its request handlers registered, and its node id sent with every request from now on, so the peers it
+    talks to add it to their routing tables. Returns False if it was a server already."""
+    from hivemind.proto import dht_pb2
+    from hivemind.utils.auth import AuthRole, AuthRPCWrapper
+
+    protocol = _attribute(dht, "protocol")
+    if not _attribute(protocol, "client_mode"):
+        return False
+    wrapper = AuthRPCWrapper(protocol, AuthRole.SERVICER, _attribute(protocol, "authorizer"))
+    await protocol.add_p2p_handlers(_attribute(protocol, "p2p"), wrapper)
+    protocol.node_info = dht_pb2.NodeInfo(node_id=_attribute(protocol, "node_id").to_bytes())
+    protocol.client_mode = False
+    return True
 
 
 _P2PD_FLAGS: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(

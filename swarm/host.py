@@ -10,7 +10,11 @@ record validator) and publishes nothing. What makes it a host:
 * limits in p2pd as well as in the DHT: total connections (the connection manager), relayed circuits per
   peer and reservations in total (``HostLimits``), on top of the DHT storage and hand-off bounds;
 * a view of the swarm (``MemberTable``): every manifest it reads and every batch it pulls or is handed,
-  for its status page; and the health of the swarm's other hosts, pinged every ``health_every`` seconds.
+  for its status page, kept across a restart in a small file (``state_path``, saved every epoch and at
+  close); and the health of the swarm's other hosts, pinged every ``health_every`` seconds.
+
+A host is *connected* when members answer it: a peer has a connection open with it (a member in client
+mode, which is never a DHT neighbour, included) or is its DHT neighbour.
 
 The batches the network side verifies go to the member table, not to an inbox (the host trains on none:
 it only reads who sent them). A thread of its own pings the other hosts and prunes old epochs; every
@@ -19,10 +23,14 @@ call here is thread-safe and returns quickly.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from protocol.identity import Identity
@@ -75,13 +83,17 @@ class SwarmHost:
     """A model-less host: ``start``, ``snapshot`` (for status pages), ``close``."""
 
     def __init__(self, settings: SwarmSettings, identity: Identity, *, other_hosts: list[str],
-                 limits: HostLimits | None = None, health_every: float = 30.0, max_members: int = 1024) -> None:
-        if settings.client_mode:
+                 limits: HostLimits | None = None, health_every: float = 30.0, max_members: int = 1024,
+                 state_path: str | os.PathLike[str] | None = None) -> None:
+        """``state_path``: the file the member table is kept in across restarts (None: not kept)."""
+        if settings.client_mode is not False:
             raise ValueError("a host accepts connections: client_mode must be false")
         self.settings = settings
         self.identity = identity
         self.limits = limits or HostLimits()
         self.members = MemberTable(max_members=max_members, keep_epochs=max(8, settings.read_epochs + 2))
+        self.state_path = None if state_path is None else Path(state_path)
+        self._load_state()
         self.transport = SwarmTransport(settings, identity, members=self.members,
                                         p2pd_options=self.limits.p2pd_flags())
         self.health_every = health_every
@@ -99,11 +111,35 @@ class SwarmHost:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the host's thread and the network side (bounded)."""
+        """Stop the host's thread and the network side (bounded); save the member table."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.settings.request_timeout + 5)
         self.transport.close()
+        self.save_state()
+
+    def _load_state(self) -> None:
+        if self.state_path is None:
+            return
+        try:
+            self.members.load_json(json.loads(self.state_path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot read the member history %s (%s); starting without it", self.state_path, exc)
+
+    def save_state(self) -> None:
+        """Write the member table to ``state_path`` (atomically; a failure is logged, the host goes on)."""
+        if self.state_path is None:
+            return
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(self.members.to_json(), separators=(",", ":")), encoding="utf-8")
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            logger.warning("cannot save the member history to %s: %s", self.state_path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def wait_until_listening(self, timeout: float) -> list[str]:
         """This host's full multiaddrs once p2pd listens (empty if not within ``timeout``)."""
@@ -132,8 +168,11 @@ class SwarmHost:
         """Prune the member table's old epochs."""
         current = self.transport.current_epoch()
         if current != self._epoch:
+            first = self._epoch < 0
             self._epoch = current
             self.members.prune(current)
+            if not first:
+                self.save_state()
 
     def check_hosts(self) -> None:
         """Ping every other host of the swarm once (each bounded by ``2 * request_timeout``)."""
@@ -148,24 +187,33 @@ class SwarmHost:
 
     # -- what a status page shows -----------------------------------------------------------------------
 
-    def snapshot(self, epochs: int = 4) -> dict[str, Any]:
-        """The host, the swarm's members and the other hosts, as plain data (JSON-ready)."""
+    def snapshot(self, epochs: int = 4, history: int = 60) -> dict[str, Any]:
+        """The host, the swarm's members and the other hosts, as plain data (JSON-ready); ``history``: how many
+        epochs of the swarm's totals."""
         network = self.transport.network_status()
         stats = self.transport.stats()
         with self._lock:
             hosts = [{"address": h.address, "ok": h.ok, "rtt_s": None if h.rtt_s is None else round(h.rtt_s, 4),
                       "checked_at": h.checked_at, "last_ok_at": h.last_ok_at} for h in self.hosts]
         current = self.transport.current_epoch()
-        keys = ("peers_connected", "batches_accepted", "batches_served", "handoffs_held", "handoffs_refused",
-                "bytes_in", "bytes_out", "dht_store_bytes", "peers_banned", "offences", "batches_rejected")
+        seconds = self.settings.epoch_seconds
+        keys = ("peers_connected", "connections", "batches_accepted", "batches_served", "handoffs_held",
+                "handoffs_refused", "bytes_in", "bytes_out", "dht_store_bytes", "peers_banned", "offences",
+                "batches_rejected")
+        alive = self.transport.is_alive()
+        answering = network.up and (bool(network.neighbours) or network.connections > 0)
+        reason = network.reason
+        if network.up and not network.neighbours and network.connections:
+            reason = f"{network.connections} peer(s) connected, none a DHT server (members in client mode)"
         return {
             "swarm_id": self.settings.swarm_id, "peer_id": self.identity.peer_id,
             "addresses": self.transport.visible_multiaddrs(), "started_at": self.started_at, "time": time.time(),
-            "epoch": current, "epoch_seconds": self.settings.epoch_seconds,
-            "network": {"up": network.up, "connected": network.connected, "reason": network.reason,
-                        "neighbours": len(network.neighbours), "restarts": network.restarts,
-                        "last_error": network.last_error, "alive": self.transport.is_alive()},
+            "epoch": current, "epoch_seconds": seconds, "epoch_start": current * seconds,
+            "network": {"up": network.up, "connected": alive and answering, "reason": reason,
+                        "neighbours": len(network.neighbours), "connections": network.connections,
+                        "restarts": network.restarts, "last_error": network.last_error, "alive": alive},
             "counters": {k: stats[k] for k in keys},
-            "members": self.members.rows(current, epochs),
+            "members": self.members.rows(current, epochs, seconds),
+            "history": self.members.history(current, history, seconds),
             "hosts": hosts,
         }

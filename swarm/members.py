@@ -1,13 +1,19 @@
 """``MemberTable``: who takes part in a swarm, as one node's own view of the DHT shows it (pure).
 
-A host (``swarm.host``) feeds it what its network side sees: every manifest it reads (an author
-announced a batch), every batch it verified (pulled from an author, or handed to it by one behind NAT).
-From those it keeps, per author (swarm-node peer id): when it was first and last seen, its model and
-tokenizer fingerprints (from its rollouts), the wire protocol of its records, whether it sits behind NAT
-(its batches are listed at other peers' addresses first, or at a relayed one), and per epoch how many
-batches it announced, how many this node pulled and how many it handed to this node. Bounded: at most
-``max_members`` authors (the longest unseen go first), epochs older than ``keep_epochs`` forgotten.
-Thread-safe: the network thread writes, a status page reads ``rows()``.
+A host (``swarm.host``) feeds it what its network side sees: every manifest it reads (an author announced
+a batch), every batch it verified, either pulled over the network or handed to it by a member behind NAT.
+Each batch is counted once per way it came, by its id: per author and epoch, the batches *announced*
+(manifests read), *pulled* (fetched from the author or another holder and verified) and *handed off*
+(handed to this node to hold, verified from that copy, so never counted as pulled too). So pulled plus
+handed off is what this node verified, and never exceeds the batches it knows of.
+
+It keeps, per author (swarm-node peer id): when it was first and last seen, its model and tokenizer
+fingerprints (from its rollouts), the wire protocol of its records, whether it sits behind NAT, the
+counts of its last ``keep_epochs`` epochs, and its totals since this table first saw it; and per epoch,
+for the whole swarm, the totals and the number of members that announced (``history``, the last
+``keep_history`` epochs). ``to_json`` / ``from_json`` carry all of it across a restart (a host keeps it in
+a small file in its run dir). Bounded: at most ``max_members`` authors (the longest unseen go first) and
+``_MAX_IDS`` batch ids per author, epoch and way. Thread-safe: the network thread writes, a status page reads.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from protocol.codec import SCHEMA_VERSION
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Manifest, RolloutBatch
 
-__all__ = ["Member", "MemberTable", "behind_nat"]
+__all__ = ["WAYS", "Member", "MemberTable", "behind_nat"]
 
 _CIRCUIT = "/p2p-circuit"
+WAYS = ("announced", "pulled", "handed_off")
+_ANNOUNCED, _PULLED, _HANDED = range(3)
+_ID_CHARS = 16  # a batch id's prefix is enough to tell an author's batches apart
+_MAX_IDS = 256  # per author, epoch and way: far above any quota, a bound on memory whatever peers send
 
 
 def behind_nat(addresses: tuple[str, ...] | list[str]) -> bool:
@@ -46,23 +56,38 @@ class Member:
     protocol: int | None = None
     """The wire protocol (schema version) of its records: known once a batch of it was decoded here."""
     natted: bool = False
-    epochs: dict[int, list[int]] = field(default_factory=dict)
-    """epoch -> [batches announced, pulled here, handed to this node]."""
+    epochs: dict[int, tuple[set[str], set[str], set[str]]] = field(default_factory=dict)
+    """epoch -> the ids of its batches (prefixes) announced, pulled, handed to this node."""
+    totals: list[int] = field(default_factory=lambda: [0, 0, 0])
+    """Batches announced, pulled, handed off since this table first saw it (restarts included)."""
 
-    def count(self, epoch: int, which: int) -> None:
-        self.epochs.setdefault(epoch, [0, 0, 0])[which] += 1
+    def note(self, epoch: int, way: int, batch_id: str) -> bool:
+        """Count ``batch_id`` once for ``way``; whether it was new. A batch handed off is not pulled too."""
+        sets = self.epochs.setdefault(epoch, (set(), set(), set()))
+        bid = batch_id[:_ID_CHARS]
+        if bid in sets[way] or len(sets[way]) >= _MAX_IDS or (way == _PULLED and bid in sets[_HANDED]):
+            return False
+        if way == _HANDED and bid in sets[_PULLED]:  # handed after it was pulled: counted as handed
+            sets[_PULLED].discard(bid)
+            self.totals[_PULLED] -= 1
+        sets[way].add(bid)
+        self.totals[way] += 1
+        return True
 
-
-_ANNOUNCED, _PULLED, _HANDED = 0, 1, 2
+    def counts(self, epoch: int) -> list[int]:
+        sets = self.epochs.get(epoch)
+        return [0, 0, 0] if sets is None else [len(s) for s in sets]
 
 
 class MemberTable:
-    """Members by swarm-node peer id; see the module docstring."""
+    """Members by swarm-node peer id, and the swarm's history per epoch; see the module docstring."""
 
-    def __init__(self, *, max_members: int = 1024, keep_epochs: int = 8) -> None:
+    def __init__(self, *, max_members: int = 1024, keep_epochs: int = 8, keep_history: int = 1440) -> None:
         self.max_members = max_members
         self.keep_epochs = keep_epochs
+        self.keep_history = keep_history
         self._members: dict[str, Member] = {}
+        self._history: dict[int, list[int]] = {}  # epoch -> [announced, pulled, handed off, members announcing]
         self._lock = threading.Lock()
 
     def _member(self, author: bytes, now: float) -> Member:
@@ -77,18 +102,18 @@ class MemberTable:
         return member
 
     def manifest_seen(self, manifest: Manifest, now: float) -> None:
-        """An author announced a batch (a manifest this node read from the DHT for the first time)."""
+        """An author announced a batch (a manifest this node read from the DHT)."""
         with self._lock:
             member = self._member(manifest.author, now)
             member.natted = behind_nat(manifest.address)
-            member.count(manifest.epoch, _ANNOUNCED)
+            member.note(manifest.epoch, _ANNOUNCED, manifest.batch_id)
 
-    def batch_seen(self, batch: RolloutBatch, now: float, *, handed_off: bool = False) -> None:
+    def batch_seen(self, batch_id: str, batch: RolloutBatch, now: float, *, handed_off: bool = False) -> None:
         """A batch of an author verified here: pulled, or (``handed_off``) handed to this node to hold."""
         with self._lock:
             member = self._member(batch.author, now)
             member.protocol = SCHEMA_VERSION  # a record of another version never decodes
-            member.count(batch.epoch, _HANDED if handed_off else _PULLED)
+            member.note(batch.epoch, _HANDED if handed_off else _PULLED, batch_id)
             if handed_off:
                 member.natted = True
             for group in batch.groups[:1]:
@@ -96,28 +121,105 @@ class MemberTable:
                     member.model, member.tokenizer = rollout.model_fingerprint, rollout.tokenizer_fingerprint
 
     def prune(self, current_epoch: int) -> None:
-        """Forget per-epoch counts older than ``keep_epochs``."""
+        """Fold the per-member counts of epochs older than ``keep_epochs`` into the history; forget them."""
         oldest = current_epoch - self.keep_epochs + 1
         with self._lock:
             for member in self._members.values():
-                member.epochs = {e: c for e, c in member.epochs.items() if e >= oldest}
+                for epoch in [e for e in member.epochs if e < oldest]:
+                    self._fold(epoch, member.counts(epoch))
+                    del member.epochs[epoch]
+            for epoch in sorted(self._history)[: max(0, len(self._history) - self.keep_history)]:
+                del self._history[epoch]
+
+    def _fold(self, epoch: int, counts: list[int]) -> None:
+        row = self._history.setdefault(epoch, [0, 0, 0, 0])
+        for i in range(3):
+            row[i] += counts[i]
+        row[3] += 1 if counts[_ANNOUNCED] else 0
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._members)
 
-    def rows(self, current_epoch: int, epochs: int = 4) -> list[dict[str, Any]]:
-        """One dict a member, the most recently seen first, with its counts over the last ``epochs`` epochs
-        (``epochs``: ``[{epoch, announced, pulled, handed_off}, ...]``, newest first)."""
+    def rows(self, current_epoch: int, epochs: int = 4, epoch_seconds: float = 60.0) -> list[dict[str, Any]]:
+        """One dict a member, the most recently seen first: its counts over the last ``epochs`` epochs
+        (``epochs``: ``[{epoch, start, announced, pulled, handed_off}, ...]``, newest first; ``start`` in Unix
+        seconds), their sums, and its ``totals`` since first seen."""
         window = [current_epoch - i for i in range(epochs)]
         with self._lock:
             members = sorted(self._members.values(), key=lambda m: m.last_seen, reverse=True)
-            return [{
-                "peer_id": m.peer_id, "model": m.model, "tokenizer": m.tokenizer, "protocol": m.protocol,
-                "natted": m.natted, "first_seen": m.first_seen, "last_seen": m.last_seen,
-                "epochs": [dict(zip(("epoch", "announced", "pulled", "handed_off"), [e, *m.epochs.get(e, [0, 0, 0])]))
-                           for e in window],
-                "announced": sum(c[_ANNOUNCED] for e, c in m.epochs.items() if e in window),
-                "pulled": sum(c[_PULLED] for e, c in m.epochs.items() if e in window),
-                "handed_off": sum(c[_HANDED] for e, c in m.epochs.items() if e in window),
-            } for m in members]
+            rows = []
+            for m in members:
+                per_epoch = [dict(zip(("epoch", "start", *WAYS), [e, e * epoch_seconds, *m.counts(e)])) for e in window]
+                rows.append({
+                    "peer_id": m.peer_id, "model": m.model, "tokenizer": m.tokenizer, "protocol": m.protocol,
+                    "natted": m.natted, "first_seen": m.first_seen, "last_seen": m.last_seen, "epochs": per_epoch,
+                    **{way: sum(e[way] for e in per_epoch) for way in WAYS},
+                    "totals": dict(zip(WAYS, m.totals)),
+                })
+            return rows
+
+    def history(self, current_epoch: int, epochs: int, epoch_seconds: float = 60.0) -> list[dict[str, Any]]:
+        """The swarm per epoch over the last ``epochs`` epochs, oldest first: ``{epoch, start, announced,
+        pulled, handed_off, members}`` (``members``: how many announced a batch)."""
+        with self._lock:
+            live: dict[int, list[int]] = {}
+            for m in self._members.values():
+                for epoch in m.epochs:
+                    counts = m.counts(epoch)
+                    row = live.setdefault(epoch, [0, 0, 0, 0])
+                    for i in range(3):
+                        row[i] += counts[i]
+                    row[3] += 1 if counts[_ANNOUNCED] else 0
+            rows = []
+            for epoch in range(current_epoch - epochs + 1, current_epoch + 1):
+                row = [a + b for a, b in zip(self._history.get(epoch, [0, 0, 0, 0]), live.get(epoch, [0, 0, 0, 0]))]
+                rows.append(dict(zip(("epoch", "start", *WAYS, "members"), [epoch, epoch * epoch_seconds, *row])))
+            return rows
+
+    # -- across a restart ---------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, as plain data (``from_json`` reads it back)."""
+        with self._lock:
+            return {
+                "version": 1,
+                "members": [{"peer_id": m.peer_id, "first_seen": m.first_seen, "last_seen": m.last_seen,
+                             "model": m.model, "tokenizer": m.tokenizer, "protocol": m.protocol, "natted": m.natted,
+                             "totals": list(m.totals),
+                             "epochs": {str(e): [sorted(s) for s in sets] for e, sets in m.epochs.items()}}
+                            for m in self._members.values()],
+                "history": {str(e): row for e, row in self._history.items()},
+            }
+
+    def load_json(self, doc: dict[str, Any]) -> None:
+        """Take what ``to_json`` saved (entries that do not parse are skipped: the file is ours, but may be
+        cut short or from another release)."""
+        if not isinstance(doc, dict) or doc.get("version") != 1:
+            return
+        members: dict[str, Member] = {}
+        for raw in doc.get("members", [])[: self.max_members]:
+            try:
+                m = Member(str(raw["peer_id"]), float(raw["first_seen"]), float(raw["last_seen"]), str(raw["model"]),
+                           str(raw["tokenizer"]), None if raw["protocol"] is None else int(raw["protocol"]),
+                           bool(raw["natted"]), totals=[int(x) for x in raw["totals"]])
+                if len(m.totals) != 3:
+                    continue
+                for epoch, sets in raw["epochs"].items():
+                    a, p, h = ({str(i)[:_ID_CHARS] for i in s[:_MAX_IDS]} for s in sets)
+                    m.epochs[int(epoch)] = (a, p, h)
+            except (KeyError, TypeError, ValueError):
+                continue
+            members[m.peer_id] = m
+        history: dict[int, list[int]] = {}
+        for epoch, row in dict(doc.get("history", {})).items():
+            if not str(epoch).lstrip("-").isdigit():
+                continue
+            try:
+                counts = [int(x) for x in row]
+            except (TypeError, ValueError):
+                continue
+            if len(counts) == 4:
+                history[int(epoch)] = counts
+        with self._lock:
+            self._members, self._history = members, history

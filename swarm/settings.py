@@ -98,17 +98,21 @@ class SwarmSettings(BaseModel):
     """Where to listen. Use ``/ip4/0.0.0.0/tcp/<port>`` to accept peers from other hosts."""
     announce_maddrs: list[str] = Field(default_factory=list)
     """Addresses others should dial (e.g. a public IP behind a port forward); explicit ports only."""
-    client_mode: bool = False
-    """Behind NAT: take part without answering DHT requests (others cannot dial in)."""
+    client_mode: bool | Literal["auto"] = False
+    """Behind NAT: take part without answering DHT requests (others cannot dial in). ``auto``: start so, ask a
+    peer to dial this node back at its listen ports (``swarm.core.reach``) and become a full member (a DHT
+    server that serves its own batches and holds hand-offs) once one can; a node with no initial peers
+    starts as a full member (it is a swarm's first node)."""
     nat_sharing: Literal["handoff", "relay", "direct"] = "handoff"
     """How a ``client_mode`` node gets its batches to peers that cannot dial it. ``handoff``: push each
-    batch to ``handoff_copies`` reachable initial peers, which hold and serve it (within their quotas);
+    batch to ``handoff_copies`` reachable peers (the swarm's hosts and full members this node reached), which
+    hold and serve it (within their quotas);
     ``relay``: become reachable through a libp2p circuit relay (the initial peers); ``direct``: neither
-    (only peers already connected to it can pull). See docs/swarm.md, "Joining a swarm"."""
+    (only peers already connected to it can pull). See docs/swarm.md, "Ports and NAT"."""
     handoff_copies: int = Field(default=2, ge=1, le=8)
     """``handoff``: how many reachable peers receive each batch."""
     accept_handoffs: bool = True
-    """Hold and serve batches that ``client_mode`` peers hand over (never in client mode itself)."""
+    """Hold and serve batches that ``client_mode`` peers hand over (never while in client mode itself)."""
     max_handoffs_per_author_epoch: int = Field(default=16, ge=0)
     """Hand-offs held per author and epoch; more are refused."""
     max_handoff_bytes_per_author_epoch: int = Field(default=16 * _MIB, ge=0)
@@ -168,6 +172,8 @@ class SwarmSettings(BaseModel):
     """Ceiling on any record's remaining lifetime; longer-lived records from peers are rejected."""
     join_retry_seconds: float = Field(default=1.0, gt=0)
     join_retry_max_seconds: float = Field(default=30.0, gt=0)
+    """Longest wait between two tries to (re)join; never more than a quarter of ``epoch_seconds`` either
+    (``retry_cap``), so a node is back within an epoch of its peers' return."""
     pull_timeout: float = Field(default=10.0, gt=0)
     """How long a batch transfer (a pull, a hand-off, serving one) may take to get going; after that it
     must keep ``pull_min_rate``. A transfer of ``n`` bytes therefore takes at most ``pull_timeout + n /
@@ -235,6 +241,17 @@ class SwarmSettings(BaseModel):
         for maddr in value:
             _check_maddr("announce_maddrs", maddr, explicit_port=True)
         return value
+
+    @property
+    def starts_as_client(self) -> bool:
+        """Whether the network side starts in client mode: ``client_mode`` true, or ``auto`` with peers to
+        ask (with none, an ``auto`` node is the first of a swarm, and others must be able to join it)."""
+        return self.client_mode is True or (self.client_mode == "auto" and bool(self.initial_peers))
+
+    @property
+    def retry_cap(self) -> float:
+        """The longest wait between two tries to (re)join: ``join_retry_max_seconds``, at most a quarter epoch."""
+        return max(self.join_retry_seconds, min(self.join_retry_max_seconds, self.epoch_seconds / 4))
 
     @model_validator(mode="after")
     def _check_relations(self) -> SwarmSettings:

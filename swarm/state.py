@@ -11,6 +11,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from protocol.records import RolloutBatch
+from swarm.addresses import AddressBook
 from swarm.members import MemberTable
 from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
@@ -48,6 +49,15 @@ class NetworkStatus:
     restarts: int
     last_error: str
     """Why the network side last failed (a start failure or a loop that died); "" if it never did."""
+    client: bool = False
+    """Whether the node is in client mode now (dials out only); ``client_mode: auto`` leaves it once a peer
+    could dial it back."""
+    reach: str = ""
+    """``client_mode: auto`` only: ``checking``, ``reachable at <address>``, ``unreachable`` or ``unknown``."""
+    lost_at: float | None = None
+    """Unix time this node lost its last DHT neighbour, while it has none again; else None."""
+    connections: int = 0
+    """Peers with an open connection to this node (clients included, which are never DHT neighbours)."""
 
     @property
     def connected(self) -> bool:
@@ -66,6 +76,8 @@ def network_reason(
     join_failures: int,
     start_failures: int,
     error: str,
+    lost_for: float | None = None,
+    retry_cap: float | None = None,
 ) -> str:
     """One line saying what the network side is doing, from its state (pure, for ``NetworkStatus``)."""
     if not alive:
@@ -77,6 +89,10 @@ def network_reason(
     if error:  # a loop failed (p2pd died): the network side is shutting down
         return f"stopped: {error}"
     if not up:
+        if lost_for is not None:
+            every = f" every {retry_cap:.0f} s at most" if retry_cap else ""
+            return (f"lost every peer {lost_for:.0f} s ago; dialing the initial and remembered peers again{every} "
+                    f"({join_failures} attempts failed)")
         if join_failures:
             return f"joining: none of {initial_peers} initial peers answered ({join_failures} attempts failed)"
         return "joining"
@@ -114,11 +130,24 @@ class SharedState:
     training node."""
     bootstrap_peers: list[str] = field(default_factory=list)
     """Peers met while running (full multiaddrs), dialed with the initial peers when every neighbour is gone."""
+    book: AddressBook = field(default_factory=AddressBook)
+    """The peers this node reached at an address (``swarm.addresses``): hand-off holders, remembered peers."""
+    client: bool = False
+    """Client mode now (``SwarmSettings.starts_as_client`` at start; ``auto`` leaves it once reachable)."""
+    reach: str = ""
+    """``client_mode: auto``: where the reachability check stands (see ``NetworkStatus.reach``)."""
+    reachable_at: list[str] = field(default_factory=list)
+    """Addresses a peer dialed this node back at (``auto``), listed first in its batches."""
+    lost_at: float | None = None
+    """Unix time every DHT neighbour was lost, while none is back; None otherwise."""
+    connections: int = 0
+    """Peers with an open connection now (p2pd's list), refreshed by the health loop."""
 
     @classmethod
     def from_settings(cls, settings: SwarmSettings) -> SharedState:
         return cls(peer_book=peer_book_for(settings), max_inbox=settings.max_inbox_batches,
-                   max_inbox_bytes=settings.max_inbox_bytes, trace=TraceLog(settings.trace_path))
+                   max_inbox_bytes=settings.max_inbox_bytes, trace=TraceLog(settings.trace_path),
+                   client=settings.starts_as_client)
 
     def push_batch(self, batch: RolloutBatch, nbytes: int) -> None:
         """Queue a verified batch (``nbytes``: its estimated memory) for ``collect()``.

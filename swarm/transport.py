@@ -29,8 +29,8 @@ from protocol.identity import Identity
 from protocol.limits import DEFAULT_LIMITS, Limits
 from protocol.records import RolloutBatch
 from swarm.core import PublishItem, SwarmCore, describe_error
-from swarm.core.base import parse_peer_maddr
-from swarm.hivemind_compat import dht_neighbours, p2pd_pid
+from swarm.core.base import libp2p_ids, parse_peer_maddr
+from swarm.hivemind_compat import p2pd_pid
 from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey, shard_of
 from swarm.members import MemberTable
 from swarm.peer_book import PeerRow
@@ -61,6 +61,7 @@ class SwarmTransport:
         self._shared = SharedState.from_settings(settings)
         self._shared.members = members
         self._p2pd_options = dict(p2pd_options or {})
+        self._initial_ids = set(libp2p_ids(tuple(settings.initial_peers)))
         self._validator = ManifestValidator(
             settings.swarm_id,
             epoch_seconds=settings.epoch_seconds,
@@ -286,12 +287,19 @@ class SwarmTransport:
         )
 
     def _holders(self, seq: int) -> list[str]:
-        """Behind NAT with ``nat_sharing: handoff``: the initial peers a batch is handed to (and listed
-        first in its signed address list), rotated by ``seq`` to spread the load; one spare beyond
-        ``handoff_copies`` in case a holder refuses. Empty otherwise."""
+        """In client mode with ``nat_sharing: handoff``: where a batch is handed (and listed first in its signed
+        address list): ``handoff_copies`` peers and one spare in case a holder refuses, among the DHT servers
+        and initial peers that answered this node most recently (the swarm's hosts and its reachable
+        members, ``swarm.addresses``), rotated by ``seq`` to spread the load; the initial peers until any
+        answered. Empty otherwise."""
         s = self.settings
-        if not (s.client_mode and s.nat_sharing == "handoff" and s.initial_peers):
-            return []
+        with self._shared.lock:
+            if not (self._shared.client and s.nat_sharing == "handoff"):
+                return []
+            servers = {*self._shared.dht_peers, *self._initial_ids}
+            chosen = self._shared.book.holders(servers, s.handoff_copies + 1, seq)
+        if chosen or not s.initial_peers:
+            return chosen
         k = seq % len(s.initial_peers)
         rotated = [*s.initial_peers[k:], *s.initial_peers[:k]]
         return rotated[: s.handoff_copies + 1]
@@ -319,26 +327,12 @@ class SwarmTransport:
             known = self._shared.bootstrap_peers
             self._shared.bootstrap_peers = list(dict.fromkeys([*maddrs, *known]))[:64]
 
-    def neighbour_maddrs(self, timeout: float | None = None) -> list[str]:
-        """Full multiaddrs (``.../p2p/<id>``) of this node's DHT neighbours as p2pd knows them: peers that
-        accept connections, worth remembering to join again. Empty while the network side is not running."""
-
-        async def listed(core: SwarmCore) -> list[str]:
-            servers = {p.to_base58() for p in dht_neighbours(core.dht)}
-            infos = await asyncio.wait_for(core.p2p.list_peers(), self.settings.request_timeout)
-            found = []
-            for info in infos:
-                peer = info.peer_id.to_base58()
-                addrs = [str(a) for a in info.addrs if "/p2p-circuit" not in str(a)]
-                public = [a for a in addrs if not a.startswith(("/ip4/127.", "/ip6/::1/"))]
-                if peer in servers:
-                    found += [f"{a}/p2p/{peer}" for a in (public or addrs)]
-            return found
-
-        try:
-            return self._await_on_loop(listed, timeout or self.settings.request_timeout + 1)
-        except (RuntimeError, TimeoutError, *_START_ERRORS):
-            return []
+    def remembered_maddrs(self) -> list[str]:
+        """Full multiaddrs of the peers this node reached at an address and heard back from (``swarm.addresses``:
+        hosts, holders, members that accept connections), the live ones first: worth remembering to join
+        again when every host is gone. Never a member behind NAT."""
+        with self._shared.lock:
+            return self._shared.book.remembered()
 
     def ping(self, maddr: str) -> float | None:
         """Dial ``maddr`` (a full multiaddr) and ping it over the DHT protocol: the round trip in seconds, or
@@ -357,6 +351,11 @@ class SwarmTransport:
         except (RuntimeError, TimeoutError, *_START_ERRORS):
             return None
 
+    def libp2p_id(self) -> str | None:
+        """This node's libp2p peer id (what ``/p2p/`` addresses name it by) while the network side runs."""
+        core = self._core
+        return None if core is None else core.p2p.peer_id.to_base58()
+
     def p2pd_pid(self) -> int | None:
         """The pid of this node's p2pd while the network side runs, else None (for tools and tests)."""
         core = self._core
@@ -373,22 +372,18 @@ class SwarmTransport:
         shared = self._shared
         with shared.lock:
             counters = shared.counters
+            lost_for = None if shared.lost_at is None or shared.dht_peers else time.time() - shared.lost_at
+            reason = network_reason(
+                alive=alive, running=running, up=shared.network_up, neighbours=len(shared.dht_peers),
+                initial_peers=len(self.settings.initial_peers), join_failures=counters["join_failures"],
+                start_failures=counters["start_failures"], error=shared.error, lost_for=lost_for,
+                retry_cap=self.settings.retry_cap)
+            if running and shared.reach:
+                reason += f"; {shared.reach}"
             return NetworkStatus(
-                up=shared.network_up,
-                reason=network_reason(
-                    alive=alive,
-                    running=running,
-                    up=shared.network_up,
-                    neighbours=len(shared.dht_peers),
-                    initial_peers=len(self.settings.initial_peers),
-                    join_failures=counters["join_failures"],
-                    start_failures=counters["start_failures"],
-                    error=shared.error,
-                ),
-                neighbours=tuple(shared.dht_peers),
-                restarts=counters["restarts"],
-                last_error=shared.last_error,
-            )
+                up=shared.network_up, reason=reason, neighbours=tuple(shared.dht_peers), restarts=counters["restarts"],
+                last_error=shared.last_error, client=shared.client, reach=shared.reach,
+                lost_at=None if lost_for is None else shared.lost_at, connections=shared.connections)
 
     def peer_stats(self) -> list[PeerRow]:
         """Per-peer counters (``PeerBook.peer_table``), with ``last_seen`` and ``banned_until`` as wall-clock
@@ -420,6 +415,8 @@ class SwarmTransport:
                 "network_up": int(shared.network_up),
                 "network_alive": int(self.is_alive()),
                 "peers_connected": len(shared.dht_peers),
+                "connections": shared.connections,
+                "client": int(shared.client),
                 "peers_seen": book.authors_seen(),
                 "peers_banned": len(book.banned(time.monotonic())),
                 "batches_published": counters["batches_published"],

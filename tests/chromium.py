@@ -166,7 +166,11 @@ class Chromium:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[self._next_id] = fut
         await self._ws.send_str(json.dumps(message))
-        reply = await asyncio.wait_for(fut, timeout)
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:  # named, so a failure says which command the browser did not answer
+            self._pending.pop(message["id"], None)
+            raise CdpError(f"{method}: no answer within {timeout:.0f} s") from None
         if "error" in reply:
             raise CdpError(f"{method}: {reply['error']}")
         return dict(reply.get("result", {}))

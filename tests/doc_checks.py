@@ -280,7 +280,6 @@ argparse.ArgumentParser.parse_args = parse_only
 out = []
 for command, script, argv in json.loads(sys.stdin.read()):
     sys.argv, err = [script, *argv], io.StringIO()
-    sys.path.insert(0, script.rsplit("/", 1)[0])
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(script, run_name="__main__")
@@ -293,8 +292,6 @@ for command, script, argv in json.loads(sys.stdin.read()):
             out.append([command, lines[-1] if lines else f"exit {exc.code}"])
     except Exception as exc:
         out.append([command, f"{type(exc).__name__}: {exc}"])
-    finally:
-        sys.path.pop(0)
 print(json.dumps(out))
 """
 

@@ -147,3 +147,63 @@ def test_the_room_order_check_finds_an_upward_import() -> None:
         assert "NODE_ORDER" in str(exc)
     else:
         raise AssertionError("an unlisted room passed")
+
+
+# -- scripts/: entry scripts are run, never imported; what they share is the package scripts.lib ----------------
+
+SCRIPTS = ROOT / "scripts"
+
+
+def _script_files() -> list[Path]:
+    return sorted(p for p in SCRIPTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _is_lib(path: Path) -> bool:
+    return path.relative_to(SCRIPTS).parts[0] in ("lib", "__init__.py")
+
+
+def script_import_problems(files: list[Path]) -> list[str]:
+    """Imports of an entry script (by its bare name, as a sys.path edit would allow, or as ``scripts.X`` outside
+    ``scripts.lib``) and edits of ``sys.path``, in ``files``."""
+    entries = {p.stem for p in files if not _is_lib(p) and p.stem != "__init__"}
+    problems = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        if "sys.path.insert" in text or "sys.path.append" in text:
+            problems.append(f"{path.relative_to(ROOT)} edits sys.path")
+        for name in _imports(path, top_level_only=False):
+            top = name.split(".")[0]
+            if top in entries or (name.startswith("scripts.") and not name.startswith("scripts.lib")):
+                problems.append(f"{path.relative_to(ROOT)} imports the entry script {name}")
+    return sorted(set(problems))
+
+
+def test_scripts_import_only_their_library() -> None:
+    assert not script_import_problems(_script_files()), script_import_problems(_script_files())
+
+
+def test_scripts_library_has_no_cycle() -> None:
+    lib = {_module_name(p): p for p in _script_files() if _is_lib(p)}
+    graph = {name: {m for m in _imports(path, top_level_only=False) if m in lib and m != name
+                    and not name.startswith(m + ".") and not m.startswith(name + ".")}
+             for name, path in lib.items()}
+    cycles = [c for c in (_cycle_from(m, graph) for m in sorted(graph)) if c]
+    assert not cycles, cycles[0]
+
+
+def test_the_script_check_finds_an_entry_script_import(tmp_path: Path) -> None:
+    bench = tmp_path / "scripts" / "bench"
+    bench.mkdir(parents=True)
+    (bench / "one.py").write_text("import two\n")
+    (bench / "two.py").write_text("import sys\nsys.path.insert(0, '.')\nfrom scripts.bench import one\n")
+    global SCRIPTS, ROOT
+    saved = SCRIPTS, ROOT
+    SCRIPTS, ROOT = tmp_path / "scripts", tmp_path
+    try:
+        found = script_import_problems(sorted(bench.glob("*.py")))
+    finally:
+        SCRIPTS, ROOT = saved
+    assert found == ["scripts/bench/one.py imports the entry script two",
+                     "scripts/bench/two.py edits sys.path",
+                     "scripts/bench/two.py imports the entry script scripts.bench",
+                     "scripts/bench/two.py imports the entry script scripts.bench.one"]

@@ -51,9 +51,8 @@ def test_the_small_base_figures_are_the_shipped_model_s() -> None:
                       ("reasoning_gym/propositional_logic", "propositional_logic")):
         assert f"{name} {info['greedy'][key]['reward']} / {info['sampled_t1'][key]['reward']}" in text, name
     assert f"in {info['total_seconds']} s ({info['cpu_seconds']} CPU-seconds" in text
-    from tests.scripts import load_script
 
-    small_build = load_script("build/small_build")
+    from scripts.lib import small_build
     LOSS_CURVE_MARGIN, SAMPLED_REWARD_MARGIN = small_build.LOSS_CURVE_MARGIN, small_build.SAMPLED_REWARD_MARGIN
 
     margins = page[page.index("A rebuild counts as the recipe's model") :][:300].replace("\n", " ")

@@ -4,7 +4,9 @@ descriptor, on one port (``swarm-node host``, ``api.port``).
 Endpoints (JSON but ``/metrics``, ``/swarm.yaml`` and the page):
 
 - ``GET /api/swarm``   the swarm (descriptor summary), this host, its members with their counts over the
-                       last epochs (``?epochs=N``, at most 8) and the other hosts' health
+                       last epochs (``?epochs=N``, at most 8) and since first seen, the swarm's totals per
+                       epoch (``history``, the last ``?history=N`` epochs, at most 1440, each with its start
+                       time) and the other hosts' health
 - ``GET /healthz``     200 while the host's network side runs and listens, else 503
 - ``GET /metrics``     Prometheus text: members, connections, batches pulled, hand-offs, bytes, memory
 - ``GET /swarm.yaml``  the signed descriptor, for members to join with (``swarm-node start --swarm URL``)
@@ -36,6 +38,7 @@ __all__ = ["HostApiServer", "host_doc", "host_prometheus"]
 STATIC_DIR = Path(__file__).parent / "static"  # the node's dashboard's files: one look for both pages
 _TTL = 1.0
 _MAX_EPOCHS = 8
+_MAX_HISTORY = 1440
 _JSON = "application/json"
 _HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 _PAGE_HEADERS = {**_HEADERS, "Content-Security-Policy": "default-src 'self'; img-src 'self' data:"}
@@ -52,11 +55,13 @@ def _version() -> str:
         return "unknown"
 
 
-def host_doc(host: SwarmHost, descriptor: SwarmDescriptor, epochs: int = 4) -> dict[str, Any]:
-    """``/api/swarm``: the descriptor's summary, the host's snapshot, the members and the other hosts."""
-    snap = host.snapshot(epochs)
+def host_doc(host: SwarmHost, descriptor: SwarmDescriptor, epochs: int = 4, history: int = 60) -> dict[str, Any]:
+    """``/api/swarm``: the descriptor's summary, the host's snapshot, the members, the swarm's history per epoch
+    and the other hosts."""
+    snap = host.snapshot(epochs, history)
     members = snap.pop("members")
     hosts = snap.pop("hosts")
+    past = snap.pop("history")
     return {
         "swarm": {"id": descriptor.swarm_id, "name": descriptor.name, "owner": descriptor.owner_fingerprint,
                   "protocol_version": descriptor.protocol_version, "expires": descriptor.expires.timestamp(),
@@ -66,6 +71,7 @@ def host_doc(host: SwarmHost, descriptor: SwarmDescriptor, epochs: int = 4) -> d
         "host": {**snap, "version": _version(), "uptime_s": round(snap["time"] - snap["started_at"], 1),
                  "rss_bytes": _rss_bytes()},
         "members": members,
+        "history": past,
         "hosts": hosts,
         "time": snap["time"],
     }
@@ -86,6 +92,7 @@ def host_prometheus(doc: dict[str, Any]) -> bytes:
     members = doc["members"]
     gauges = {
         "up": float(net["alive"]), "connected": float(net["connected"]), "dht_neighbours": net["neighbours"],
+        "connections": net["connections"],
         "peers_connected": counters["peers_connected"], "members": len(members),
         "members_natted": sum(1 for m in members if m["natted"]), "peers_banned": counters["peers_banned"],
         "other_hosts": len(doc["hosts"]), "other_hosts_up": sum(1 for h in doc["hosts"] if h["ok"]),
@@ -142,8 +149,9 @@ class HostApiServer(ThreadedApp):
         self._cache[key] = (now + _TTL, body)
         return body
 
-    def _doc(self, epochs: int) -> bytes:
-        return json.dumps(host_doc(self.host, self.descriptor, epochs), separators=(",", ":"), allow_nan=False).encode()
+    def _doc(self, epochs: int, history: int) -> bytes:
+        doc = host_doc(self.host, self.descriptor, epochs, history)
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
     async def get_index(self, _request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC_DIR / "host.html", headers=_PAGE_HEADERS)
@@ -151,10 +159,11 @@ class HostApiServer(ThreadedApp):
     async def get_swarm(self, request: web.Request) -> web.Response:
         try:
             epochs = max(1, min(_MAX_EPOCHS, int(request.query.get("epochs", "4"))))
+            history = max(1, min(_MAX_HISTORY, int(request.query.get("history", "60"))))
         except ValueError:
-            return web.Response(status=400, body=b'{"error":"epochs must be an integer"}', content_type=_JSON,
-                                headers=_HEADERS)
-        body = self._cached(("swarm", epochs), lambda: self._doc(epochs))
+            return web.Response(status=400, body=b'{"error":"epochs and history must be integers"}',
+                                content_type=_JSON, headers=_HEADERS)
+        body = self._cached(("swarm", epochs, history), lambda: self._doc(epochs, history))
         return web.Response(body=body, content_type=_JSON, headers=_HEADERS)
 
     async def get_healthz(self, _request: web.Request) -> web.Response:

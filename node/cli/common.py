@@ -34,3 +34,24 @@ def load_run_config(args: argparse.Namespace) -> NodeConfig:
     cfg = load_config(args.config, overrides)
     resolve_api(cfg)  # a public bind without a token is refused before anything starts
     return cfg
+
+
+def check_free_ports(host_maddrs: list[str], api_host: str | None = None, api_port: int | None = None,
+                     *, api_key: str = "api.port") -> None:
+    """A ``ConfigError`` (one line, exit 2) when a fixed listen port of ``swarm.host_maddrs`` or the status
+    page's port is taken by another process: p2pd would share the port without a word (``swarm.ports``)."""
+    from node.errors import ConfigError
+    from swarm.ports import listen_port_taken, taken_listen_addresses
+
+    for maddr, port in taken_listen_addresses(host_maddrs):
+        raise ConfigError(f"swarm.host_maddrs: port {port} ({maddr}) is taken: another process listens there "
+                          "(another swarm-node or host on this machine?); choose another port, or /tcp/0 for any "
+                          "free one")
+    if api_host is not None and api_port:
+        import socket
+
+        family = socket.AF_INET6 if ":" in api_host else socket.AF_INET
+        if listen_port_taken(api_host, api_port, family=family):
+            raise ConfigError(f"{api_key}: port {api_port} on {api_host} is taken: another process listens there "
+                              f"(another node's status page?); choose another, e.g. {api_key}={api_port + 1}, or "
+                              f"{api_key}=0 for any free one")

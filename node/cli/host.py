@@ -32,6 +32,15 @@ __all__ = ["add_host_parser", "cmd_host"]
 logger = logging.getLogger(__name__)
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MEMBER_CONFIG = "configs/public-swarm.yaml"
+MEMBER_RUN_DIR = "runs/public"
+STATE_FILE = "members.json"
+"""Run-dir file of the host's member table and the swarm's history per epoch, kept across restarts."""
+
+
+def join_command(url: str) -> str:
+    """The command a member joins with (docs/swarm.md, "Join a swarm", gives the same)."""
+    return f"swarm-node start --swarm {url} -c {MEMBER_CONFIG} --run-dir {MEMBER_RUN_DIR}"
 
 
 def add_host_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -105,6 +114,9 @@ def host_plan(args: argparse.Namespace) -> HostPlan:
     set_key(data, "swarm.p2p_identity_path", str(key.resolve()))
     set_key(data, "swarm.initial_peers", others)
     cfg = validate_host_config(data)
+    from node.cli.common import check_free_ports
+
+    check_free_ports(cfg.swarm.host_maddrs, cfg.api.host if cfg.api.port is not None else None, cfg.api.port)
     return HostPlan(cfg, descriptor, own, others, notes)
 
 
@@ -137,7 +149,7 @@ def run_host(plan: HostPlan) -> int:
         signal.signal(sig, lambda *_: stop.set())
     host = SwarmHost(cfg.swarm, Identity.load_or_create(run_dir / "identity.pem"), other_hosts=plan.others,
                      limits=HostLimits(**cfg.limits.model_dump()), health_every=cfg.health_every,
-                     max_members=cfg.max_members)
+                     max_members=cfg.max_members, state_path=run_dir / STATE_FILE)
     api = HostApiServer(cfg.api, host, d) if cfg.api.port is not None else None
     say = lambda line: print(f"swarm-node host: {line}", flush=True)  # noqa: E731
     try:
@@ -156,8 +168,9 @@ def run_host(plan: HostPlan) -> int:
             api.start()
             (run_dir / "api_url").write_text(api.url + "\n")
             say(f"status page at {api.url} (the descriptor at {api.url}swarm.yaml)")
-        where = f"{_public_name(plan.own[0])}:{api.port}/swarm.yaml" if api is not None else "<the descriptor>"
-        say(f"members join with: swarm-node start --swarm http://{where}; running until stopped")
+        where = f"http://{_public_name(plan.own[0])}:{api.port}/swarm.yaml" if api is not None else "<the descriptor>"
+        say(f"members join with: {join_command(where)}")
+        say(f"running until stopped; the member table is kept in {run_dir / STATE_FILE}")
         while not stop.wait(1.0):
             pass
         say("stopping")

@@ -30,9 +30,9 @@ from node.errors import ConfigError
 from protocol.descriptor import MAX_DESCRIPTOR_BYTES, Scalar, SwarmDescriptor, parse_descriptor
 from protocol.errors import DescriptorError
 
-__all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SHARED_SETTINGS", "apply_descriptor", "get_key", "hardware_class",
-           "known_swarms_path", "pinned_owners", "read_descriptor", "remember_peers", "remembered_peers", "set_key", "shared_values",
-           "trust_descriptor"]
+__all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SAVED_DESCRIPTOR", "SHARED_SETTINGS", "apply_descriptor", "get_key",
+           "hardware_class", "known_swarms_path", "pinned_owners", "read_descriptor", "remember_peers", "remembered_peers",
+           "save_descriptor", "set_key", "shared_values", "trust_descriptor"]
 
 KNOWN_SWARMS_ENV = "SWARM_NODE_KNOWN_SWARMS"
 FETCH_TIMEOUT = 15.0
@@ -40,6 +40,8 @@ FETCH_TIMEOUT = 15.0
 REMEMBERED_PEERS = "known_peers.txt"
 """Run-dir file of the peers a member met, one multiaddr a line: its bootstrap when every host is gone."""
 MAX_REMEMBERED_PEERS = 32
+SAVED_DESCRIPTOR = "swarm.yaml"
+"""Run-dir copy of the descriptor a member joined with: what it starts from when the URL does not answer."""
 
 SHARED_SETTINGS: dict[str, str] = {
     "swarm.epoch_seconds": "keys: manifests are filed under the epoch",
@@ -89,6 +91,10 @@ def read_descriptor(source: str, *, timeout: float | None = None) -> SwarmDescri
         raise ConfigError(f"--swarm {source}: {exc}") from None
 
 
+class FetchError(ConfigError):
+    """A descriptor URL did not answer (a server that answered with something else is a plain ``ConfigError``)."""
+
+
 def fetch(url: str, *, timeout: float, max_bytes: int) -> bytes:
     """The body of ``url``: at most ``max_bytes``, all of it within ``timeout`` seconds (one line if not)."""
     deadline = time.monotonic() + timeout
@@ -108,8 +114,8 @@ def fetch(url: str, *, timeout: float, max_bytes: int) -> bytes:
     except (TimeoutError, OSError, urllib.error.URLError, ValueError) as exc:
         reason = "no complete answer within " + f"{timeout:g} s" if isinstance(exc, TimeoutError) else (
             str(getattr(exc, "reason", "") or exc) or type(exc).__name__)
-        raise ConfigError(f"--swarm {url}: cannot fetch it ({reason}); check the URL, or pass a saved copy "
-                          "of the descriptor") from None
+        raise FetchError(f"--swarm {url}: cannot fetch it ({reason}); check the URL, or pass a saved copy "
+                         "of the descriptor") from None
     if len(body) > max_bytes:
         raise ConfigError(f"--swarm {url}: the answer is larger than a descriptor may be ({max_bytes} bytes)")
     return bytes(body)
@@ -265,20 +271,33 @@ def task_config_hash(cfg: Any) -> str:
 
 
 def join_config(config: str | None, overrides: list[str], source: str, *, owner: str | None,
-                extra_peers: list[str]) -> tuple[Any, list[str]]:
+                extra_peers: list[str]) -> tuple[Any, list[str], SwarmDescriptor]:
     """A member's validated ``NodeConfig`` from its config file and overrides plus the swarm's descriptor at
-    ``source``, with the swarm's hosts, ``extra_peers`` and the peers it met before as initial peers; and
-    the lines to tell the user. Every mistake is one ``ConfigError`` line."""
-    from node.config import load_config_data, resolve_api, validate_config, with_initial_peers
+    ``source``, with the swarm's hosts and ``extra_peers`` as initial peers (the peers it remembers in its
+    run dir are the daemon's to dial beside them: ``node.run.daemon``, never taken for hosts); the
+    lines to tell the user; and the descriptor (``save_descriptor`` keeps it in the run dir). When ``source``
+    is a URL that does not answer (every host down), the copy saved in the run dir at an earlier start is
+    used instead, checked as the original was. Every mistake is one ``ConfigError`` line."""
+    from node.config import NodeConfig, load_config_data, resolve_api, validate_config, with_initial_peers
     from swarm.maddr import multiaddr_problem
 
-    descriptor = read_descriptor(source)
-    notes = trust_descriptor(descriptor, owner=owner)
+    data = load_config_data(config, overrides)
+    run_dir = Path(str(get_key(data, "run_dir")[1] or NodeConfig.model_fields["run_dir"].default))
+    notes: list[str] = []
+    try:
+        descriptor = read_descriptor(source)
+    except FetchError:
+        saved = run_dir / SAVED_DESCRIPTOR
+        if not saved.is_file():
+            raise
+        descriptor = read_descriptor(str(saved))
+        notes.append(f"{source} does not answer; joining with the copy of the descriptor saved in {saved} at an "
+                     "earlier start, through the peers this node remembers")
+    notes += trust_descriptor(descriptor, owner=owner)
     for host in descriptor.hosts:
         if (problem := multiaddr_problem(host)) is not None:
             raise ConfigError(f"swarm descriptor of {descriptor.swarm_id}: hosts: {host!r} is not a valid multiaddr "
                               f"({problem}); its owner fixes it and signs again")
-    data = load_config_data(config, overrides)
     notes += apply_descriptor(data, descriptor, hardware=hardware_class(list(descriptor.recommended_models)))
     cfg = validate_config(data)
     resolve_api(cfg)
@@ -287,13 +306,23 @@ def join_config(config: str | None, overrides: list[str], source: str, *, owner:
         raise ConfigError(f"tasks: this node's {cfg.tasks.source} tasks have config hash {own_hash}, the swarm's "
                           f"{descriptor.tasks.config_hash} (another task generator or library version); install the "
                           "swarm-node release (and reasoning-gym version) the swarm uses")
-    peers = list(dict.fromkeys([*extra_peers, *cfg.swarm.initial_peers, *descriptor.hosts,
-                                *remembered_peers(cfg.run_dir)]))
+    peers = list(dict.fromkeys([*extra_peers, *cfg.swarm.initial_peers, *descriptor.hosts]))
     cfg = with_initial_peers(cfg, peers)
+    others = len(peers) - len(descriptor.hosts)
+    remembered = [p for p in remembered_peers(cfg.run_dir) if p not in peers]  # dialed too (daemon: bootstrap)
     notes.append(f"joining swarm {descriptor.swarm_id} ({descriptor.name}) through {len(descriptor.hosts)} host(s)"
-                 f"{f' and {len(peers) - len(descriptor.hosts)} other peer(s)' if len(peers) > len(descriptor.hosts) else ''}"
+                 f"{f' and {others} other peer(s)' if others > 0 else ''}"
+                 f"{f' and the {len(remembered)} peer(s) it remembers' if remembered else ''}"
                  f"; descriptor valid until {descriptor.expires:%Y-%m-%d %H:%M} UTC")
-    return cfg, notes
+    return cfg, notes, descriptor
+
+
+def save_descriptor(run_dir: str | os.PathLike[str], descriptor: SwarmDescriptor) -> None:
+    """Keep the descriptor a member joined with in its run dir (atomically): its way in when no host answers."""
+    path = Path(run_dir) / SAVED_DESCRIPTOR
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(descriptor.to_yaml(), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 # -- peers met: a member's bootstrap when every host is gone ----------------------------------------------

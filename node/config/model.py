@@ -16,6 +16,11 @@ class ModelConfig(Section):
     gguf_file: str | None = Field(None, description="a GGUF file inside the folder name_or_path names")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
+    memory_mb: int | None = Field(
+        None, ge=256, description="device memory this node may take on a GPU, at most: the CUDA allocator's limit "
+        "for the process, and the memory the auto sizes (train.logits_memory_mb) read instead of the card's, so that "
+        "several nodes share one card (scripts/dev/gpu_swarm.py runs three); null: the whole card. No effect on the "
+        "CPU")
     chat_template: ChatTemplateMode = "auto"
     trust_remote_code: bool = False
 

@@ -56,6 +56,7 @@ from node.policy.logprobs import (
 )
 from node.policy.model import Policy
 from node.policy.remix_logprobs import routed_logprobs
+from node.policy.special import stop_ids
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
 from protocol.identity import peer_id_from_public_key
@@ -133,6 +134,8 @@ class Ingestor:
         tok = policy.tokenizer
         self._vocab_size = len(tok)
         self._eos = tok.eos_token_id
+        # any of the model's end-of-sequence ids ends a completion (node.policy.special)
+        self._stops = frozenset(stop_ids(getattr(policy, "model", None), tok))
         self._special = frozenset(int(i) for i in tok.all_special_ids)
         self._seeds: dict[tuple[str, int], set[int]] = {}  # (author, epoch) -> task seeds seen
         self.by_peer: OrderedDict[str, tuple[int, Counter[str]]] = OrderedDict()  # groups accepted, rejected
@@ -323,7 +326,7 @@ class Ingestor:
             return None, None, "too_long"
         if any(i >= self._vocab_size for i in ids):
             return None, None, "bad_token_id"
-        if ends_with_eos != (bool(ids) and ids[-1] == self._eos):
+        if ends_with_eos != (bool(ids) and ids[-1] in self._stops):
             return None, None, "eos_mismatch"
         body = ids[:-1] if ends_with_eos else ids
         if any(i in self._special for i in body):

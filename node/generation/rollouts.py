@@ -12,6 +12,7 @@ import torch
 
 from node.generation.base import GenerationBackend, SamplingSettings
 from node.policy.model import Policy
+from node.policy.special import stop_ids
 from node.tasks import Task, TaskSource
 from node.train.groups import TrainGroup
 
@@ -41,13 +42,13 @@ def split_by_fit(policy: Policy, source: TaskSource, tasks: list[Task],
 
 
 def decode_completion(policy: Policy, ids: list[int]) -> str:
-    """The text of sampled ids as it is scored: the final EOS dropped, any other special token kept.
+    """The text of sampled ids as it is scored: the final end-of-sequence id dropped, any other special token
+    kept.
 
     Special tokens are not skipped, so a completion with e.g. an EOS in the middle is scored as the
     text it is, not as the answer hiding behind it; peers' rollouts are checked the same way on arrival.
     """
-    eos = policy.tokenizer.eos_token_id
-    body = ids[:-1] if ids and eos is not None and ids[-1] == eos else ids
+    body = ids[:-1] if ids and ids[-1] in stop_ids(policy.model, policy.tokenizer) else ids
     return str(policy.tokenizer.decode(body, skip_special_tokens=False))
 
 

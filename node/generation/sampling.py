@@ -1,7 +1,10 @@
 """The node's own sampling loop (the HF backend's): KV cache, left padding, temperature and top-p.
 
 Returns, for every completion, its token ids, the per-token log-probs of the distribution the token was
-actually drawn from (after temperature and top-p), and a mask that ends at (and includes) the first EOS.
+actually drawn from (after temperature and top-p), and a mask that ends at (and includes) the first of
+the model's end-of-sequence ids. A policy's output layer masks every other special token
+(``node.policy.special``), so a node never samples one; a model loaded without that mask is sampled as it
+is.
 Only the last position's logits are computed (``logits_to_keep=1``), the attention mask is allocated once,
 sampling draws from a generator on the policy's device, so no step copies logits to the host, and rows
 that finished are dropped from the batch and its KV cache once a quarter of it has (RL completions end at
@@ -11,6 +14,7 @@ sequences (a group) is computed once and its KV cache copied to each.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +22,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from node.generation.static import DecoderPool, StaticDecoder
+from node.generation.static import DecoderPool, StaticDecoder, StepState
 from node.policy.logprobs import left_pad, positions_from_mask
+from node.policy.special import stop_ids
 
 
 @dataclass
@@ -72,15 +77,42 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of ``probs`` ``[B, V]``, drawn by inverting the row's cumulative distribution at one
-    uniform number. ``torch.multinomial`` draws an exponential variate per vocabulary entry instead (``B x V``
-    random numbers a step: a fifth of this loop's time on small-base's shape with 64-token completions).
-    The cumulative sums are float64, so rounding moves a negligible mass (about ``V x 1e-16``). The draw
-    ``x`` lies in ``(0, total]`` and the token is the first whose cumulative sum reaches ``x``: a token of
-    probability 0 has its predecessor's sum, so it is never the first (nor is a leading one, whose sum is 0)."""
-    cdf = probs.cumsum(-1, dtype=torch.float64)
+    uniform number (``invert_at``). ``torch.multinomial`` draws an exponential variate per vocabulary entry
+    instead (``B x V`` random numbers a step: a fifth of this loop's time on small-base's shape with 64-token
+    completions)."""
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)  # [0, 1)
+    return invert_at(probs, u)
+
+
+def invert_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each row of ``probs`` ``[B, V]`` whose cumulative probability first reaches ``u`` ``[B, 1]``
+    (uniform in [0, 1), float64) of the row's total. The cumulative sums are float64, so rounding moves a
+    negligible mass (about ``V x 1e-16``). The draw lies in ``(0, total]``: a token of probability 0 has its
+    predecessor's sum, so it is never the first (nor is a leading one, whose sum is 0)."""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
     tok = torch.searchsorted(cdf, (1.0 - u) * cdf[:, -1:]).squeeze(-1)
     return tok.clamp_(max=probs.shape[-1] - 1)  # only a row of NaNs could reach past the end
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How a token is drawn from a step's logits: greedy, or at ``temperature`` within ``top_p``. Uniform
+    numbers come in, one a row and step, drawn for the whole call before its first step (so a row's draws
+    do not depend on which other rows are still computed, and a captured step draws nothing itself)."""
+
+    greedy: bool
+    temperature: float
+    top_p: float
+
+    def draw(self, logits: torch.Tensor, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens ``[B]`` and their log-probs under the distribution drawn from."""
+        logits = logits.float()
+        if self.greedy or u is None:
+            tok = logits.argmax(-1)
+            return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+        logp = torch.log_softmax(top_p_filter(logits / self.temperature, self.top_p), -1)
+        tok = invert_at(logp.exp(), u)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
 def _prefill(model: nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device, *, share: bool,
@@ -129,32 +161,52 @@ def generate(
     max_len: int | None = None,
     cuda_graphs: bool = False,
     decoders: DecoderPool | None = None,
+    stops: Sequence[int] | None = None,
 ) -> Completions:
     """Sample one completion per prompt (token-id lists, already formatted and with BOS if any). With
     ``max_len``, a completion also ends (finish reason ``length``) where prompt plus completion reach it;
     every prompt must be shorter (``node.generation.base.check_prompts_fit``). With ``cuda_graphs`` (not for
-    ReMix) the forward passes run over a static KV cache, the decode step captured in a CUDA graph on a
-    GPU (``node.generation.static``); with ``decoders`` too, a decoder (and its graph) kept from an earlier call of
-    the same batch size is reused."""
+    ReMix) the forward passes run over a static KV cache, each whole decode step (the draw, the bookkeeping
+    and the forward pass) captured in one CUDA graph on a GPU (``node.generation.static``); with ``decoders``
+    too, a decoder (and its graphs) kept from an earlier call of the same batch size is reused. A completion
+    ends at the first of ``stops`` (default: the model's end-of-sequence ids, ``node.policy.special.stop_ids``)."""
     device = device or torch.device("cpu")
-    eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    stops = tuple(stop_ids(model, tokenizer) if stops is None else stops)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else 0)
     if generator is not None and generator.device != device:
         raise ValueError(f"sampling generator on {generator.device}, policy on {device}: create it on the policy's device")
     was_training = model.training
     model.eval()
     if remix is not None:  # generation routes deterministically (top-k), fixed per sequence
         remix.deterministic()
-    # ReMix's routing rows follow the cache's: copied to a shared prompt's group, dropped with finished rows.
-    static = None
-    if cuda_graphs and remix is None:
-        ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
-        static = (StaticDecoder(model, prompt_mask, max_new_tokens, graphs=True) if decoders is None
-                  else decoders.decoder(model, prompt_mask, max_new_tokens, graphs=True))
-        last_logits = static.prefill(ids, prompt_mask, positions_from_mask(prompt_mask))
-        past: Any = None
-    else:
-        last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=True, remix=remix)
+    sampler = Sampler(greedy, temperature, top_p)
+    uniforms = None if greedy else torch.rand((max_new_tokens, len(prompts), 1), generator=generator, device=device,
+                                              dtype=torch.float64)
+    try:
+        if cuda_graphs and remix is None:
+            ids, lps, mask, hit_eos, routing = _static_loop(model, prompts, pad_id, stops, sampler, uniforms, device,
+                                                           max_new_tokens=max_new_tokens, max_len=max_len,
+                                                           decoders=decoders)
+        else:
+            ids, lps, mask, hit_eos, routing = _dynamic_loop(model, prompts, pad_id, stops, sampler, uniforms, device,
+                                                            max_new_tokens=max_new_tokens, max_len=max_len,
+                                                            remix=remix)
+    finally:
+        model.train(was_training)
+    # Steps run after every row had finished (between two checks) drew nothing: cut them off.
+    length = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else 0
+    reasons = ["eos" if f else "length" for f in hit_eos.tolist()]
+    return Completions(ids[:, :length].cpu(), lps[:, :length].cpu(), mask[:, :length].cpu(), reasons, routing)
+
+
+_Out = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+
+
+def _dynamic_loop(model: nn.Module, prompts: list[list[int]], pad_id: int, stops: tuple[int, ...], sampler: Sampler,
+                  uniforms: torch.Tensor | None, device: torch.device, *, max_new_tokens: int, max_len: int | None,
+                  remix: Any) -> _Out:
+    """The loop over transformers' cache: a group's prompt computed once, finished rows dropped as they go."""
+    last_logits, past, prompt_mask = _prefill(model, prompts, pad_id, device, share=True, remix=remix)
     routing = remix.last_routing().cpu() if remix is not None else None  # [B, L, k], before any row is dropped
     batch, width = prompt_mask.shape
     compact = hasattr(past, "batch_select_indices")
@@ -166,22 +218,18 @@ def generate(
     hit_eos = torch.zeros(batch, dtype=torch.bool, device=device)
     rows = torch.arange(batch, device=device)  # the batch row each computed row fills
     alive = torch.ones(batch, dtype=torch.bool, device=device)
+    stop_t = torch.tensor(stops, dtype=torch.long, device=device)
     check_every = live_check_interval(device)
+    full = True  # every batch row still computed (no row dropped): the draws need no indexing
     for step in range(max_new_tokens):
-        logits = last_logits.float()
-        if greedy:
-            tok = logits.argmax(-1)
-            lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
-        else:
-            logp = torch.log_softmax(top_p_filter(logits / temperature, top_p), -1)
-            tok = sample_rows(logp.exp(), generator)
-            lp = logp.gather(-1, tok[:, None]).squeeze(-1)
+        u = None if uniforms is None else (uniforms[step] if full else uniforms[step].index_select(0, rows))
+        tok, lp = sampler.draw(last_logits, u)
         tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
         all_ids[rows, step] = tok
         all_lps[rows, step] = torch.where(alive, lp, torch.zeros_like(lp))
         all_mask[rows, step] = alive
-        if eos_id is not None:
-            ended = alive & (tok == eos_id)
+        if stops:
+            ended = alive & (tok[:, None] == stop_t).any(-1)
             hit_eos[rows] |= ended
             alive = alive & ~ended
         if max_len is not None:  # the token just drawn sits at next_pos: a row ends when that was the last one
@@ -199,20 +247,90 @@ def generate(
                 if remix is not None:
                     remix.select_rows(keep)
                 rows, attn, next_pos, tok, alive = rows[keep], attn[keep], next_pos[keep], tok[keep], alive[keep]
+                full = False
         positions = next_pos if max_len is None else next_pos.clamp(max=max_len - 1)  # finished rows run on
-        if static is not None:
-            last_logits = static.step(tok, positions, step)
-        else:
-            out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=positions,
-                        past_key_values=past, use_cache=True, logits_to_keep=1)
-            past, last_logits = out.past_key_values, out.logits[:, -1, :]
+        out = model(input_ids=tok[:, None], attention_mask=attn[:, : width + step + 1], position_ids=positions,
+                    past_key_values=past, use_cache=True, logits_to_keep=1)
+        past, last_logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = next_pos + 1
-    model.train(was_training)
-    # Steps run after every row had finished (between two checks) drew nothing: cut them off.
-    length = int(all_mask.any(0).nonzero().max()) + 1 if bool(all_mask.any()) else 0
-    reasons = ["eos" if f else "length" for f in hit_eos.tolist()]
-    return Completions(all_ids[:, :length].cpu(), all_lps[:, :length].cpu(), all_mask[:, :length].cpu(), reasons,
-                       routing)
+    return all_ids, all_lps, all_mask, hit_eos, routing
+
+
+def _static_loop(model: nn.Module, prompts: list[list[int]], pad_id: int, stops: tuple[int, ...], sampler: Sampler,
+                 uniforms: torch.Tensor | None, device: torch.device, *, max_new_tokens: int, max_len: int | None,
+                 decoders: DecoderPool | None) -> _Out:
+    """The loop over a static cache: each decode step one function of the decoder's fixed tensors
+    (``StepState``), which the decoder runs eagerly or replays from a CUDA graph; on a GPU, whether every row
+    has finished is learnt from a copy to pinned memory made every few steps and looked at once it has
+    arrived, so the host never waits for the device between steps."""
+    ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
+    static = (StaticDecoder(model, prompt_mask, max_new_tokens, graphs=True) if decoders is None
+              else decoders.decoder(model, prompt_mask, max_new_tokens, graphs=True))
+    logits = static.prefill(ids, prompt_mask, positions_from_mask(prompt_mask))
+    key = (sampler, pad_id, stops, max_len)
+    state = static.state(logits)
+    state.start(logits, prompt_mask, pad_id, uniforms)
+    step_fn = _decode_step(static, state, sampler, pad_id, stops, max_len)
+    probe = _Probe(device)
+    for step in range(max_new_tokens):
+        static.run(key, step_fn, step)
+        if probe.all_finished(state.alive, step):
+            break
+    return state.ids, state.lps, state.mask, state.hit, None
+
+
+def _decode_step(static: StaticDecoder, st: StepState, sampler: Sampler, pad_id: int, stops: tuple[int, ...],
+                 max_len: int | None) -> Any:
+    """One decode step over ``st``'s tensors alone (the step index on the device too): draw, record, end rows
+    at a stop id or the context, feed the drawn tokens forward."""
+    stop_t = st.constant("stops", torch.tensor(stops or (-1,), dtype=torch.long))
+
+    def step() -> None:
+        u = None if sampler.greedy else st.uniforms.index_select(0, st.step).squeeze(0)
+        tok, lp = sampler.draw(st.logits, u)
+        alive = st.alive
+        tok = torch.where(alive, tok, pad_id)
+        st.ids.index_copy_(1, st.step, tok[:, None])
+        st.lps.index_copy_(1, st.step, torch.where(alive, lp, 0.0)[:, None])
+        st.mask.index_copy_(1, st.step, alive[:, None])
+        ended = alive & (tok[:, None] == stop_t).any(-1)
+        st.hit.bitwise_or_(ended)
+        still = alive & ~ended
+        if max_len is not None:  # the token just drawn sits at next_pos: a row ends when that was the last one
+            still = still & (st.next_pos.squeeze(-1) + 1 < max_len)
+        positions = st.next_pos if max_len is None else st.next_pos.clamp(max=max_len - 1)  # finished rows run on
+        st.logits.copy_(static.forward_token(tok, positions, st.width + st.step))
+        st.alive.copy_(still)
+        st.next_pos.add_(1)
+        st.step.add_(1)
+
+    return step
+
+
+class _Probe:
+    """Whether every row has finished, without waiting for the device: on a GPU every ``_GPU_CHECK_EVERY``
+    steps a copy of "any row alive" goes to pinned host memory behind an event, and is read once the event
+    has passed (a few steps late: those steps draw padding); on the CPU a read costs nothing, every step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pending = False
+        if self.cuda:
+            self.host = torch.zeros(1, dtype=torch.bool, pin_memory=True)
+            self.event = torch.cuda.Event()
+
+    def all_finished(self, alive: torch.Tensor, step: int) -> bool:
+        if not self.cuda:
+            return not bool(alive.any())
+        if self.pending and self.event.query():
+            self.pending = False
+            if not bool(self.host.numpy()[0]):
+                return True
+        if not self.pending and (step + 1) % _GPU_CHECK_EVERY == 0:
+            self.host.copy_(alive.any()[None], non_blocking=True)
+            self.event.record()
+            self.pending = True
+        return False
 
 
 def live_check_interval(device: torch.device) -> int:

@@ -1,5 +1,5 @@
-"""The sampling loop's forward passes over a static KV cache, with the decode step captured in a CUDA graph on
-a GPU (``generation.hf.cuda_graphs``).
+"""The sampling loop's forward passes over a static KV cache, with each whole decode step captured in a CUDA
+graph on a GPU (``generation.hf.cuda_graphs``).
 
 A small model's decode step on a GPU is launch-bound: hundreds of kernels of a few microseconds each,
 dispatched one by one by the host. A CUDA graph records the step's kernels once and replays them with one
@@ -8,6 +8,14 @@ transformers ``StaticCache`` of ``prompt width + new tokens`` positions (it adva
 on the device), the attention mask a 4-D boolean buffer of that width updated in place, and the batch keeps
 its rows to the end (no rows dropped; finished rows draw padding, as in the dynamic loop). Every row's
 prompt is computed (no group sharing): the prefill is a small part of a step's work on a GPU.
+
+The step captured is the whole of it (``node.generation.sampling``): the draw from the last logits
+(temperature, top-p and the inversion of the cumulative distribution at a uniform number drawn for the
+call beforehand), the bookkeeping (tokens, log-probs and the mask written at the step's column, rows ended
+at a stop id or the context) and the forward pass of the drawn tokens, every one of them reading and
+writing the fixed tensors of a ``StepState`` (the step index and the prompt width on the device too). The
+host replays one graph a token and reads nothing back between steps. A graph is kept per sampling setting
+(greedy or not, temperature, top-p, stop ids, context).
 
 Where capture fails (an operation that waits for the host, an unsupported kernel) the steps run eagerly on
 the same static cache, with a warning once: the same numbers, without the launch saving. On the CPU the
@@ -26,6 +34,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -54,9 +63,8 @@ class StaticDecoder:
         self.width = 0
         self.reset(prompt_mask)
         self.graphs = graphs and prompt_mask.device.type == "cuda"
-        self._graph: Any = None
-        self._inputs: dict[str, torch.Tensor] = {}
-        self._logits: torch.Tensor | None = None
+        self._graphs: dict[Any, Any] = {}
+        self._state: StepState | None = None
 
     @property
     def length(self) -> int:
@@ -88,39 +96,88 @@ class StaticDecoder:
                          use_cache=True, logits_to_keep=1)
         return cast(torch.Tensor, out.logits[:, -1, :])
 
-    def step(self, tok: torch.Tensor, positions: torch.Tensor, step: int) -> torch.Tensor:
-        """Decode ``tok`` ``[B]`` at ``positions`` ``[B, 1]``, the ``step``-th new token: next logits ``[B, V]``."""
-        self.mask[:, 0, 0, self.width + step] = True
-        if self.graphs and step > 0:  # step 0 runs eagerly: it warms up what the capture must not initialise
-            try:
-                return self._replay(tok, positions)
-            except RuntimeError as exc:  # once a generation at most: the graph is dropped
-                self._give_up(exc)
+    def state(self, logits: torch.Tensor) -> StepState:
+        """The fixed tensors of a sampling run over this decoder (made once, reset by each run)."""
+        if self._state is None or self._state.logits.shape != logits.shape or self._state.logits.dtype != logits.dtype:
+            self._state = StepState(self.mask.shape[0], self.length, logits)
+            self._graphs.clear()
+        return self._state
+
+    def forward_token(self, tok: torch.Tensor, positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Decode ``tok`` ``[B]`` at ``positions`` ``[B, 1]``, its cache column ``index`` (a ``[1]`` tensor):
+        the next logits ``[B, V]``."""
+        self.mask.index_fill_(3, index, True)
         out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         return cast(torch.Tensor, out.logits[:, -1, :])
 
-    def _replay(self, tok: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self._graph is None:
-            self._inputs = {"tok": tok[:, None].clone(), "positions": positions.clone()}
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):  # records the kernels; nothing runs (the cache does not advance)
-                out = self.model(input_ids=self._inputs["tok"], attention_mask=self.mask,
-                                 position_ids=self._inputs["positions"], past_key_values=self.cache, use_cache=True,
-                                 logits_to_keep=1)
-            self._graph, self._logits = graph, out.logits
-        else:
-            self._inputs["tok"].copy_(tok[:, None])
-            self._inputs["positions"].copy_(positions)
-        self._graph.replay()
-        return cast(torch.Tensor, self._logits)[:, -1, :]
+    def run(self, key: Any, step_fn: Callable[[], None], step: int) -> None:
+        """Run ``step_fn`` (one decode step over this decoder's and its state's tensors): eagerly at a run's
+        first step (it warms up what a capture must not initialise) or without graphs; else from the graph
+        captured for ``key`` the first time, replayed ever after."""
+        if self.graphs and step > 0:
+            try:
+                graph = self._graphs.get(key)
+                if graph is None:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):  # records the kernels; nothing runs
+                        step_fn()
+                    self._graphs[key] = graph
+                graph.replay()
+                return
+            except RuntimeError as exc:  # once a generation at most: the graphs are dropped
+                self._give_up(exc)
+        step_fn()
 
     def _give_up(self, exc: BaseException) -> None:
-        self.graphs, self._graph = False, None
+        self.graphs = False
+        self._graphs.clear()
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if reason not in _warned:
             _warned.add(reason)
             logger.warning("CUDA graph capture of the decode step failed (%s): decoding eagerly", reason)
+
+
+class StepState:
+    """What a decode step reads and writes, at fixed addresses: the last logits ``[B, V]``, the uniform
+    numbers of the run ``[L, B, 1]``, the step index and the prompt width (``[1]``, on the device), which rows
+    are alive or hit a stop id, each row's next position, and the tokens, log-probs and mask written so far
+    ``[B, L]`` (``L``: the decoder's length, at least the new tokens of any run it takes)."""
+
+    def __init__(self, batch: int, length: int, logits: torch.Tensor) -> None:
+        device = logits.device
+        self.logits = torch.zeros_like(logits)
+        self.uniforms = torch.zeros((length, batch, 1), dtype=torch.float64, device=device)
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+        self.width = torch.zeros(1, dtype=torch.long, device=device)
+        self.alive = torch.ones(batch, dtype=torch.bool, device=device)
+        self.hit = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.next_pos = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.ids = torch.zeros((batch, length), dtype=torch.long, device=device)
+        self.lps = torch.zeros((batch, length), dtype=torch.float32, device=device)
+        self.mask = torch.zeros((batch, length), dtype=torch.bool, device=device)
+        self._constants: dict[Any, torch.Tensor] = {}
+
+    def start(self, logits: torch.Tensor, prompt_mask: torch.Tensor, pad_id: int, uniforms: torch.Tensor | None) -> None:
+        """Ready for a run from the prefill's ``logits``, in place."""
+        self.logits.copy_(logits)
+        if uniforms is not None:
+            self.uniforms[: uniforms.shape[0]].copy_(uniforms)
+        self.step.zero_()
+        self.width.fill_(prompt_mask.shape[1])
+        self.alive.fill_(True)
+        self.hit.zero_()
+        self.next_pos.copy_(prompt_mask.sum(-1, keepdim=True))
+        self.ids.fill_(pad_id)
+        self.lps.zero_()
+        self.mask.zero_()
+
+    def constant(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """``value`` on the device, the same tensor for every run that asks for the same one (a graph reads it)."""
+        key = (name, tuple(value.tolist()))
+        if key not in self._constants:
+            self._constants[key] = value.to(self.logits.device)
+        return self._constants[key]
 
 
 LENGTH_STEP = 64

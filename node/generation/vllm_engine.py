@@ -41,6 +41,7 @@ from node.generation.sampling import Completions
 from node.generation.weights import effective_weights
 from node.policy.logprobs import right_pad
 from node.policy.model import Policy
+from node.policy.special import banned_ids, stop_ids
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +180,15 @@ class VLLMBackend:
         for i, prompt in enumerate(prompts):
             groups.setdefault(i if settings.greedy else tuple(prompt), []).append(i)
         rows = list(groups.values())
-        eos = self.policy.tokenizer.eos_token_id
+        stops = list(stop_ids(self.policy.model, self.policy.tokenizer))
+        banned = {i: -100.0 for i in banned_ids(self.policy.tokenizer, stops)}  # vLLM's floor: never drawn
         seeds = None if settings.greedy else request_seeds(generator, len(rows))
         params = [
             SamplingParams(n=len(row), max_tokens=settings.max_new_tokens,
                            temperature=0.0 if settings.greedy else settings.temperature,
                            top_p=1.0 if settings.greedy else settings.top_p, seed=None if seeds is None else seeds[g],
-                           logprobs=0, flat_logprobs=True, stop_token_ids=[eos] if eos is not None else None,
-                           detokenize=False)
+                           logprobs=0, flat_logprobs=True, stop_token_ids=stops or None,
+                           logit_bias=banned or None, detokenize=False)
             for g, row in enumerate(rows)
         ]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[row[0]]) for row in rows], params,

@@ -25,6 +25,7 @@ from node.policy.embedded import embedded_names
 from node.policy.fetched import fetch_command, registry_model
 from node.policy.locate import ModelLocation, locate_model
 from node.policy.model_check import Finding, check_agreement_with, check_folder, refuse
+from node.policy.special import mask_output
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,25 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def device_memory_mb(device: torch.device, cap_mb: int | None = None) -> int | None:
+    """The device memory a node on ``device`` may take, in MiB: the card's, or ``cap_mb`` below it (None on
+    the CPU)."""
+    if device.type != "cuda":
+        return None
+    total = int(torch.cuda.get_device_properties(device).total_memory // 2**20)
+    return total if cap_mb is None else min(total, cap_mb)
+
+
+def cap_device_memory(device: torch.device, cap_mb: int | None) -> None:
+    """Hold this process to ``cap_mb`` of ``device``'s memory (``model.memory_mb``): past it the CUDA allocator
+    raises out-of-memory instead of taking what other nodes on the card use."""
+    if device.type != "cuda" or cap_mb is None:
+        return
+    total = torch.cuda.get_device_properties(device).total_memory / 2**20
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), device)
+    logger.info("device memory held to %d of %.0f MiB (model.memory_mb)", min(cap_mb, total), total)
 
 
 def device_label(device: torch.device) -> str:
@@ -181,7 +201,9 @@ class Policy:
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Every trainable tensor by parameter name: what a checkpoint stores."""
-        return {n: p.detach().cpu().contiguous() for n, p in self.model.named_parameters() if p.requires_grad}
+        # copies: with the fused pass the parameters are views of one flat tensor, which a file must not share
+        return {n: p.detach().to("cpu", copy=True).contiguous() for n, p in self.model.named_parameters()
+                if p.requires_grad}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -203,7 +225,9 @@ def build_policy(model_cfg: ModelConfig, adapter_cfg: AdapterConfig, seed: int) 
     """Load the base, attach adapters, split trainable parameters into optimizer groups."""
     torch.manual_seed(seed)  # adapter initialisation is part of the run's seeded state
     base, tokenizer = load_base(model_cfg)
+    mask_output(base, tokenizer)  # the policy never samples a special token but its end-of-sequence ids
     device = pick_device(model_cfg.device)
+    cap_device_memory(device, model_cfg.memory_mb)
     remix = None
     if adapter_cfg.kind == "lora":
         model = _attach_lora(base, adapter_cfg)

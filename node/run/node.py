@@ -221,6 +221,8 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             "tasks_too_long": len(too_long),
             "peak_rss_mb": round(peak_rss_mb()),
         }
+        if self.policy.device.type == "cuda":  # what this node took of the card (its allocator's high-water mark)
+            record["device_peak_mb"] = round(torch.cuda.max_memory_reserved(self.policy.device) / 2**20)
         record.update({f"train/{k}": v for k, v in stats.items() if k not in ("loss", "grad_norm")})
         record.update({f"gen/{k}": v for k, v in sync.items()})
         if self.policy.remix is not None:
@@ -288,7 +290,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         if self.decider is not None:
             extra["peer_decider"] = self.decider.state()
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
-                                              optimizer=self.trainer.optimizer.state_dict(), rng=rng, extra=extra))
+                                              optimizer=self.trainer.optimizer_state(), rng=rng, extra=extra))
 
     def close(self) -> None:
         if self.api is not None:  # first: it reads what the rest of close() shuts

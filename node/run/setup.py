@@ -9,8 +9,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from node.api.board import NodeInfo
 from node.config import NodeConfig, resolve_api
 from node.errors import ConfigError, TaskError
@@ -20,7 +18,7 @@ from node.exchange.scoring import ScoringWorker, SourceSpec
 from node.generation.backend import node_backend
 from node.generation.base import GenerationBackend
 from node.generation.rollouts import split_by_fit
-from node.policy.model import Policy, build_policy, device_label
+from node.policy.model import Policy, build_policy, device_label, device_memory_mb
 from node.run.checkpoint import CheckpointManager, restore_rng
 from node.run.rundir import say_config_changes
 from node.run.saved import RunStep, load_init_state
@@ -129,8 +127,7 @@ class SetupMixin(NodeState):
     def _build_trainer(self) -> Trainer:
         tc, ac = self.cfg.train, self.cfg.adapter
         device = self.policy.device
-        memory_mb = (torch.cuda.get_device_properties(device).total_memory // 2**20 if device.type == "cuda"
-                     else None)
+        memory_mb = device_memory_mb(device, self.cfg.model.memory_mb)  # a node's cap, where it has one
         rows, budget_mb = tc.micro_batch_rows(device.type), tc.logits_budget_mb(device.type, memory_mb)
         logger.info("training in micro-batches of up to %d rows, %d MB of logits each", rows, budget_mb)
         return Trainer(self.policy, lr=tc.lr, norm_lr=ac.norm_lr, router_lr=ac.remix.router_lr,
@@ -142,7 +139,7 @@ class SetupMixin(NodeState):
                        engine_is_cap=tc.engine_is_cap, optimizer_steps=tc.optimizer_steps,
                        loss_denominator=(self.cfg.sapo.local_groups * self.cfg.generation.group_size
                                          if tc.loss_denominator == "fixed" else None),
-                       measure_alignment=self.decider is not None)
+                       measure_alignment=self.decider is not None, fused=tc.fused)
 
     def _build_identity(self) -> Identity:
         return load_identity(self.cfg, self.run_dir)
@@ -184,7 +181,7 @@ class SetupMixin(NodeState):
             return
         path, state = found
         self.policy.load_trainable_state(state.trainable)
-        self.trainer.optimizer.load_state_dict(state.optimizer)
+        self.trainer.load_optimizer_state(state.optimizer)
         restore_rng(state.rng, self.task_rng, self.sample_gen, self.select_rng)
         if "routing_gen" in state.rng:
             self.trainer.routing_generator.set_state(state.rng["routing_gen"])

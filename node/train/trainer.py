@@ -3,6 +3,12 @@
 The math lives in pure functions (``advantages.py``, ``losses.py``); this module only batches sequences,
 runs forward/backward in micro-batches and steps the optimizer. A step whose loss or gradient is not
 finite is never applied: the gradients are dropped, the step is counted (``skipped_steps``) and logged.
+
+With ``fused`` (``train.fused``) a plain-LoRA policy of a model ``node.policy.fused_pass`` knows trains
+through that pass, its parameters in flat groups (``node.train.flat``: one optimizer tensor a group, one
+gradient norm), and a step's figures stay on the device until one read at the end of each update
+(``node.train.loss_terms``): the same losses and gradients as the modules' path, in a fraction of its
+operations. Any other policy (ReMix, gradient checkpointing, another architecture) trains as before.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 import torch
 
+from node.policy.fused_pass import FusedPass, fused_pass_refusal
 from node.policy.logprobs import (
     logit_micro_batches,
     right_pad,
@@ -20,7 +27,9 @@ from node.policy.logprobs import (
 )
 from node.policy.model import Policy
 from node.policy.remix_logprobs import routed_logprobs
+from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
+from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 from node.train.peer_value import cosine
 
@@ -38,7 +47,7 @@ class Trainer:
                  micro_batch_size: int, temperature: float, routings: int = 2,
                  off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
                  logits_memory_mb: int = 1024, engine_is_cap: float | None = None, optimizer_steps: int = 1,
-                 loss_denominator: int | None = None, measure_alignment: bool = False) -> None:
+                 loss_denominator: int | None = None, measure_alignment: bool = False, fused: bool = True) -> None:
         if optimizer_steps < 1:
             raise ValueError(f"optimizer_steps must be >= 1, got {optimizer_steps}")
         if loss_denominator is not None and loss_denominator < 1:
@@ -57,10 +66,18 @@ class Trainer:
             policy.model.gradient_checkpointing_enable(  # type: ignore[operator]
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         lrs = {"adapter": lr, "norm": norm_lr, "router": router_lr}
-        self.optimizer = torch.optim.AdamW(
-            [{"params": ps, "lr": lrs[name], "name": name} for name, ps in policy.param_groups.items()],
-            weight_decay=weight_decay,
-        )
+        self.fused: FusedPass | None = None
+        self.flat_groups: list[FlatGroup] = []
+        if fused:
+            self._fuse()
+        if self.flat_groups:
+            self.optimizer = _adamw([{"params": [g.flat], "lr": lrs[name], "name": name}
+                                     for name, g in zip(policy.param_groups, self.flat_groups)], weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                [{"params": ps, "lr": lrs[name], "name": name} for name, ps in policy.param_groups.items()],
+                weight_decay=weight_decay,
+            )
         self.max_grad_norm = max_grad_norm
         self.loss_kind = loss
         self.loss_kwargs: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high, "length_norm": length_norm}
@@ -75,10 +92,41 @@ class Trainer:
         self._gap = [0.0, 0.0, 0]  # |diff| sum, k3 sum, tokens of this step's own samples
         self.skipped_steps = 0
         self.distributions: dict[str, torch.Tensor] = {}
+        self._pending: dict[str, list[torch.Tensor]] = {}
         self._keep = False
 
+    def _fuse(self) -> None:
+        """The fused pass and flat parameter groups, where the policy allows them (else the modules' path)."""
+        policy = self.policy
+        reason = "ReMix routes its adapters" if policy.remix is not None else fused_pass_refusal(policy.model)
+        if reason is not None:
+            logger.info("training through the model's modules (%s)", reason)
+            return
+        self.fused = FusedPass(policy.model)
+        adapters = policy.param_groups.get("adapter", [])
+        if {id(p) for p in adapters} != {id(p) for p in self.fused.layout.params}:
+            raise RuntimeError("the fused pass's adapters are not the policy's adapter group")
+        for name, params in policy.param_groups.items():
+            if name == "adapter":
+                self.flat_groups.append(FlatGroup(adapters, self.fused.layout.flat, self.fused.layout.mask))
+            else:
+                self.flat_groups.append(FlatGroup.contiguous(params))
+        logger.info("training through the fused pass: %d projection families, %d adapter tensors in one",
+                    len(self.fused.layout.families), len(adapters))
+
     def _params(self) -> list[torch.nn.Parameter]:
+        if self.flat_groups:
+            return [p for g in self.flat_groups for p in g.params]
         return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state as a checkpoint keeps it: per parameter, whatever the groups' layout."""
+        if self.flat_groups:
+            return per_parameter_state(self.optimizer, self.flat_groups)
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(flat_state(state, self.flat_groups) if self.flat_groups else state)
 
     def step(self, groups: list[TrainGroup], keep_distributions: bool = False) -> dict[str, float]:
         """Train on every completion of ``groups`` (advantages already assigned): one optimizer step, or
@@ -113,12 +161,16 @@ class Trainer:
         sums: dict[str, float] = {}
         norms: list[float] = []
         for part in parts:
-            stats, grad_norm = self._update(part, len(parts))
+            stats, grad_norm = (self._update_fused if self.fused else self._update)(part, len(parts))
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v * len(part) / len(rows)
             if grad_norm is not None:
                 norms.append(grad_norm)
         model.eval()
+        if self._pending:  # this step's histograms, read from the device once
+            for key, values in self._pending.items():
+                self.distributions[key] = torch.cat(values).cpu()
+            self._pending = {}
         out = {**sums, "n_sequences": float(len(rows)), "n_tokens": float(sum(len(r[1]) for r in rows)),
                "grad_norm": sum(norms) / len(norms) if norms else 0.0, "skipped_steps": float(self.skipped_steps)}
         if self.optimizer_steps > 1:
@@ -200,6 +252,95 @@ class Trainer:
         return self._remix_micro_step([r[0] for r in rows], completion_ids, completion_mask, anchor, advantages,
                                       weight)
 
+    def _update_fused(self, rows: list[_Row], n_parts: int) -> tuple[dict[str, float], float | None]:
+        """``_update`` through the fused pass: the micro-batches' figures summed on the device, the gradient
+        norm and clipping on the flat groups, and one read of all of it before the optimizer steps."""
+        for group in self.flat_groups:
+            group.zero_grad()
+        total = len(rows)
+        denominator = total if self.loss_denominator is None else self.loss_denominator / n_parts
+        vocab = int(getattr(getattr(self.policy.model, "config", None), "vocab_size", 0) or len(self.policy.tokenizer))
+        own, peer = [r for r in rows if r[4]], [r for r in rows if not r[4]]
+        measure = self.measure_alignment and bool(own) and bool(peer)
+        sums = torch.zeros(len(STAT_KEYS) + 3, device=self.policy.device)
+        own_grads: list[torch.Tensor] = []
+        for segment in ([own, peer] if measure else [rows]):
+            for batch in logit_micro_batches([len(r[1]) for r in segment], vocab, self.logits_budget_bytes,
+                                             self.micro_batch_size):
+                chunk = segment[batch.start : batch.stop]
+                sums += self._micro_step_fused(chunk, weight=len(chunk) / denominator, share=len(chunk) / total)
+            if measure and not own_grads:
+                own_grads = [g.masked_grad().clone() for g in self.flat_groups]
+        grads = [g.masked_grad() for g in self.flat_groups]
+        extra = []
+        if measure:  # as _part_cosine: the own part against the rest, before clipping
+            pairs = [(mine.double(), (grad.double() - mine.double())) for mine, grad in zip(own_grads, grads)]
+            extra = [torch.stack([(m * t).sum() for m, t in pairs]).sum(),
+                     torch.stack([(m * m).sum() for m, _ in pairs]).sum(),
+                     torch.stack([(t * t).sum() for _, t in pairs]).sum()]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        coef = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+        for grad in grads:
+            grad.mul_(coef)
+        tail = torch.stack(extra).float() if extra else norm.new_zeros(0)
+        with torch.profiler.record_function("host_read"):  # the update's one read of device values
+            values = torch.cat([sums, norm[None].float(), tail]).tolist()
+        stats = dict(zip(STAT_KEYS, values))
+        self._gap = [self._gap[0] + values[len(STAT_KEYS)], self._gap[1] + values[len(STAT_KEYS) + 1],
+                     self._gap[2] + int(values[len(STAT_KEYS) + 2])]
+        grad_norm = values[len(STAT_KEYS) + 3]
+        if measure:
+            dot, own_sq, peer_sq = values[-3:]
+            alignment = (cosine(dot, math.sqrt(own_sq), math.sqrt(peer_sq))
+                         if all(math.isfinite(v) for v in (dot, own_sq, peer_sq)) else None)
+            if alignment is not None:
+                self._alignments.append(alignment)
+        finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            for group in self.flat_groups:
+                group.touch()
+        else:
+            self.skipped_steps += 1
+            logger.warning("skipped an optimizer step: loss %s, gradient norm %s (not finite)", stats["loss"],
+                           grad_norm)
+        for group in self.flat_groups:
+            group.zero_grad()
+        return stats, grad_norm if finite else None
+
+    def _micro_step_fused(self, rows: list[_Row], weight: float, share: float) -> torch.Tensor:
+        """One micro-batch's forward and backward through the fused pass: its ``STAT_KEYS`` figures times
+        ``share`` (its part of the update's rows) and the sampler/trainer gap sums of its own samples, on the
+        device."""
+        device = self.policy.device
+        width = max(len(r[1]) for r in rows)
+        completion_mask = torch.tensor([[True] * len(r[1]) + [False] * (width - len(r[1])) for r in rows],
+                                       device=device)
+        anchor = torch.tensor([list(r[2]) + [0.0] * (width - len(r[2])) for r in rows], dtype=torch.float32,
+                              device=device)
+        advantages = torch.tensor([r[3] for r in rows], dtype=torch.float32, device=device)
+        own = torch.tensor([r[4] for r in rows], device=device)
+        assert self.fused is not None
+        logprobs = self.fused.logprobs([r[0] for r in rows], [r[1] for r in rows],
+                                       pad_id=self.policy.tokenizer.pad_token_id, temperature=self.temperature)
+        own_tokens = completion_mask & own[:, None]
+        gap = logprob_gap_terms(logprobs, anchor, own_tokens)
+        if self._keep:
+            self._pending.setdefault("advantages", []).append(advantages.detach().float())
+            self._pending.setdefault("logprob_gap", []).append((logprobs.detach().float() - anchor)[own_tokens])
+        token_weights = None
+        if self.engine_is_cap is not None and self.off_policy_correction:
+            own_rows = own[:, None]
+            token_weights = torch.where(own_rows, engine_mismatch_weights(logprobs, anchor, completion_mask,
+                                                                          self.engine_is_cap), 1.0)
+            anchor = torch.where(own_rows, logprobs.detach(), anchor)
+        if not self.off_policy_correction:
+            anchor = logprobs.detach()
+        loss, stats = policy_loss_terms(logprobs, anchor, advantages, completion_mask, self.loss_kind,  # type: ignore[arg-type]
+                                        token_weights=token_weights, **self.loss_kwargs)
+        (loss * weight).backward()
+        return torch.cat([stats * share, gap])
+
     def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
         for key, values in (("advantages", advantages), ("logprob_gap", gaps)):
             values = values.detach().float().cpu()
@@ -248,3 +389,12 @@ def _part_cosine(own_grads: list[torch.Tensor | None], params: list[torch.nn.Par
     if not all(math.isfinite(v) for v in (dot, own_sq, peer_sq)):
         return None
     return cosine(dot, math.sqrt(own_sq), math.sqrt(peer_sq))
+
+
+def _adamw(groups: list[dict[str, Any]], weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over flat groups: the fused kernel where this torch has it for these tensors (one operation a
+    step, the step count kept on the device), else the plain one."""
+    try:
+        return torch.optim.AdamW(groups, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(groups, weight_decay=weight_decay)

@@ -99,7 +99,6 @@ def main() -> None:
     import psutil
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from node.config import load_config
     from node.run.node import Node
 

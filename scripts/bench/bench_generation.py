@@ -73,26 +73,23 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from node.api.metrics import peak_rss_mb  # noqa: E402
-from node.config import AdapterConfig, ModelConfig, VllmConfig  # noqa: E402
-from node.errors import PolicyError  # noqa: E402
 from node.generation.base import SamplingSettings  # noqa: E402
 from node.generation.hf import HFBackend  # noqa: E402
 from node.generation.sampling import Completions  # noqa: E402
-from node.policy.embedded import embedded_model  # noqa: E402
 from node.policy.logprobs import left_pad, sequence_logprobs
-from node.policy.model import Policy, build_policy  # noqa: E402
-from node.policy.tiny import build_char_tokenizer, resolve_model_path  # noqa: E402
+from node.policy.model import Policy  # noqa: E402
+from scripts.lib.generation.workload import (
+    NODE_CONFIGS,
+    engine_config,
+    load_model,
+    step_prompts,
+    sync_device,
+    workload,
+)
 
-# sequences (tasks x group) and new tokens of one step, per model, at --scale 1
-WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "small-long": (256, 64), "qwen0.5b": (32, 32), "smollm2": (64, 64)}
-TASKS = {"smollm2": ("reasoning_gym", ["basic_arithmetic"])}  # a model's prompts (default: arith addition, raw)
 NAIVE_PROMPTS = 8  # naive per-prompt generate is timed on this many prompts (its rate does not depend on it)
 NAIVE_TOKENS = 64  # and at most this many new tokens a prompt
-NODE_CONFIGS = {"tiny": "configs/tiny-silo.yaml", "small": "configs/small-silo.yaml",
-                "smollm2": "configs/smollm2-silo.yaml"}  # the adapter the node trains each model with
 
 
 @dataclass
@@ -120,97 +117,6 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def random_model_folder(kind: str, root: Path, dtype: torch.dtype) -> str:
-    """Save a random-init model of the named shape (and the char tokenizer, for its special ids) to a folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    tok = build_char_tokenizer()
-    special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    if kind == "small":
-        cfg: Any = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
-                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
-                          tie_word_embeddings=True, **special)
-        model: Any = LlamaForCausalLM(cfg)
-    else:  # Qwen2.5-0.5B's shape
-        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
-                          tie_word_embeddings=True, **special)
-        model = Qwen2ForCausalLM(cfg)
-    folder = root / kind
-    model.to(dtype).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
-
-
-def load_model(kind: str, root: Path, dtype: str, device: str,
-               adapter: AdapterConfig | None = None) -> tuple[Policy, str, str, bool]:
-    """The policy, the folder its base model loads from, a label, and whether its tokenizer can encode the
-    node's task prompts (else the prompts are random ids). The adapter: rank 8 on every projection, no
-    trained norms, unless ``adapter`` says otherwise."""
-    adapter = adapter or AdapterConfig(train_norms=False)
-    if kind == "tiny":
-        return build_policy(ModelConfig(name_or_path="tiny-base", dtype=dtype, device=device), adapter, 0), \
-            resolve_model_path("tiny-base"), "tiny-base", True
-    if kind == "small":
-        try:
-            policy = build_policy(ModelConfig(name_or_path="small-base", dtype=dtype, device=device), adapter, 0)
-            from node.generation.vllm_engine import base_model_path
-
-            return policy, base_model_path(policy), "small-base", True
-        except PolicyError:
-            pass
-    if kind == "smollm2":
-        from node.generation.vllm_engine import base_model_path
-
-        policy = build_policy(ModelConfig(name_or_path="smollm2-135m", dtype=dtype, device=device), adapter, 0)
-        return policy, base_model_path(policy), "smollm2-135m (pretrained)", True
-    if kind == "small-long":  # small-base's config and tokenizer, fresh weights
-        small_base = embedded_model("small-base")
-        assert small_base is not None
-        folder = random_weights_copy(str(small_base.path), root / kind, getattr(torch, dtype))
-        policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
-        return policy, folder, "small-base shape, random weights (long completions)", True
-    folder = random_model_folder(kind, root, getattr(torch, dtype))
-    policy = build_policy(ModelConfig(name_or_path=folder, dtype=dtype, device=device), adapter, 0)
-    label = "small-base stand-in (random init)" if kind == "small" else "Qwen2.5-0.5B shape (random init)"
-    return policy, folder, label, False
-
-
-def random_weights_copy(source: str, folder: Path, dtype: torch.dtype) -> str:
-    """A copy of the model folder ``source`` (config, tokenizer) with freshly initialised weights (seed 0)."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)).to(dtype).save_pretrained(folder)
-    return str(folder)
-
-
-def step_prompts(policy: Policy, n: int, *, tasks: bool, kind: str = "") -> list[list[int]]:
-    """``n`` prompts, 8 copies each (a group): arithmetic tasks formatted for the model when its tokenizer
-    can encode them (``tasks``), else random ids of 24 to 39 tokens (random-init models of a hub shape)."""
-    distinct = max(1, n // 8)
-    if tasks:
-        import random
-
-        from node.generation.rollouts import encode_prompt
-        from node.tasks import build_task_source
-
-        name, datasets = TASKS.get(kind, ("arith", ["add"]))
-        source = build_task_source(name, datasets, None, 0, chat_template="auto")
-        refs = source.sample(distinct, random.Random(0))
-        prompts = [encode_prompt(policy, source.format_prompt(source.task(r), policy.tokenizer)) for r in refs]
-    else:
-        gen = torch.Generator().manual_seed(0)
-        vocab = int(policy.model.config.vocab_size)  # type: ignore[union-attr,arg-type]
-        prompts = [[1, *torch.randint(4, vocab, (23 + i % 16,), generator=gen).tolist()] for i in range(distinct)]
-    return [prompts[i // 8 % len(prompts)] for i in range(n)]
-
-
 def count_tokens(rows: torch.Tensor, eos: int) -> int:
     """Generated tokens up to and including the first EOS of each row ``[B, T]``."""
     is_eos = rows == eos
@@ -227,11 +133,6 @@ def time_best(fn: Any, reps: int) -> tuple[float, Any]:
         sync_device()
         best = min(best, time.perf_counter() - t0)
     return best, out
-
-
-def sync_device() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def hf_generate(policy: Policy, prompts: list[list[int]], tokens: int) -> torch.Tensor:
@@ -343,10 +244,6 @@ def bench_vllm(policy: Policy, folder: str, prompts: list[list[int]], tokens: in
         gc.collect()
 
 
-def engine_config(args: argparse.Namespace, sync: str = "merge", *, compiled: bool = False) -> VllmConfig:
-    return VllmConfig(sync=sync, kv_cache_memory_bytes=args.kv_bytes, enforce_eager=not compiled)  # type: ignore[arg-type]
-
-
 def matmul_reference(policy: Policy, rows: int, reps: int = 10) -> tuple[float, float]:
     """Tokens/s and GFLOP/s of ``torch.mm`` alone on the base model's linear layers (random weights of the
     same shapes, LM head included), ``rows`` sequences a decode step. The HF contenders compute with these
@@ -377,7 +274,8 @@ def print_table(label: str, sequences: int, tokens: int, rows: list[Row],
           f"{'x node-hf':>11}{'gap':>10}")
     for r in rows:
         gap = f"{r.gap:.1e}" if r.gap is not None else "-"
-        print(f"{r.name:<18}{r.tokens:>8}{r.seconds:>9.2f}{r.tokens_per_s:>10.0f}{r.sync_seconds:>9.3f}"
+        # sync: 3 significant digits, so a refresh under half a millisecond (tiny-base) does not print as 0
+        print(f"{r.name:<18}{r.tokens:>8}{r.seconds:>9.2f}{r.tokens_per_s:>10.0f}{r.sync_seconds:>9.3g}"
               f"{r.step_tokens_per_s:>12.0f}{r.step_tokens_per_s / (r.paired_hf or base.step_tokens_per_s):>11.2f}"
               f"{gap:>10}"
               + (f"  ({'; '.join(r.notes)})" if r.notes else ""))
@@ -413,18 +311,10 @@ def run_bench(args: argparse.Namespace) -> None:
             gc.collect()
 
 
-def workload(kind: str, args: argparse.Namespace) -> tuple[int, int]:
-    """Sequences and new tokens of a step: the model's workload times ``--scale``, or as given."""
-    sequences, tokens = WORKLOADS[kind]
-    sequences, tokens = max(1, int(sequences * args.scale)), max(1, int(tokens * args.scale))
-    return args.sequences or sequences, args.tokens or tokens
-
-
 def run_count_ops(args: argparse.Namespace) -> None:
     """Profiler events a decode position costs, each model's HF backend configured as its silo config does."""
-    from generation_ops import count_ops
-
     from node.config import load_config
+    from scripts.lib.generation.ops import count_ops
 
     for kind in args.models.split(","):
         cfg = load_config(NODE_CONFIGS[kind]) if kind in NODE_CONFIGS else None
@@ -474,7 +364,7 @@ def main() -> None:
     if args.count_ops:
         run_count_ops(args)
     elif args.train_steps:
-        from generation_training import run_training
+        from scripts.lib.generation.training import run_training
 
         run_training(args)
     else:

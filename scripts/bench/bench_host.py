@@ -2,8 +2,8 @@
 
     sudo .venv/bin/python scripts/bench/bench_host.py --members 16 --minutes 5 --batch-kib 64 [key=value ...]
 
-A descriptor is signed for one host (``scripts/lib/lab_swarm.py``), the host runs ``swarm-node host`` in
-a network namespace of the lab (``scripts/lib/netns_lab.py``), and N members run ``scripts/lab/swarm_probe.py``
+A descriptor is signed for one host (``scripts/lib/netlab/swarm.py``), the host runs ``swarm-node host`` in
+a network namespace of the lab (``scripts/lib/netlab/netns.py``), and N members run ``scripts/lab/swarm_probe.py``
 (a node's transport without its model: all a host sees of a member), half of them behind the lab's NAT
 in client mode, handing their batches to the host. Each publishes a batch of ``--batch-kib`` every
 ``epoch_seconds / 8`` (the rate of a fast node) with the swarm's shared settings from the descriptor and
@@ -29,10 +29,8 @@ from typing import Any
 import psutil
 import yaml
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-
-import lab_swarm  # noqa: E402
-from netns_lab import PROBE, NetLab, netns_unavailable_reason  # noqa: E402
+from scripts.lib.netlab import swarm as lab_swarm  # noqa: E402
+from scripts.lib.netlab.netns import PROBE, NetLab, netns_unavailable_reason  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 _MIB = 1024 * 1024
 
 
@@ -126,7 +125,6 @@ def bench_verifier() -> None:
 
 _BOMB_CHILD = """
 import gc, json, sys, time
-sys.path.insert(0, sys.argv[1])
 import psutil
 from protocol.identity import Identity
 from protocol.codec import batch_payload_size, decode_batch

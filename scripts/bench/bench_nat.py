@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python scripts/bench/bench_nat.py --modes handoff,relay,direct
 
-For each mode, a fresh lab (``scripts/lib/netns_lab.py``): ``--public`` public hosts (the first is the
+For each mode, a fresh lab (``scripts/lib/netlab/netns.py``): ``--public`` public hosts (the first is the
 bootstrap peer every node is given) and ``--nat`` hosts behind a masquerading router, each running
 ``scripts/lab/swarm_probe.py`` (a real ``SwarmTransport`` with its own p2pd; NATed ones in ``client_mode``
 with ``nat_sharing=<mode>``). After ``--warmup`` seconds every node publishes a small batch every
@@ -20,9 +20,7 @@ import sys
 import time
 from collections import defaultdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-
-from netns_lab import NetLab, Probe, netns_unavailable_reason  # noqa: E402
+from scripts.lib.netlab.netns import NetLab, Probe, netns_unavailable_reason  # noqa: E402
 
 PORT = 31337
 

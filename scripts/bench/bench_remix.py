@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -38,8 +36,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from node.policy.remix import MLP_PROJECTIONS, attach_remix
 from node.policy.tiny import char_vocab
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # remix_curves
 
 Step = Callable[[], None]
 
@@ -183,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.rewards:
-        from remix_curves import run as run_reward_curves
+        from scripts.lib.remix_curves import run as run_reward_curves
 
         run_reward_curves(args)
         return

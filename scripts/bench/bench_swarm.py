@@ -36,19 +36,15 @@ import time
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 from protocol.codec import encode_batch  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.limits import Limits  # noqa: E402
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams  # noqa: E402
 from protocol.taskref import TaskRef  # noqa: E402
+from scripts.lib.netlab.netns import Probe, delivery, percentile  # noqa: E402
 from swarm.core.pull import PullProgress as _PullProgress  # noqa: E402
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from netns_lab import Probe, delivery, percentile  # noqa: E402
 
 SWARM_ID = "bench-swarm"
 MIB = 1024 * 1024

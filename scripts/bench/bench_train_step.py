@@ -1,10 +1,12 @@
-"""What running a group's prompt once saves in a training step.
+"""What the fused pass and running a group's prompt once save in a training step.
 
-The trainer's step on the same groups two ways: ``shared`` (the node's: each distinct prompt runs once and
-its KV cache is copied to the group's rows, ``node.policy.logprobs.shared_prompt_logprobs``) and ``full`` (every
-row runs prompt and completion, ``sequence_logprobs``: what the trainer did before). Each runs in its own
-process, so its peak resident memory is its own; the time is the median of ``--reps`` steps after one
-warm-up step.
+The trainer's step on the same groups three ways: ``fused`` (the node's default for a Llama-family LoRA
+policy: ``node.policy.fused_pass``, each prompt packed with its completions into one row, projections by
+family), ``shared`` (through transformers' and peft's modules, ``train.fused=false``: each distinct prompt
+runs once and its KV cache is copied to the group's rows, ``node.policy.logprobs.shared_prompt_logprobs``) and
+``full`` (through the modules, every row running prompt and completion, ``sequence_logprobs``: what the
+trainer did before prompts were shared). Each runs in its own process, so its peak resident memory is its
+own; the time is the median of ``--reps`` steps after one warm-up step.
 
 Usage:
     python scripts/bench/bench_train_step.py [-c configs/smollm2-silo.yaml] [--groups 8] [--reps 3] [--threads 1]
@@ -29,9 +31,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-MODES = ("shared", "full")
+MODES = ("fused", "shared", "full")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,7 +84,8 @@ def child(args: argparse.Namespace) -> dict:
 
         trainer_module.shared_prompt_logprobs = full  # type: ignore[assignment]
     run_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_train_step_{os.getpid()}"
-    cfg = load_config(args.config, [f"run_dir={run_dir}", *args.overrides])
+    modules = [] if args.child == "fused" else ["train.fused=false"]
+    cfg = load_config(args.config, [f"run_dir={run_dir}", *args.overrides, *modules])
     node = Node(cfg, show_progress=False)
     node.setup()
     try:
@@ -130,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode in MODES:
         print(f"{mode:<8} {results[mode]['seconds']:>8.2f} {results[mode]['peak_rss_mb']:>12.0f}")
     print(f"full / shared: {results['full']['seconds'] / results['shared']['seconds']:.2f}x the time, "
-          f"{results['full']['peak_rss_mb'] / results['shared']['peak_rss_mb']:.2f}x the peak memory; "
+          f"{results['full']['peak_rss_mb'] / results['shared']['peak_rss_mb']:.2f}x the peak memory")
+    print(f"shared / fused: {results['shared']['seconds'] / results['fused']['seconds']:.2f}x the time, "
+          f"{results['shared']['peak_rss_mb'] / results['fused']['peak_rss_mb']:.2f}x the peak memory; "
           f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
     return 0
 

@@ -9,9 +9,12 @@ that step (generate: the backend's generation calls; train: the trainer's update
 refresh; other: scoring, grouping, metrics) it prints the wall time, the time the device was busy with
 kernels (a phase whose busy time is a small part of its wall time waits for the host: launches, Python,
 reads of device values), the kernel launches and graph replays, the host reads of device values
-(``aten::_local_scalar_dense``: ``.item()``, ``float(t)``, ``bool(t)``), and its operations that take the most
-host time and the most device time. On the CPU there is no device time: host time alone. The profiler
-slows the step it watches; the unprofiled medians are the step's own figures.
+(``aten::_local_scalar_dense``: ``.item()``, ``float(t)``, ``bool(t)``; and the ranges labelled ``host_read``,
+where the trainer reads a step's figures in one transfer), the operators it dispatched (``aten::`` events,
+nested ones included), and its operations that take the most host time and the most device time. On the
+CPU there is no device time: host time alone, and the operators and host reads of the training phase are
+the CPU's stand-in for a GPU's kernel launches and device syncs (the line ``training phase:`` prints both).
+The profiler slows the step it watches; the unprofiled medians are the step's own figures.
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import torch  # noqa: E402
 
 from node.config import load_config  # noqa: E402
@@ -37,7 +38,7 @@ from node.run.node import Node  # noqa: E402
 PHASES = ("generate", "train", "sync")
 LAUNCHES = {"cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"}
 REPLAYS = {"cudaGraphLaunch"}
-READS = {"aten::_local_scalar_dense"}
+READS = {"aten::_local_scalar_dense", "host_read"}
 
 
 def _annotate(obj: Any, attr: str, label: str) -> None:
@@ -60,7 +61,7 @@ def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]
     for phase in (*PHASES, "other"):
         span = sum(end - start for label, start, end in ranges if label == phase) / 1e6
         out[phase] = {"wall_s": span if phase != "other" else None, "busy_s": 0.0, "launches": 0, "replays": 0,
-                      "host_reads": 0, "ops": 0, "calls": sum(1 for label, _, _ in ranges if label == phase)}
+                      "host_reads": 0, "operators": 0, "calls": sum(1 for label, _, _ in ranges if label == phase)}
     for e in events:
         if e.name.startswith("phase:") or not str(e.device_type).endswith("CPU"):
             continue  # a device kernel is counted once, with the host operation that launched it
@@ -72,7 +73,7 @@ def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]
         row["launches"] += e.name in LAUNCHES
         row["replays"] += e.name in REPLAYS
         row["host_reads"] += e.name in READS
-        row["ops"] += e.name.startswith("aten::")  # operators, nested ones included: the per-launch proxy on a CPU
+        row["operators"] += e.name.startswith("aten::")  # nested ones included: the CPU's proxy for launches
         entry = names[phase][e.name]
         entry[0] += 1
         entry[1] += float(e.self_cpu_time_total) / 1e6
@@ -129,13 +130,17 @@ def main() -> int:
     device = str(node.policy.device)
     print(f"profile_step: {args.config} on {device}; unprofiled medians over {args.steps} steps: step "
           f"{medians['step_seconds']:.3f} s, sampling+scoring {medians['gen_seconds']:.3f} s, training "
-          f"{medians['train_seconds']:.3f} s; the profiled step {wall:.3f} s")
+          f"{medians['train_seconds']:.3f} s, generation {medians['gen_tokens_per_s']:.1f} tokens/s; the profiled step "
+          f"{wall:.3f} s")
     print(f"{'phase':<9} {'calls':>5} {'wall s':>8} {'busy s':>8} {'busy %':>7} {'launches':>9} {'replays':>8} "
-          f"{'host reads':>10} {'ops':>9}")
+          f"{'host reads':>10} {'operators':>9}")
     for phase, row in phases.items():
         busy = 100 * row["busy_s"] / row["wall_s"] if row["wall_s"] else 0.0
         print(f"{phase:<9} {row['calls']:>5} {row['wall_s']:>8.3f} {row['busy_s']:>8.3f} {busy:>6.1f}% "
-              f"{row['launches']:>9} {row['replays']:>8} {row['host_reads']:>10} {row['ops']:>9}")
+              f"{row['launches']:>9} {row['replays']:>8} {row['host_reads']:>10} {row['operators']:>9}")
+    train = phases["train"]
+    print(f"training phase: {train['operators']} operators (aten::), {train['host_reads']} host reads of device "
+          f"values, {train['launches']} kernel launches in one step")
     for phase, row in phases.items():
         print(f"-- {phase}: most host time: " + "; ".join(f"{n} x{c} {s:.3f}s" for n, c, s in row["top_host"]))
         if row["top_device"]:

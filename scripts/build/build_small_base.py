@@ -28,10 +28,9 @@ from pathlib import Path
 # every step several-fold. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from small_build import build, compare_builds, measure, reward_table  # noqa: E402  -- beside this script
-
 from node.policy.embedded import embedded_model  # noqa: E402
 from node.policy.small_recipe import FULL  # noqa: E402
+from scripts.lib.small_build import build, compare_builds, measure, reward_table  # noqa: E402  -- beside this script
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

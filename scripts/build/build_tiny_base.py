@@ -12,18 +12,15 @@ Deterministic for a given seed and machine (fixed seeds, deterministic algorithm
 the defaults rebuild the shipped ``node/policy/assets/tiny-base`` byte for byte.
 
 Other bases (different operation mixes, e.g. ``add3``/``sub3`` for 3-digit operands, or shorter
-pretraining) are for experiments: ``cached_base(options)`` builds one once under a cache folder keyed by
+pretraining) are for experiments: ``scripts/lib/tiny_bases.py``'s ``cached_base(options)`` builds one once under a cache folder keyed by
 its options (``runs/tiny-bases/`` by default) and returns its path; the package is never touched.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,8 +38,6 @@ from node.tasks.arith_format import DATASETS, answer_width, make_problem  # noqa
 
 OP_MIX: dict[str, float] = {"add": 0.8, "sub": 0.1, "mul": 0.1}
 EVAL_OPS = ("add",)
-BUILD_FORMAT = 1  # bump when a change to this script changes what the same options build
-CACHE_ROOT = Path(__file__).resolve().parents[2] / "runs" / "tiny-bases"
 BATCH_SIZE = 128
 LEARNING_RATE = 3e-3
 WARMUP_STEPS = 50
@@ -319,38 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: target accuracy {args.target_acc} not reached in {steps} steps", file=sys.stderr)
         return 1
     return 0
-
-
-def cache_key(options: list[str]) -> str:
-    """12 hex digits naming what ``options`` build: the options, this script's format and torch's version."""
-    canonical = json.dumps({"options": options, "format": BUILD_FORMAT, "torch": torch.__version__})
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
-
-
-def cached_base(options: list[str], name: str = "base", cache_root: Path = CACHE_ROOT) -> Path:
-    """The folder of the base built with ``options`` (``--out`` excluded), building it first if needed.
-
-    Built in a child process (it sets process-wide determinism flags) into a temporary folder that is
-    renamed into place only when complete, so an interrupted build is never mistaken for a finished one.
-    """
-    if "--out" in options:
-        raise ValueError("cached_base chooses the output folder itself; leave --out out of the options")
-    final = cache_root / f"{name}-{cache_key(options)}"
-    if (final / "build_info.json").is_file():
-        return final
-    cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = cache_root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--out", str(tmp), *options],
-                          env=env, capture_output=True, text=True)
-    if done.returncode != 0 and not (tmp / "build_info.json").is_file():
-        raise RuntimeError(f"building tiny base {name} {options} failed:\n{done.stderr[-2000:]}")
-    if final.exists():  # built meanwhile by another process: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    return final
 
 
 if __name__ == "__main__":

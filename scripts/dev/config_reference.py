@@ -25,8 +25,6 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from node.config import NodeConfig  # noqa: E402  (the repository root on the path first)
 

@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from node.api.metrics import read_metrics  # noqa: E402
 from node.config import load_config  # noqa: E402
 from node.run.node import Node  # noqa: E402

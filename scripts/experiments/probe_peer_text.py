@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from node.config import load_config  # noqa: E402
 from node.generation.base import SamplingSettings  # noqa: E402

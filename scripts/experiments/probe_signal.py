@@ -47,8 +47,6 @@ from typing import Any
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from node.config import NodeConfig, load_config  # noqa: E402
 from node.generation.backend import node_backend  # noqa: E402
 from node.generation.base import GenerationBackend, SamplingSettings  # noqa: E402

@@ -1,5 +1,5 @@
 """When does a node's own signal run dry, and what does sharing do after that point? bench_sapo's regime
-report (``scripts/lib/sapo_regime.py``) per seed, for runs finished or still in progress, with a plot.
+report (``scripts/lib/sapo/regime.py``) per seed, for runs finished or still in progress, with a plot.
 
 Usage:
     python scripts/experiments/sharing_regime.py OUT [OUT ...] [--window 10] [--plot FILE] [--table 50]
@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-
-from sapo_plots import DRY, _mean_curve, _smooth  # noqa: E402
-from sapo_regime import regime_lines  # noqa: E402
-from sapo_runs import SILO_OF, silo_split  # noqa: E402
+from scripts.lib.sapo.plots import DRY, _mean_curve, _smooth  # noqa: E402
+from scripts.lib.sapo.regime import regime_lines  # noqa: E402
+from scripts.lib.sapo.runs import SILO_OF, silo_split  # noqa: E402
 
 CURVES = ("rewards", "signal", "peer_groups", "local_groups")
 PLOT_WINDOW = 25  # steps of the plotted rolling means

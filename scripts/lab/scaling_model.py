@@ -134,11 +134,10 @@ def measure_costs(batch_kib: float, repeats: int) -> None:
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [os.path.dirname(os.path.dirname(here)), here]
-    from swarm_probe import probe_batch
-
     from protocol.codec import decode_manifest, encode_batch, encode_manifest, make_manifest
     from protocol.identity import Identity
     from protocol.limits import DEFAULT_LIMITS
+    from scripts.lib.netlab.probe_batches import probe_batch
     from swarm.intake import decode_with_digests
 
     identity = Identity.generate()

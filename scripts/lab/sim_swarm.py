@@ -21,7 +21,7 @@ What it simulates, per node (``docs/scaling.md`` gives the model and where every
 * CPU: every operation costs the CPU measured for it (``Costs``), served by a FIFO per node at
   ``--cpu-share`` of a core.
 
-Links are the ``scripts/lib/netns_lab.py`` profiles: one-way delay on what a node sends, loss, uplink rate;
+Links are the ``scripts/lib/netlab/netns.py`` profiles: one-way delay on what a node sends, loss, uplink rate;
 the downlink is ``--down-factor`` times the uplink (0: unlimited, as the lab emulates it).
 
 At large N only ``--tracked`` readers are simulated in full; the others are a mean field: the load
@@ -44,12 +44,9 @@ import random
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-
-from netns_lab import PROFILES, percentile  # noqa: E402
+from scripts.lib.netlab.netns import PROFILES, percentile  # noqa: E402
 
 MSS = 1448.0
 

@@ -23,53 +23,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
-import string
 import sys
 import threading
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 import psutil  # noqa: E402
 
 from protocol.identity import Identity, peer_id_from_public_key  # noqa: E402
-from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams  # noqa: E402
-from protocol.taskref import TaskRef  # noqa: E402
 from swarm import hivemind_lean  # noqa: E402
 
 hivemind_lean.load()  # the transport without torch: a probe is a few tens of megabytes, not hundreds
 
+from scripts.lib.netlab.probe_batches import TAG_STRIDE, probe_batch  # noqa: E402
 from swarm.settings import SwarmSettings  # noqa: E402
 from swarm.transport import SwarmTransport  # noqa: E402
-
-_TAG_STRIDE = 1000  # task index = n * _TAG_STRIDE + group: the batch number travels in the task ref
-
-
-def probe_batch(identity: Identity, swarm_id: str, n: int, *, n_groups: int = 2, text_chars: int = 64) -> RolloutBatch:
-    rng = random.Random(f"{identity.peer_id}/{n}")
-    groups = []
-    for g in range(n_groups):
-        task = TaskRef(source="arith", dataset="add", config_hash="probe", seed=0, index=n * _TAG_STRIDE + g)
-        rollouts = tuple(
-            Rollout(
-                task=task,
-                prompt=f"probe {n}/{g}",
-                completion="".join(rng.choices(string.ascii_letters, k=text_chars)),
-                completion_ids=(1, 2, 3),
-                tokenizer_fingerprint="probe",
-                behavior_logprobs=(-0.5, -0.25, -1.0),
-                sampling=SamplingParams(temperature=1.0, top_p=1.0),
-                model_fingerprint="probe",
-                policy_step=n,
-                finish_reason="eos",
-            )
-            for _ in range(4)
-        )
-        groups.append(RolloutGroup(task=task, rollouts=rollouts))
-    return RolloutBatch(swarm_id, identity.public_key, (), 0, 0, time.time(), tuple(groups))
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -162,7 +131,7 @@ def run(args: argparse.Namespace, transport: SwarmTransport, stop: threading.Eve
                 published += 1
             next_pub = now + args.publish_every
         for batch in transport.collect():
-            n = batch.groups[0].task.index // _TAG_STRIDE
+            n = batch.groups[0].task.index // TAG_STRIDE
             emit({"ev": "got", "from": peer_id_from_public_key(batch.author), "n": n})
         if transport.visible_multiaddrs() != maddrs:
             maddrs = transport.visible_multiaddrs()

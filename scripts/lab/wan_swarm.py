@@ -10,7 +10,7 @@ against 16 own in silo; every node its own Python and p2pd) and lets them train 
 * ``loopback``: all on 127.0.0.1, no namespaces (the figures of docs/results/local-swarm.md);
 * ``silo``: the same N processes as ``swarm-node silo``: the step time with no network at all;
 * a profile (``lan``, ``continental``, ``intercontinental``, ``bad-home``): every node in its own
-  network namespace of the lab (``scripts/lib/netns_lab.py``), its link emulated (``scripts/lab/linkem.py``:
+  network namespace of the lab (``scripts/lib/netlab/netns.py``), its link emulated (``scripts/lab/linkem.py``:
   delay, jitter, loss, rate limit); ``bad-home`` nodes sit behind the lab's NAT router in client mode,
   handing their batches to the 2 public nodes (``continental``) the scenario adds for them;
 * ``mix``: the profiles in turn (node 0 ``continental``, then lan, intercontinental, bad-home, ...);
@@ -63,16 +63,15 @@ from typing import Any
 import psutil
 import yaml
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-
-from netns_lab import PROBE, PROFILES, Host, NetLab, netns_unavailable_reason  # noqa: E402
-from soak import p2pd_of, stop_all, watchdogs_of  # noqa: E402
+from scripts.lib.netlab.netns import PROBE, PROFILES, Host, NetLab, netns_unavailable_reason  # noqa: E402
+from scripts.lib.netlab.processes import p2pd_of, stop_all, watchdogs_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 31337
 MEMBER_CONFIG = "configs/public-swarm.yaml"
 SHARED_CONFIG = "configs/swarm-shared.yaml"
 NODE_SETTINGS = [
+    "api.port=null",  # configs/public-swarm.yaml serves one on 8770: nodes sharing 127.0.0.1 would collide
     "train.steps=1000000000",  # bounded by time
     "train.checkpoint_every=1000000",
     "train.eval_every=1000000",
@@ -272,7 +271,7 @@ def start_node(args: argparse.Namespace, base: Path, i: int, profile: str, host:
 def start_hosts(args: argparse.Namespace, base: Path, profile: str, lab: NetLab) -> list[subprocess.Popen[Any]]:
     """``--hosts K``: K model-less hosts on ``profile`` links and the descriptor they serve; sets
     ``args.swarm_url`` (host 0's URL of it)."""
-    from lab_swarm import API_PORT, init_swarm, start_host, wait_for_text  # noqa: PLC0415
+    from scripts.lib.netlab.swarm import API_PORT, init_swarm, start_host, wait_for_text  # noqa: PLC0415
 
     hosts = [lab.add_host(link=PROFILES[profile]) for _ in range(args.hosts)]
     descriptor, keys = init_swarm(base / "swarm", [h.ip for h in hosts],
@@ -364,7 +363,7 @@ def run_scenario(args: argparse.Namespace, scenario: str, base: Path) -> dict[st
                     node.proc.kill()
         if lab is not None:
             lab.close()
-    from wan_report import analyse  # noqa: PLC0415 -- the analysis is only needed here
+    from scripts.lib.netlab.wan_report import analyse  # noqa: PLC0415 -- the analysis is only needed here
 
     result = analyse(scenario, nodes, t0=t0, t1=t1, epoch=args.epoch_seconds, links=(links0, links1),
                      cpu=(cpu0, cpu1))
@@ -435,7 +434,7 @@ def main() -> int:
         if profiles is not None and (reason := netns_unavailable_reason()) is not None:
             print(f"cannot run {scenario}: {reason}", file=sys.stderr)
             return 1
-    from wan_report import print_result  # noqa: PLC0415
+    from scripts.lib.netlab.wan_report import print_result  # noqa: PLC0415
 
     what = f"probes, batches of {args.batch_kib:.0f} KiB" if args.kind == "probe" else f"nodes, steps paced to {args.step_seconds} s"
     print(f"wan_swarm: {args.nodes} {what}, epoch {args.epoch_seconds:.0f} s, "

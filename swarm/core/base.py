@@ -8,7 +8,9 @@ mixin on top of it, and ``SwarmCore`` (``swarm.core.lifecycle``) composes them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,7 @@ from protocol.identity import Identity
 from protocol.limits import Limits
 from protocol.records import Manifest
 from swarm.handoff import HandoffStore
-from swarm.hivemind_compat import dial
+from swarm.hivemind_compat import dht_neighbours, dial
 from swarm.settings import SwarmSettings
 from swarm.state import SharedState
 from swarm.validator import ManifestValidator
@@ -35,6 +37,7 @@ LEN_BYTES = 8  # big-endian length prefix of a served batch; 0 means "not held h
 HEALTH_PERIOD = 1.0
 _CHUNK = 64 * 1024  # bytes read at a time from a batch stream
 _CIRCUIT = "/p2p-circuit"
+_DIRECT = ("ip4", "ip6", "dns", "dns4", "dns6")
 NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
 
 
@@ -147,7 +150,43 @@ class CoreBase:
         self._decode_slot = asyncio.Semaphore(1)
         self._handler = handler_name(settings.swarm_id)
         self._put_handler = put_handler_name(settings.swarm_id)
-        self._relayed = settings.client_mode and settings.nat_sharing == "relay"
+        self._relayed = settings.client_mode is True and settings.nat_sharing == "relay"
+        self._reach_checks = 0  # reachability checks running for others (``swarm.core.reach``)
+        self._reach_asked: dict[str, float] = {}  # asker -> when its last check started (loop clock)
+
+    def _neighbours(self) -> list[str]:
+        """libp2p ids of the DHT neighbours (the servers in the routing table)."""
+        return [peer.to_base58() for peer in dht_neighbours(self.dht)]
+
+    def _confirm(self, maddrs: list[str]) -> None:
+        """These peers answered at these addresses just now (``swarm.addresses``)."""
+        with self.shared.lock:
+            self.shared.book.confirmed(maddrs, time.time())
+
+    def _unreachable(self, peer: PeerID) -> None:
+        """Dialing ``peer`` failed just now: no holder until it answers again."""
+        with self.shared.lock:
+            self.shared.book.failed(peer.to_base58(), time.time())
+
+    async def _port_closed(self, addr: Multiaddr) -> bool:
+        """Whether nothing takes a plain TCP connection at ``addr`` (a direct ``/ip4|ip6|dns*/.../tcp/P``
+        address; False for any other, which is dialed as it is). Checked before p2pd dials a peer that may
+        be gone (a host or holder): every failed p2pd dial lengthens libp2p's back-off for that address (5 s
+        + 1 s x failures squared, up to 5 minutes), during which even a peer that is back is not dialed, so
+        a host down for minutes was reached again only minutes after its return. A closed port costs p2pd
+        no failure."""
+        parts = str(addr).strip("/").split("/")
+        if len(parts) != 4 or parts[0] not in _DIRECT or parts[2] != "tcp" or not parts[3].isdigit():
+            return False
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(parts[1], int(parts[3])),
+                                               self.settings.request_timeout)
+        except (OSError, asyncio.TimeoutError):
+            return True
+        writer.close()
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
+        return False
 
     async def _dial(self, peer_id: PeerID, addrs: list[Multiaddr]) -> bool:
         """Connect to ``peer_id`` (at once if already connected; its addresses are tried together)."""

@@ -48,13 +48,25 @@ class HealthMixin(CoreBase):
                     self.shared.peer_book.prune(current, time.monotonic())
 
     async def _refresh_maddrs(self) -> None:
-        """Ask p2pd for this node's addresses again (a relay reservation adds a circuit address)."""
+        """Ask p2pd for this node's addresses again (a relay reservation adds a circuit address; the address a
+        peer reached this node at stays first) and for the peers it has a connection with."""
         try:
             found = await asyncio.wait_for(self.p2p.get_visible_maddrs(latest=True), self.settings.request_timeout)
+            peers = await asyncio.wait_for(self.p2p.list_peers(), self.settings.request_timeout)
         except (*NETWORK_ERRORS, ValueError) as exc:
             logger.debug("refreshing visible addresses failed: %r", exc)
             return
         maddrs = order_maddrs([str(m) for m in found], self._relayed)
+        neighbours = set(self._neighbours())
         with self.shared.lock:
-            self.shared.visible_maddrs = maddrs
+            self.shared.visible_maddrs = list(dict.fromkeys([*self.shared.reachable_at, *maddrs]))
+            self.shared.connections = len({info.peer_id for info in peers})
+            if self.shared.client:
+                # Nobody dials a node in client mode: every connection it has, it opened, at the address the
+                # peer listens on. Its DHT neighbours' are where it hands its batches when its hosts are gone.
+                now = time.time()
+                for info in peers:
+                    peer = info.peer_id.to_base58()
+                    if peer in neighbours:
+                        self.shared.book.confirmed([f"{a}/p2p/{peer}" for a in info.addrs], now)
 

@@ -1,6 +1,12 @@
 """Joining the swarm: dial the initial peers until the DHT has a neighbour, retrying with exponential
-backoff, and again whenever every neighbour is gone; after a partition, dial the initial peers again
-(with backoff) so the two sides rejoin."""
+backoff, and again whenever every neighbour is gone; after a partition, or while every initial peer (a
+swarm's hosts) is away, dial them again (with backoff) so the two sides rejoin. Every wait is capped by
+``SwarmSettings.retry_cap`` (a quarter epoch at most), so a node is back within an epoch of its peers.
+
+Besides the initial peers, a node dials the peers it met (``SharedState.bootstrap_peers``, what the daemon
+remembered in the run dir) and those it reached while running (``swarm.addresses``): its way back in
+when every host is gone. Losing every neighbour, and getting one back, is logged and traced.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,6 @@ from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm.core.base import HEALTH_PERIOD, NETWORK_ERRORS, CoreBase, parse_peer_maddr
-from swarm.hivemind_compat import dht_neighbours
 
 logger = logging.getLogger(__name__)
 
@@ -21,59 +26,84 @@ logger = logging.getLogger(__name__)
 class JoinMixin(CoreBase):
     """The join loop of ``SwarmCore``."""
 
-    def _neighbours(self) -> list[str]:
-        return [peer.to_base58() for peer in dht_neighbours(self.dht)]
-
     async def _join_loop(self) -> None:
-        delay = self.settings.join_retry_seconds
+        s = self.settings
+        delay = s.join_retry_seconds
         warned = False
-        initial_ids = {p[0].to_base58() for p in map(parse_peer_maddr, self.settings.initial_peers) if p is not None}
-        rejoin_delay, next_rejoin = self.settings.join_retry_seconds, 0.0
-        joined = False
+        initial_ids = {p[0].to_base58() for p in map(parse_peer_maddr, s.initial_peers) if p is not None}
+        rejoin_delay, next_rejoin = s.join_retry_seconds, 0.0
+        had: list[str] = []  # the neighbours at the last look
+        had_initial = False
         while True:
             neighbours = self._neighbours()
-            if neighbours and not joined:
-                joined = True
-                self.shared.trace.event("up", neighbours=len(neighbours))
-            if neighbours or not self.settings.initial_peers:
+            self._note_change(had, neighbours)
+            with_initial = bool(initial_ids & set(neighbours))
+            if with_initial and not had_initial:
+                self.shared.trace.event("initial", peers=sorted(p[:16] for p in initial_ids & set(neighbours)))
+            had, had_initial = neighbours, with_initial
+            if neighbours or not self._bootstrap_targets():
                 self.shared.set_network(up=True, dht_peers=neighbours)
-                delay, warned = self.settings.join_retry_seconds, False
-                if not initial_ids or initial_ids & set(neighbours):
-                    rejoin_delay = self.settings.join_retry_seconds
+                delay, warned = s.join_retry_seconds, False
+                if not initial_ids or with_initial or not neighbours:
+                    rejoin_delay = s.join_retry_seconds
                 elif time.monotonic() >= next_rejoin:
                     # Neighbours, but none of the initial peers: after a partition the ones left may all be
-                    # on this side of it. Dial the initial peers again (with backoff) so the sides rejoin.
+                    # on this side of it, or the swarm's hosts were down. Dial them again (with backoff).
                     self.shared.add("rejoin_attempts")
                     await self._join_once()
                     next_rejoin = time.monotonic() + rejoin_delay
-                    rejoin_delay = min(rejoin_delay * 2, self.settings.join_retry_max_seconds)
+                    rejoin_delay = min(rejoin_delay * 2, s.retry_cap)
                 await asyncio.sleep(HEALTH_PERIOD)
                 continue
             self.shared.set_network(up=False, dht_peers=[])
             self.shared.add("join_attempts")
             if await self._join_once():
-                logger.info("joined the swarm through the initial peers")
+                logger.info("joined the swarm through the initial or remembered peers")
                 continue
             self.shared.add("join_failures")
             log = logger.debug if warned else logger.warning
-            log(
-                "none of %d initial peers answered; training goes on locally, retrying in %.1f s",
-                len(self.settings.initial_peers),
-                delay,
-            )
+            log("none of %d initial and remembered peers answered; training goes on locally, retrying in %.1f s",
+                len(self._bootstrap_targets()), delay)
             warned = True
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.settings.join_retry_max_seconds)
+            delay = min(delay * 2, s.retry_cap)
+
+    def _note_change(self, had: list[str], neighbours: list[str]) -> None:
+        """Log and trace losing every neighbour, and getting one back."""
+        if had and not neighbours:
+            with self.shared.lock:
+                self.shared.lost_at = time.time()
+            self.shared.trace.event("lost", had=len(had))
+            logger.warning("lost every peer (had %d DHT neighbours); dialing the initial and remembered peers "
+                           "again, every %.0f s at most; training goes on locally", len(had), self.settings.retry_cap)
+        elif neighbours and not had:
+            with self.shared.lock:
+                lost_at, self.shared.lost_at = self.shared.lost_at, None
+            self.shared.trace.event("up", neighbours=len(neighbours))
+            if lost_at is not None:
+                logger.warning("connected again after %.0f s: %d DHT neighbours", time.time() - lost_at,
+                               len(neighbours))
+
+    def _bootstrap_targets(self) -> list[str]:
+        """Full multiaddrs to dial when joining: the initial peers, the peers met before (remembered), and
+        those reached while running; each once."""
+        with self.shared.lock:
+            met = [*self.shared.bootstrap_peers, *self.shared.book.remembered()]
+        return list(dict.fromkeys([*self.settings.initial_peers, *met]))
 
     async def _join_once(self) -> bool:
-        """Dial the initial peers and the peers met while running (``SharedState.bootstrap_peers``) at once;
-        whether any answered. When every host of a swarm is gone, the members it met still are."""
-        with self.shared.lock:
-            met = [m for m in self.shared.bootstrap_peers if m not in self.settings.initial_peers]
-        targets = [p for p in map(parse_peer_maddr, [*self.settings.initial_peers, *met]) if p is not None]
-        results = await asyncio.gather(*(self._dial_and_ping(peer, addr) for peer, addr in targets))
-        if not any(results):
+        """Dial every bootstrap target at once; whether any answered. When every host of a swarm is gone,
+        the members it met still are."""
+        maddrs = self._bootstrap_targets()
+        targets = [(m, p) for m, p in zip(maddrs, map(parse_peer_maddr, maddrs)) if p is not None]
+        results = await asyncio.gather(*(self._dial_and_ping(peer, addr) for _, (peer, addr) in targets))
+        answered = [m for (m, _), ok in zip(targets, results) if ok]
+        for (_, (peer, _)), ok in zip(targets, results):
+            if not ok:
+                self._unreachable(peer)
+        if not answered:
             return False
+        self._confirm(answered)
         with contextlib.suppress(*NETWORK_ERRORS):  # fill the routing table; best effort
             await asyncio.wait_for(
                 self.dht.find_nearest_nodes([self.dht.node_id]), self.settings.request_timeout
@@ -81,6 +111,8 @@ class JoinMixin(CoreBase):
         return True
 
     async def _dial_and_ping(self, peer_id: PeerID, addr: Multiaddr) -> bool:
+        if await self._port_closed(addr):
+            return False
         if not await self._dial(peer_id, [addr]):
             return False
         return await self.dht.protocol.call_ping(peer_id) is not None

@@ -19,6 +19,7 @@ from swarm.core.health import HealthMixin
 from swarm.core.join import JoinMixin
 from swarm.core.publish import PublishMixin
 from swarm.core.pull import PullMixin
+from swarm.core.reach import ReachMixin, reach_handler_name
 from swarm.core.serve import ServeMixin
 from swarm.core.shutdown import cancel_all, shutdown_p2p
 from swarm.hivemind_compat import count_dht_requests, own_session_p2pd, p2pd_flags, p2pd_pid
@@ -30,7 +31,7 @@ from swarm.watchdog import P2pdWatchdog
 logger = logging.getLogger(__name__)
 
 
-class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
+class SwarmCore(JoinMixin, PublishMixin, PullMixin, ReachMixin, ServeMixin, HealthMixin):
     """One node's P2P, DHT node and background loops. Build with ``await SwarmCore.create(...)``."""
 
     @classmethod
@@ -47,16 +48,19 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
         a host's connection limits) and a DHT node; joining peers happens in ``run``. A Ctrl-C at the node's
         terminal reaches the node, not p2pd: the node shuts it down."""
         own_session_p2pd()
-        relayed = settings.client_mode and settings.nat_sharing == "relay"
+        client = settings.starts_as_client  # ``auto`` starts in client mode too, until a peer dials it back
+        with shared.lock:  # a restarted network side checks again
+            shared.client, shared.reachable_at, shared.reach = client, [], ""
+        relayed = settings.client_mode is True and settings.nat_sharing == "relay"
         with p2pd_flags(p2pd_options or {}):
-            p2p = await cls._start_p2pd(settings, relayed)
+            p2p = await cls._start_p2pd(settings, client=client, relayed=relayed)
         pid = p2pd_pid(p2p)
         watchdog = P2pdWatchdog(pid) if pid is not None else None
         started = False
         try:  # p2pd must not outlive a failure (or cancellation) below
             dht = await DHTNode.create(
                 p2p=p2p,
-                client_mode=settings.client_mode,
+                client_mode=client,
                 record_validator=validator,
                 wait_timeout=settings.request_timeout,
                 ensure_bootstrap_success=False,
@@ -69,8 +73,10 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
             self = cls(settings, identity, limits, shared, validator, p2p, dht, watchdog)
             count_dht_requests(dht, shared.add)
             await p2p.add_binary_stream_handler(self._handler, self.rpc_get_batch)
-            if settings.accept_handoffs and not settings.client_mode:
-                await p2p.add_binary_stream_handler(self._put_handler, self.rpc_put_batch)
+            if not client:
+                if settings.accept_handoffs:
+                    await p2p.add_binary_stream_handler(self._put_handler, self.rpc_put_batch)
+                await p2p.add_binary_stream_handler(reach_handler_name(settings.swarm_id), self.rpc_reach)
             try:
                 maddrs = order_maddrs([str(m) for m in await p2p.get_visible_maddrs()], relayed)
             except ValueError:  # behind NAT with a relay: no address until a reservation is made
@@ -81,7 +87,11 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
                 await shutdown_p2p(p2p, watchdog, timeout=settings.request_timeout)
         with shared.lock:
             shared.visible_maddrs = maddrs
-        if settings.client_mode:  # dials out only: nobody can join through this node
+        shared.trace.event("start", client=client)
+        if settings.client_mode == "auto" and client:
+            logger.info("network side started in client mode until a peer can dial this node back (client_mode: "
+                        "auto); not connected until a peer answers")
+        elif client:  # dials out only: nobody can join through this node
             logger.info("network side started in client mode (dials out only; not connected until a peer answers)")
         else:
             logger.info("network side listening (not connected until a peer answers); others can join with: %s",
@@ -89,12 +99,14 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
         return self
 
     @staticmethod
-    async def _start_p2pd(settings: SwarmSettings, relayed: bool) -> P2P:
-        """p2pd, listening and announcing as ``settings`` say; a DHT server unless in client mode."""
+    async def _start_p2pd(settings: SwarmSettings, *, client: bool, relayed: bool) -> P2P:
+        """p2pd, listening and announcing as ``settings`` say; a DHT server unless in client mode (``auto``:
+        libp2p's own DHT follows what its AutoNAT finds)."""
+        auto = settings.client_mode == "auto"
         return await P2P.create(
             host_maddrs=settings.host_maddrs,
             announce_maddrs=settings.announce_maddrs or None,
-            dht_mode="client" if settings.client_mode else "server",
+            dht_mode="auto" if auto else "client" if client else "server",
             startup_timeout=settings.startup_timeout,
             identity_path=settings.p2p_identity_path,
             check_if_identity_free=False,
@@ -102,7 +114,7 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
             # instead of waiting for AutoNAT to find out that nobody can dial in.
             # A reachable node says so at once, which also starts its relay service for such peers.
             use_auto_relay=relayed,
-            force_reachability="private" if relayed else (None if settings.client_mode else "public"),
+            force_reachability="private" if relayed else (None if client or auto else "public"),
             trusted_relays=settings.initial_peers if relayed else None,
         )
 
@@ -115,6 +127,7 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ServeMixin, HealthMixin):
             asyncio.create_task(self._publish_loop(), name="swarm-publish"),
             asyncio.create_task(self._collect_loop(), name="swarm-collect"),
             asyncio.create_task(self._health_loop(), name="swarm-health"),
+            asyncio.create_task(self._reach_loop(), name="swarm-reach"),
         ]
         stopper = asyncio.create_task(stop.wait(), name="swarm-stop")
         try:

@@ -62,7 +62,7 @@ class PublishMixin(CoreBase):
             try:
                 ok = await asyncio.wait_for(
                     self.dht.store(item.key, item.manifest_data, item.expires_at, subkey=item.subkey,
-                                   exclude_self=self.settings.client_mode),
+                                   exclude_self=self.shared.client),
                     left,
                 )
             except NETWORK_ERRORS as exc:
@@ -115,12 +115,17 @@ class PublishMixin(CoreBase):
 
     async def _put_one(self, peer_id: PeerID, addr: Multiaddr, item: PublishItem) -> bool:
         """Dial one holder and hand ``item`` over; whether it holds it now."""
-        if not await self._dial(peer_id, [addr]):
+        if await self._port_closed(addr) or not await self._dial(peer_id, [addr]):
+            self._unreachable(peer_id)
             return False
         status = await self._put_to(peer_id, item)
+        if status is None:  # it cannot take hand-offs (any more): no holder until it answers again
+            self._unreachable(peer_id)
         if status not in (HandoffStatus.OK, HandoffStatus.HAVE):
             logger.debug("holder %s refused %s: %s", peer_id, item.batch_id[:12], status)
             return False
+        self._confirm([f"{addr}/p2p/{peer_id.to_base58()}"])
+        self.shared.trace.event("handoff", id=item.batch_id[:16], to=peer_id.to_base58()[:16])
         return True
 
     async def _put_to(self, peer_id: PeerID, item: PublishItem) -> int | None:

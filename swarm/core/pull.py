@@ -282,7 +282,7 @@ class PullMixin(CoreBase):
             self.shared.add("duplicate_groups", dropped)
         self.hold(manifest.batch_id, data)
         if self.shared.members is not None:  # a host trains on nothing: it only notes who sent what
-            self.shared.members.batch_seen(fresh, time.time())
+            self.shared.members.batch_seen(manifest.batch_id, fresh, time.time())
         else:
             self.shared.push_batch(fresh, decoded_cost(payload))
         return None, False, len(fresh.groups)
@@ -300,12 +300,22 @@ class PullMixin(CoreBase):
         limit = min(manifest.byte_size, self.limits.max_compressed_bytes)
         listed = by_peer(manifest.address)
         for peer_id, addrs in list(listed.items())[:_MAX_PULL_SOURCES]:
+            with self.shared.lock:
+                gone = self.shared.book.failed_last(peer_id.to_base58())
+            if gone and await self._port_closed(addrs[0]):  # a holder that went away: no p2pd failure for it
+                progress.error = "dial"
+                continue
             if not await self._dial(peer_id, addrs):
                 progress.error = "dial"
+                self._unreachable(peer_id)
                 continue
             data = await self._fetch_from(peer_id, manifest.batch_id, limit, progress, author=True)
             if data is not None:
                 progress.source = "listed"
+                # Delivered at a listed address: if it is a DHT server too (never a member behind NAT, which
+                # may answer over a connection it opened itself), one that accepts connections there.
+                if peer_id.to_base58() in self._neighbours():
+                    self._confirm([f"{a}/p2p/{peer_id.to_base58()}" for a in addrs])
                 return data, True
             if progress.stalled:
                 return None, False

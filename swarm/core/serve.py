@@ -106,7 +106,7 @@ class ServeMixin(CoreBase):
         current = epoch_at(get_dht_time(), self.settings.epoch_seconds)
         status = self.handoffs.add(bid, data, author, batch.epoch, current)
         if status == HandoffStatus.OK and self.shared.members is not None:
-            self.shared.members.batch_seen(batch, time.time(), handed_off=True)
+            self.shared.members.batch_seen(bid, batch, time.time(), handed_off=True)
         return status
 
     def _count_handoff(self, status: int) -> None:

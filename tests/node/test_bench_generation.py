@@ -15,23 +15,15 @@ import torch
 from safetensors.torch import load_file
 
 from node.policy.tiny import tiny_base_path
+from scripts.lib.generation.workload import random_weights_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench" / "bench_generation.py"
 
 
-def _bench_module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import bench_generation
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return bench_generation
-
-
 def test_random_weights_copy_keeps_shape_and_tokenizer_and_redraws_the_weights(tmp_path):
     source = Path(tiny_base_path())
-    folder = Path(_bench_module().random_weights_copy(str(source), tmp_path / "copy", torch.float32))
+    folder = Path(random_weights_copy(str(source), tmp_path / "copy", torch.float32))
     shape = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "eos_token_id")
     old_cfg, new_cfg = (json.loads((f / "config.json").read_text()) for f in (source, folder))
     assert [old_cfg[k] for k in shape] == [new_cfg[k] for k in shape]
@@ -62,7 +54,10 @@ def test_the_benchmark_prints_a_table_of_the_hf_contenders():
     assert set(rows) == {"generate/naive", "generate/batched", "node-hf", "node-hf-adapter"}
     for name in ("node-hf", "node-hf-adapter"):  # one token each; its gap
         assert int(rows[name][1]) == 32 and float(rows[name][7]) < 1e-4, rows[name]
-    assert "(weights merged)" in " ".join(rows["node-hf"]) and float(rows["node-hf"][4]) > 0  # its refresh
+    # The merged copy's refresh is timed (printed to 3 significant digits: tiny-base's takes well under a
+    # millisecond); the adapter as trained has nothing to refresh.
+    assert "(weights merged)" in " ".join(rows["node-hf"]) and float(rows["node-hf"][4]) > 0, rows["node-hf"]
+    assert float(rows["node-hf-adapter"][4]) == 0, rows["node-hf-adapter"]
     assert float(rows["node-hf"][6]) == 1.0  # the ratio column's reference
     ref = re.search(r"torch.mm reference .*: (\d+) tok/s at (\d+) GFLOP/s; share reached: node-hf (\d+)%", out)
     # The share is a whole percentage: tiny-base's one-token steps are mostly overhead, and on a loaded machine

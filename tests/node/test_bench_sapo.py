@@ -5,20 +5,17 @@ plot) with finished runs reused on a rerun."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from scripts.lib.sapo import runs as sapo_runs
 from tests.scripts import load_script
-
-LIB = Path(__file__).resolve().parents[2] / "scripts" / "lib"
 
 
 def _load(name: str):
-    if str(LIB) not in sys.path:  # bench_sapo imports sapo_runs from scripts/lib
-        sys.path.insert(0, str(LIB))
-    return load_script({"sapo_runs": "lib/sapo_runs", "bench_sapo": "bench/bench_sapo"}[name])
+    if name == "sapo_runs":
+        return sapo_runs
+    return load_script("bench/bench_sapo")
 
 
 def test_splits_equal_compute_and_on_top():

@@ -1,5 +1,6 @@
-"""``scripts/bench/bench_train_step.py`` end to end on a small tiny-base step: each way in its own process, the
-table with the token counts, and the full pass computing every row's prompt."""
+"""``scripts/bench/bench_train_step.py`` end to end on a small tiny-base step: each way (fused, shared through the
+modules, full) in its own process, the table with the token counts, and the full pass computing every row's
+prompt."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_the_benchmark_times_both_ways_and_counts_the_prompt_tokens_it_saves(tmp
     # 4 groups of 4 rows: every row's prompt (16 of them) against the 4 distinct ones.
     counts = re.search(r"16 rows a step \(4 groups\), prompt tokens (\d+) \((\d+) distinct\)", out)
     assert counts and int(counts[1]) == 4 * int(counts[2]) > 0
-    for mode in ("shared", "full"):
+    for mode in ("fused", "shared", "full"):
         row = re.search(rf"^{mode}\s+([\d.]+)\s+(\d+)$", out, re.M)
         assert row and float(row[1]) > 0 and int(row[2]) > 0
-    assert re.search(r"full / shared: [\d.]+x the time, [\d.]+x the peak memory; load average", out)
+    assert re.search(r"full / shared: [\d.]+x the time, [\d.]+x the peak memory", out)
+    assert re.search(r"shared / fused: [\d.]+x the time, [\d.]+x the peak memory; load average", out)

@@ -262,3 +262,11 @@ def test_what_the_daemon_prints_about_its_network_follows_one_definition():
     lines = connection_lines(joiner, dead, [addr])
     assert lines[0].startswith("swarm-node: not connected yet (joining: none of 1 initial peers answered")
     assert connection_lines(joiner, joined, [])[1].startswith("swarm-node: no address to share yet")
+    auto = load_config("configs/tiny-swarm.yaml", ["swarm.client_mode=auto", "swarm.initial_peers=[/ip4/127.0.0.1/"
+                                                   "tcp/1/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk]"])
+    checking = NetworkStatus(True, "joined: 1 DHT neighbour", ("12D3KooWB",), 0, "", client=True, reach="checking")
+    assert connection_lines(auto, checking, [addr])[1].startswith(
+        "swarm-node: client mode until a peer can dial this node back (client_mode: auto); meanwhile its batches "
+        "are handed to 2 reachable peers")
+    full = NetworkStatus(True, "joined: 1 DHT neighbour", ("12D3KooWB",), 0, "", client=False, reach="reachable at x")
+    assert connection_lines(auto, full, [addr])[1] == f"swarm-node: others can join with --initial-peers {addr}"

@@ -71,15 +71,17 @@ def test_doctor_names_a_model_it_has_no_record_of_as_a_usage_error(capsys: pytes
     assert "--model 'nope': doctor checks the models it has golden records of: tiny-base" in capsys.readouterr().err
 
 
-def test_a_float32_cpu_forward_reproduces_the_stored_logits_closely() -> None:
-    """The tolerance has room: the shipped model's stored logits come back within 1e-4 here."""
+def test_a_float32_cpu_forward_reproduces_the_stored_logits_within_half_of_doctors_tolerance() -> None:
+    """Doctor's CPU tolerance has room: the shipped model's stored logits come back within half of it (a
+    machine whose kernels sum in another order differs by far less; a 1% weight change, above, by more)."""
     from transformers import AutoModelForCausalLM
 
-    from node.policy.golden import compare_greedy, load_golden
+    from node.policy.golden import LOGIT_TOLERANCE, compare_greedy, load_golden
 
     golden = load_golden("tiny-base")
     assert golden is not None
+    tolerance = LOGIT_TOLERANCE["cpu"]
     model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
     for stored in golden["greedy"]:
-        differences, largest = compare_greedy(model, stored, 1e-3)
-        assert differences == [] and largest < 1e-4
+        differences, largest = compare_greedy(model, stored, tolerance)
+        assert differences == [] and largest <= tolerance / 2, largest

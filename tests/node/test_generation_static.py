@@ -4,6 +4,8 @@ the decode step is captured in a CUDA graph and must give the same again."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -95,8 +97,18 @@ def test_a_pool_keeps_a_bounded_number_of_decoders_and_refuses_a_batch_it_was_no
 
 
 def test_the_backend_asks_for_graphs_only_on_cuda():
-    policy = _policy("tiny-base")
-    assert HFBackend(policy, batch_size=8, cuda_graphs=True).cuda_graphs is False
+    """Both halves of the choice, without a GPU: the backend reads the policy's device and builds nothing on
+    it, so the policy here is told it is on CUDA. Graphs (and, with ``keep_graphs``, a pool of decoders) where
+    it is and they are asked for; neither on the CPU, asked or not."""
+    cpu = _policy("tiny-base")
+    cuda = dataclasses.replace(cpu, device=torch.device("cuda"))
+    chosen = {(policy.device.type, graphs, keep): (backend.cuda_graphs, backend.decoders is not None)
+              for policy in (cpu, cuda) for graphs in (False, True) for keep in (False, True)
+              for backend in [HFBackend(policy, batch_size=8, cuda_graphs=graphs, keep_graphs=keep)]}
+    assert chosen == {("cpu", False, False): (False, False), ("cpu", False, True): (False, False),
+                      ("cpu", True, False): (False, False), ("cpu", True, True): (False, False),
+                      ("cuda", False, False): (False, False), ("cuda", False, True): (False, False),
+                      ("cuda", True, False): (True, False), ("cuda", True, True): (True, True)}
 
 
 def _cuda_policy() -> Policy:
@@ -134,3 +146,24 @@ def test_on_cuda_a_kept_graph_replays_for_later_calls_of_other_widths():
         torch.testing.assert_close(want.behavior_logprobs, got.behavior_logprobs, atol=1e-4, rtol=0)
     assert not generation_static._warned, generation_static._warned
     assert kept.decoders is not None and kept.decoders.created == 1 and kept.decoders.reused == 2
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_captured_sampling_step_gives_what_the_eager_loop_gives():
+    """The whole decode step in one graph (the draw at temperature and top-p, the bookkeeping, the forward):
+    the same tokens as the eager loop from the same uniform numbers, log-probs within float rounding, and
+    every row's end found without the host reading the device between steps."""
+    policy = _cuda_policy()
+    prompts = _prompts(policy)
+    settings = SamplingSettings(max_new_tokens=24, temperature=0.8, top_p=0.9)
+    runs = {}
+    for graphs in (False, True):
+        backend = HFBackend(policy, batch_size=64, cuda_graphs=graphs, keep_graphs=True)
+        runs[graphs] = [backend.generate(prompts, settings, torch.Generator(device=policy.device).manual_seed(s))
+                        for s in (3, 4)]  # the second call replays the first call's graph
+    assert not generation_static._warned, generation_static._warned
+    for eager, graphed in zip(runs[False], runs[True], strict=True):
+        assert torch.equal(eager.completion_ids, graphed.completion_ids)
+        assert torch.equal(eager.completion_mask, graphed.completion_mask)
+        assert eager.finish_reasons == graphed.finish_reasons
+        torch.testing.assert_close(eager.behavior_logprobs, graphed.behavior_logprobs, atol=1e-4, rtol=0)

@@ -147,31 +147,38 @@ def test_remix_and_a_plain_model_generate_from_their_own_modules():
 
 @pytest.mark.parametrize("greedy", [False, True])
 def test_reading_the_live_rows_every_eight_steps_changes_nothing_but_the_work(monkeypatch, greedy):
-    """The GPU schedule (a host read every 8 steps) on the CPU: the same tokens, log-probs, masks and finish
-    reasons as a read every step, with rows ending at EOS and at the model's context. (Sampling draws one
-    number a computed row, so the two schedules draw alike only where neither drops finished rows.)"""
+    """The GPU schedule (a host read every 8 steps) on the CPU, on the same weights: the same tokens,
+    log-probs, masks and finish reasons as a read every step, with rows ending at EOS and at the model's
+    context, and exactly the forward passes each schedule runs. (Sampling draws one number a computed row, so
+    the two schedules draw alike only where neither drops finished rows.)"""
     if not greedy:
         monkeypatch.setattr(generation, "_COMPACT_AT", -1.0)
     policy = _policy("tiny-base")
-    backend = HFBackend(policy, batch_size=64)
     prompts = _prompts(policy) + [[policy.tokenizer.bos_token_id, *range(5, 50)]]  # 46 of 64 positions
     settings = SamplingSettings(max_new_tokens=30, greedy=greedy)
-    every = backend.generate(prompts, settings, torch.Generator().manual_seed(3))
-    monkeypatch.setattr(generation, "live_check_interval", lambda device: 8)
-    calls: list[int] = []
-    hook = policy.model.get_base_model().model.embed_tokens.register_forward_hook(  # type: ignore[operator]
-        lambda *_: calls.append(1))
-    try:
-        eighth = HFBackend(policy, batch_size=64, weights="adapter").generate(prompts, settings,
-                                                                             torch.Generator().manual_seed(3))
-    finally:
-        hook.remove()
+
+    def sample(interval: int) -> tuple[generation.Completions, int]:
+        monkeypatch.setattr(generation, "live_check_interval", lambda device: interval)
+        calls: list[int] = []
+        hook = policy.model.get_base_model().model.embed_tokens.register_forward_hook(  # type: ignore[operator]
+            lambda *_: calls.append(1))
+        try:
+            out = HFBackend(policy, batch_size=64, weights="adapter").generate(prompts, settings,
+                                                                              torch.Generator().manual_seed(3))
+        finally:
+            hook.remove()
+        return out, len(calls)
+
+    (every, every_calls), (eighth, eighth_calls) = sample(1), sample(8)
     assert every.finish_reasons == eighth.finish_reasons and "eos" in every.finish_reasons
-    assert "length" in every.finish_reasons and every.completion_mask[-1].sum() == 64 - 46
+    assert every.finish_reasons[-1] == "length" and every.completion_mask[-1].sum() == 64 - 46
+    assert every.completion_mask[:-1].sum(1).max() < 64 - 46  # the row at the context is the last to end
     assert torch.equal(every.completion_ids, eighth.completion_ids)
     assert torch.equal(every.completion_mask, eighth.completion_mask)
     torch.testing.assert_close(every.behavior_logprobs, eighth.behavior_logprobs, atol=1e-5, rtol=0)
-    assert len(calls) % 8 == 0 or len(calls) == settings.max_new_tokens  # prefill + whole rounds of 8 steps
+    # The last row ends at its 18th token. Read every step, the loop stops right there: the prefill and 17
+    # decode steps. Read every 8 steps, the first read after it is after the 24th token: 23 decode steps.
+    assert (every_calls, eighth_calls) == (1 + 17, 1 + 23)
 
 
 def test_the_node_builds_its_backend_with_the_configured_weights(fast_config, tmp_path):

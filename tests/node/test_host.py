@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -71,22 +72,44 @@ def host_key(tmp_path: Path) -> tuple[Path, str]:
 
 
 class HostProcess:
+    """``swarm-node host`` in a child process: its stdout read line by line in a thread (``lines``), its
+    stderr to a file (a pipe nobody reads would fill and stop it), started within ``STARTUP_TIMEOUT``."""
+
+    STARTUP_TIMEOUT = 120.0  # seconds to the line that says how members join: imports and a p2p daemon
+
     def __init__(self, tmp_path: Path, descriptor: Path, *extra: str) -> None:
         self.run_dir = tmp_path / "host"
         env = {**os.environ, "SWARM_NODE_KNOWN_SWARMS": str(tmp_path / "known"), "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            host_command("--swarm", str(descriptor), "-c", str(ROOT / "configs" / "host.yaml"), "--run-dir",
-                         str(self.run_dir), "api.port=0", "api.host=127.0.0.1", "swarm.collect_interval=0.2",
-                         "health_every=1", *extra),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.stderr_path = tmp_path / "host.stderr"
+        with self.stderr_path.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                host_command("--swarm", str(descriptor), "-c", str(ROOT / "configs" / "host.yaml"), "--run-dir",
+                             str(self.run_dir), "api.port=0", "api.host=127.0.0.1", "swarm.collect_interval=0.2",
+                             "health_every=1", *extra),
+                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=ROOT)
         self.lines: list[str] = []
+        started = threading.Event()
+        threading.Thread(target=self._read, args=(started,), daemon=True).start()
+        if not started.wait(self.STARTUP_TIMEOUT):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            pytest.fail(f"the host printed no 'members join with' line within {self.STARTUP_TIMEOUT:.0f} s: "
+                        f"{self.lines} {self.stderr()[-2000:]}")
+        assert any("status page at" in ln for ln in self.lines), (self.lines, self.stderr()[-2000:])
+        self.url = (self.run_dir / "api_url").read_text().strip()
+
+    def _read(self, started: threading.Event) -> None:
+        """Every stdout line into ``lines`` until the child closes it; ``started`` set at the line that ends
+        the start-up, or at the end of the output (a child that exited)."""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip())
             if "members join with" in line:
-                break
-        assert any("status page at" in ln for ln in self.lines), (self.lines, self.proc.stderr.read())  # type: ignore[union-attr]
-        self.url = (self.run_dir / "api_url").read_text().strip()
+                started.set()
+        started.set()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
@@ -115,7 +138,7 @@ def host(tmp_path: Path) -> Iterator[tuple[HostProcess, str]]:
         yield proc, address
     finally:
         code = proc.stop()
-        assert code == 0, proc.proc.stderr.read() if proc.proc.stderr else ""
+        assert code == 0, proc.stderr()[-2000:]
         assert not (proc.run_dir / "api_url").exists()
 
 
@@ -136,16 +159,23 @@ def test_a_host_without_torch_serves_its_swarm(host: tuple[HostProcess, str], ma
             assert node.publish(make_batch(node.identity, index=10 * k + i)) is not None
     # The host reads every manifest, holds what the NATed member hands it and verifies every batch once (a
     # handed-over one from its own copy).
-    assert wait_for(lambda: {m["peer_id"]: (m["announced"], m["pulled"], m["handed_off"]) for m in proc.doc()["members"]}
-                    == {public.identity.peer_id: (2, 2, 0), natted.identity.peer_id: (2, 2, 2)}, timeout=40), \
+    # Each batch once: pulled, or handed to the host (the NATed member hands its batches to the host and to the
+    # public member, a DHT server, in turn) and verified from that copy.
+    assert wait_for(lambda: {m["peer_id"]: (m["announced"], m["pulled"] + m["handed_off"]) for m in proc.doc()["members"]}
+                    == {public.identity.peer_id: (2, 2), natted.identity.peer_id: (2, 2)}, timeout=40), \
         proc.doc()["members"]
     doc = proc.doc()
     natted_row = next(m for m in doc["members"] if m["peer_id"] == natted.identity.peer_id)
-    assert natted_row["natted"] and natted_row["handed_off"] == 2 and natted_row["model"] == "model-test"
+    held = doc["host"]["counters"]["handoffs_held"]
+    assert natted_row["natted"] and natted_row["handed_off"] == held and natted_row["model"] == "model-test"
+    assert natted_row["totals"] == {"announced": 2, "pulled": natted_row["pulled"], "handed_off": held}
+    assert [h["start"] for h in doc["history"]][-1] == doc["host"]["epoch"] * EPOCH  # epochs as times
+    assert doc["history"][-1]["announced"] == 4 and doc["history"][-1]["members"] == 2
+    assert wait_for(lambda: proc.doc()["host"]["network"]["connected"], timeout=20), proc.doc()["host"]["network"]
     assert wait_for(lambda: proc.doc()["hosts"][0]["ok"] is False, timeout=20)  # the other host is down
     assert doc["host"]["rss_bytes"] < 200 * 2**20
     metrics = proc.get("metrics")[1].decode()
-    assert "swarm_host_members 2.0" in metrics and "swarm_host_handoffs_held_total 2.0" in metrics
+    assert "swarm_host_members 2.0" in metrics and f"swarm_host_handoffs_held_total {float(held)}" in metrics
     assert "swarm_host_other_hosts_up 0.0" in metrics
 
     exe = chromium_or_skip()
@@ -162,6 +192,8 @@ def test_a_host_without_torch_serves_its_swarm(host: tuple[HostProcess, str], ma
                             handed: +cell('handed_off'), model: cell('model')};
                 });
                 return {members: +v('members'), swarm: v('swarm'), hostsUp: +v('hosts-up'), handoffs: +v('handoffs'),
+                        announced: +v('announced'), verified: +v('pulled'), totalAnnounced: +v('total-announced'),
+                        network: v('network'), firstEpoch: +document.getElementById('chart-epochs').dataset.first,
                         rows, hostRows: document.querySelectorAll('#hosts-table tbody tr[data-host]').length,
                         epochsChart: +document.getElementById('chart-epochs').dataset.points,
                         error: document.getElementById('error').hidden ? '' : document.getElementById('error').textContent};
@@ -177,7 +209,9 @@ def test_a_host_without_torch_serves_its_swarm(host: tuple[HostProcess, str], ma
     assert seen["handoffs"] == api["host"]["counters"]["handoffs_held"] == 2
     assert {r["peer"]: (r["natted"], r["announced"], r["handed"], r["model"]) for r in seen["rows"]} == {
         m["peer_id"]: (str(m["natted"]).lower(), m["announced"], m["handed_off"], m["model"]) for m in api["members"]}
-    assert seen["epochsChart"] == 8  # the page asks for the 8 epochs a host keeps
+    assert (seen["announced"], seen["verified"], seen["totalAnnounced"]) == (4, 4, 4)  # each batch once
+    assert seen["network"] == "true"  # members answer it, though none in client mode is a DHT neighbour
+    assert seen["epochsChart"] == 60 and seen["firstEpoch"] == api["history"][0]["start"]  # epochs as times
     assert (proc.run_dir / "host.png").stat().st_size > 10_000
 
 
@@ -206,3 +240,34 @@ def test_host_mistakes_are_one_line_and_exit_2(tmp_path: Path) -> None:
     started = time.monotonic()
     assert "cannot fetch it" in _one_line_error(tmp_path, f"http://127.0.0.1:{free_port()}/swarm.yaml")
     assert time.monotonic() - started < 60
+
+
+def test_a_taken_port_is_one_line_naming_it_and_exit_2(tmp_path: Path) -> None:
+    """A port another process listens on (with SO_REUSEPORT, as p2pd does: a second p2pd would share it
+    without a word) is refused before anything starts: the swarm port of a member and of a host, and a
+    status page's port."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "SWARM_NODE_KNOWN_SWARMS": str(tmp_path / "known"), "PYTHONPATH": str(ROOT)}
+        member = subprocess.run([sys.executable, "-m", "node.cli", "start", "-c", "configs/tiny-swarm.yaml", "--run-dir",
+                                 str(tmp_path / "m"), f"swarm.host_maddrs=[/ip4/127.0.0.1/tcp/{port}]"],
+                                capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+        lines = member.stderr.strip().splitlines()
+        assert member.returncode == 2 and len(lines) == 1, member.stderr
+        assert lines[0].startswith(f"swarm-node: error: swarm.host_maddrs: port {port} (/ip4/127.0.0.1/tcp/{port}) "
+                                   "is taken"), lines
+        assert not (tmp_path / "m").exists()  # nothing left behind
+        api = subprocess.run([sys.executable, "-m", "node.cli", "start", "-c", "configs/tiny-swarm.yaml", "--run-dir",
+                              str(tmp_path / "m"), f"api.port={port}"],
+                             capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+        assert api.returncode == 2 and f"api.port: port {port} on 127.0.0.1 is taken" in api.stderr, api.stderr
+        _, peer = host_key(tmp_path)
+        mine = make_descriptor(tmp_path, [f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer}"])
+        line = _one_line_error(tmp_path, mine, "api.port=0")
+        assert line.startswith(f"swarm-node: error: swarm.host_maddrs: port {port} (/ip4/0.0.0.0/tcp/{port}) is taken")

@@ -161,7 +161,7 @@ def test_every_rejection_reason_in_the_code_is_declared():
 
     from node.exchange.ingest import OFFENCES, REJECT_REASONS, SURPLUS_REASONS
 
-    src = (Path(__file__).resolve().parents[2] / "node" / "ingest.py").read_text()
+    src = (Path(__file__).resolve().parents[2] / "node" / "exchange" / "ingest.py").read_text()
     used = set(re.findall(r'_reject\("(\w+)"', src)) | set(re.findall(r'return (?:None, None, )?"(\w+)"$', src, re.M))
     used |= set(re.findall(r'rejected\["(\w+)"\]', src)) | set(re.findall(r'_drop\(.*?"(\w+)"\)', src))
     assert used and used <= REJECT_REASONS, used - REJECT_REASONS

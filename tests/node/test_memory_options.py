@@ -40,3 +40,27 @@ def test_bfloat16_policy_trains_with_gradient_checkpointing(fast_config):
                                                   "train.eval_every=100"))
     assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
     assert frozen == {torch.bfloat16} and all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_a_memory_cap_holds_the_process_to_it_and_the_auto_sizes_read_it(monkeypatch):
+    """``model.memory_mb``: the CUDA allocator's limit for the process, and the memory ``auto`` sizes read
+    instead of the card's (checked with the device's properties faked: no GPU here)."""
+    from node.config import load_config
+    from node.policy import model as policy_model
+
+    class Card:
+        total_memory = 80 * 2**30
+
+    fractions: list[float] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Card())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: fractions.append(f))
+    cuda = torch.device("cuda")
+    assert policy_model.device_memory_mb(cuda) == 81920 and policy_model.device_memory_mb(cuda, 12000) == 12000
+    assert policy_model.device_memory_mb(cuda, 10**6) == 81920 and policy_model.device_memory_mb(torch.device("cpu")) is None
+    policy_model.cap_device_memory(cuda, 12000)
+    policy_model.cap_device_memory(cuda, None)
+    policy_model.cap_device_memory(torch.device("cpu"), 12000)
+    assert fractions == [pytest.approx(12000 / 81920)]
+    train = load_config("configs/smollm2-gpu.yaml", ["model.memory_mb=40000"]).train
+    assert train.logits_budget_mb("cuda", policy_model.device_memory_mb(cuda)) == 5120
+    assert train.logits_budget_mb("cuda", policy_model.device_memory_mb(cuda, 40000)) == 2500

@@ -5,6 +5,7 @@ cached conversion that fails is converted again by ``swarm-node fetch``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from node.policy.gguf_repair import repair_from_source
 from node.policy.golden import load_golden, tokenizer_record
 from node.policy.model_cache import DONE_FILE
 from node.policy.model_check import check_folder, check_source
-from tests.node.tiny_gguf import write_tiny_gguf
+from tests.node.tiny_gguf import CHAT_TEMPLATE, write_tiny_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2 = "smollm2-135m"
@@ -155,16 +156,49 @@ def test_the_gguf_is_the_source_of_the_special_ids_and_every_token(tmp_path: Pat
     source = read_source_tokenizer(gguf)
     assert source.special_ids == {"bos": 1, "eos": 2, "pad": 2, "unk": 0} and source.model == "gpt2"
     tokenizer, model = load_from_gguf(gguf)
-    repair_from_source(tokenizer, model, source)  # none where the library converts faithfully; 5.17 swaps the eos
+    found = [f.what for f in check_source(tokenizer, source)]
+    repaired = repair_from_source(tokenizer, model, source)
+    # Each finding repaired and no other field of the tokenizer: none with 5.19, the swapped eos with 5.17.
+    assert [f"{r['field']}_id" if r["field"].endswith("_token") else r["field"] for r in repaired
+            if r["field"].endswith("_token") or r["field"] == "chat_template"] == found
     assert check_source(tokenizer, source) == []
     tokenizer.eos_token = "<|im_start|>"
     assert [f.line() for f in check_source(tokenizer, source)] == [
         "eos_token_id is 1 where the GGUF's tokenizer.ggml.eos_token_id states 2"]
+    assert repair_from_source(tokenizer, model, source) == [
+        {"field": "eos_token", "library": {"token": "<|im_start|>", "id": 1}, "gguf": {"token": "<|im_end|>", "id": 2}}]
+    assert tokenizer.eos_token_id == 2 and check_source(tokenizer, source) == []
     changed = read_source_tokenizer(write_tiny_gguf(tmp_path / "other.gguf"))
     object.__setattr__(changed, "tokens", [*changed.tokens[:-1], "lx"])  # type: ignore[misc]
     tokenizer.eos_token = "<|im_end|>"
     assert [f.line() for f in check_source(tokenizer, changed)] == [
         f"token {changed.n_tokens - 1} is 'll' where the GGUF's token list states 'lx'"]
+
+
+def test_a_gguf_known_by_its_summary_is_checked_by_its_vocabulary_hash_and_whether_it_adds_a_bos(
+        tmp_path: Path) -> None:
+    """What a conversion records of its GGUF (``build_info.json``) keeps the vocabulary's sha256, not its
+    tokens, and whether the GGUF adds a BOS: a vocabulary of the same size with one token respelled, and a
+    tokenizer that adds a BOS where its GGUF says it does not (or the other way round), are found."""
+    from node.policy.gguf_facts import SourceTokenizer, tokens_sha256
+    from node.policy.gguf_import import load_from_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    source = read_source_tokenizer(gguf)
+    assert source.tokens is not None
+    tokenizer, model = load_from_gguf(gguf)
+    repair_from_source(tokenizer, model, source)  # as a conversion does first (5.17 swaps the tiny GGUF's eos)
+    summary = SourceTokenizer.from_summary(source.summary())
+    assert summary.tokens is None and summary.add_bos_token is None and check_source(tokenizer, summary) == []
+    respelled = [*source.tokens[:-1], "lx"]  # as many tokens; the last one ('ll') spelled otherwise
+    other = dataclasses.replace(summary, vocab_sha256=tokens_sha256(respelled))
+    assert [f.line() for f in check_source(tokenizer, other)] == [
+        f"vocabulary sha256 is {tokens_sha256(source.tokens)[:16]!r} where the GGUF's token list states "
+        f"{tokens_sha256(respelled)[:16]!r}"]
+    adds = tokenizer("a")["input_ids"][0] == tokenizer.bos_token_id  # 5.19: no BOS (the tiny GGUF states none)
+    assert check_source(tokenizer, dataclasses.replace(summary, add_bos_token=adds)) == []
+    assert [f.line() for f in check_source(tokenizer, dataclasses.replace(summary, add_bos_token=not adds))] == [
+        f"adds BOS is {adds} where the GGUF's tokenizer.ggml.add_bos_token states {not adds}"]
 
 
 @pytest.mark.parametrize("command", [
@@ -225,9 +259,11 @@ def test_fetch_converts_again_a_cached_folder_that_fails_its_checks(tmp_path: Pa
     assert findings_of(model.path) == []
 
 
-def _converting_as_5_17(monkeypatch: pytest.MonkeyPatch, *, vocabulary: bool = False) -> None:
+def _converting_as_5_17(monkeypatch: pytest.MonkeyPatch, *, vocabulary: bool = False, configs: bool = False) -> None:
     """The GGUF's tokenizer as transformers 5.17 builds SmolLM2's: eos <|im_start|>, no pad, a text clean-up
-    and a sentencepiece-style decoder; with ``vocabulary``, also a token respelled (not repairable)."""
+    and a sentencepiece-style decoder; with ``vocabulary``, also a token respelled (not repairable); with
+    ``configs``, also the model's config and generation config given the same eos and no pad, and the chat
+    template without its generation prompt."""
     from tokenizers import decoders
 
     from node.policy import gguf_import
@@ -242,6 +278,10 @@ def _converting_as_5_17(monkeypatch: pytest.MonkeyPatch, *, vocabulary: bool = F
         tokenizer.backend_tokenizer.decoder = decoders.Sequence([decoders.Replace("Ġ", ""), decoders.ByteLevel()])
         if vocabulary:
             tokenizer.add_tokens(["<extra>"])
+        if configs:
+            for holder in (model.config, model.generation_config):
+                holder.bos_token_id, holder.eos_token_id, holder.pad_token_id = 1, 1, None
+            tokenizer.chat_template = CHAT_TEMPLATE[:CHAT_TEMPLATE.index("{% if add_generation_prompt")]
         return tokenizer, model
 
     monkeypatch.setattr(gguf_import, "load_from_gguf", load)
@@ -265,6 +305,31 @@ def test_a_conversion_takes_the_gguf_value_of_each_field_the_library_got_wrong(
     assert info["source_tokenizer"]["special_ids"] == {"bos": 1, "eos": 2, "pad": 2, "unk": 0}
     assert any("converted eos_token as {'token': '<|im_start|>', 'id': 1} where the GGUF states" in line
                for line in lines)
+
+
+def test_a_conversion_takes_the_gguf_ids_in_both_configs_and_its_chat_template(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from node.policy.fetched import convert_local_gguf
+
+    monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path / "cache"))
+    _converting_as_5_17(monkeypatch, configs=True)
+    folder = convert_local_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), echo=lambda _line: None)
+    info = json.loads((folder / DONE_FILE).read_text())
+    broken_template = CHAT_TEMPLATE[:CHAT_TEMPLATE.index("{% if add_generation_prompt")]
+    assert info["repaired"][2:7] == [  # after the tokenizer's eos and pad, before its decoding
+        {"field": "config.eos_token_id", "library": 1, "gguf": 2},
+        {"field": "config.pad_token_id", "library": None, "gguf": 2},
+        {"field": "generation_config.eos_token_id", "library": 1, "gguf": 2},
+        {"field": "generation_config.pad_token_id", "library": None, "gguf": 2},
+        {"field": "chat_template", "library": broken_template, "gguf": CHAT_TEMPLATE}]
+    assert [r["field"] for r in info["repaired"]] == [
+        "eos_token", "pad_token", "config.eos_token_id", "config.pad_token_id", "generation_config.eos_token_id",
+        "generation_config.pad_token_id", "chat_template", "clean_up_tokenization_spaces", "decoder"]
+    # The files written hold the GGUF's values (bos was right and stays).
+    config, generation = (json.loads((folder / f).read_text()) for f in ("config.json", "generation_config.json"))
+    assert [config[f"{n}_token_id"] for n in ("bos", "eos", "pad")] == [1, 2, 2]
+    assert [generation[f"{n}_token_id"] for n in ("bos", "eos", "pad")] == [1, 2, 2]
+    assert AutoTokenizer.from_pretrained(folder).chat_template == CHAT_TEMPLATE
 
 
 def test_a_conversion_that_cannot_be_repaired_is_refused_in_one_line(

@@ -159,19 +159,23 @@ def test_with_flat_slots_peer_groups_fill_only_the_steps_flat_own_groups(tmp_pat
     hub = InMemoryHub()
     mine = _node(tmp_path / "mine", hub, "sapo.external_groups=4", "sapo.peer_slots=flat")
     peer = _node(tmp_path / "peer", hub, "seed=3", "sapo.external_groups=4", "sapo.local_groups=8")
-    records = []
+    steps = []  # (own flat groups, peer groups in the pool before the pick, peer groups trained on)
     for _ in range(4):
         peer.train_step()
-        records.append(mine.train_step())
+        r = mine.train_step()
+        flat = round(4 * (1 - r["local_signal_fraction"]))
+        assert r["n_local_groups"] == 4 - flat  # every own group with signal is trained on
+        steps.append((flat, len(mine._external_pool) + r["n_peer_groups"], r["n_peer_groups"]))
         hub.epoch += 1
     mine.close()
     peer.close()
-    # 4 own groups generated a step: the peers' never outnumber the flat ones, and every own group with
-    # signal is trained on.
-    for r in records:
-        flat = round(4 * (1 - r["local_signal_fraction"]))
-        assert r["n_local_groups"] == 4 - flat and r["n_peer_groups"] <= flat
-    assert sum(r["n_peer_groups"] for r in records) > 0
+    # 4 own groups generated a step: as many peer groups as flat own ones (J = 4 caps them) where the pool
+    # holds enough, else the whole pool.
+    assert [peers for _, _, peers in steps] == [min(4, flat, pooled) for flat, pooled, _ in steps], steps
+    # A step with fewer flat groups than J and more peer groups pooled than flat ones (fixed slots would train
+    # on more), and one with a flat group filled (a step that took none would not pass).
+    assert any(flat < 4 and pooled > flat for flat, pooled, _ in steps), steps
+    assert any(peers > 0 for _, _, peers in steps), steps
 
 
 def test_a_deciding_node_reports_its_decisions_and_keeps_its_estimate_across_a_checkpoint(tmp_path):
@@ -197,3 +201,32 @@ def test_a_deciding_node_reports_its_decisions_and_keeps_its_estimate_across_a_c
     assert again.decider.state() == state
     again.close()
     peer.close()
+
+
+def test_a_deciding_node_that_finds_peers_do_not_pay_trains_as_a_silo_but_on_its_probe_steps(tmp_path):
+    """An estimate that says peers do not pay (16 alignments of -1: their gradient against the node's own)
+    declines peer groups that are there to take: those steps train on every own group with signal and no
+    peer's; every third step (``decide_probe_every=3``) a probe takes them anyway."""
+    hub = InMemoryHub()
+    mine = _node(tmp_path / "mine", hub, "sapo.external_groups=4", "sapo.take_peers=decide",
+                 "sapo.decide_warmup=2", "sapo.decide_probe_every=3")
+    peer = _node(tmp_path / "peer", hub, "seed=3", "sapo.external_groups=4", "sapo.local_groups=8")
+    assert mine.decider is not None
+    mine.decider.load_state({"alignments": [-1.0] * 16, "measured": 16})
+    assert mine.decider.pays() is False
+    records, pooled = [], []
+    for _ in range(3):
+        peer.train_step()
+        records.append(mine.train_step())
+        pooled.append(len(mine._external_pool))  # peer groups received and not trained on
+        hub.epoch += 1
+    mine.close()
+    peer.close()
+    assert [r["peer_decision"] for r in records] == ["does_not_pay", "does_not_pay", "probe"]
+    assert [(r["peer_steps_taken"], r["peer_steps_declined"], r["peer_probes"]) for r in records] == [
+        (0, 1, 0), (0, 2, 0), (1, 2, 1)]
+    declined, probe = records[:2], records[2]
+    assert all(n > 0 for n in pooled[:2]), pooled  # there were peer groups to take
+    assert [r["n_peer_groups"] for r in declined] == [0, 0]
+    assert [r["n_local_groups"] for r in declined] == [round(4 * r["local_signal_fraction"]) for r in declined]
+    assert probe["n_peer_groups"] > 0 and "train/peer_alignment" not in declined[0]

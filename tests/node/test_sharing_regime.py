@@ -4,17 +4,11 @@ each sharing run paired with its silo of the same seed, and the window table wor
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 from tests.scripts import load_script
 
-LIB = Path(__file__).resolve().parents[2] / "scripts" / "lib"
-
 
 def _regime():
-    if str(LIB) not in sys.path:  # the script imports sapo_plots, sapo_regime and sapo_runs from scripts/lib
-        sys.path.insert(0, str(LIB))
     return load_script("experiments/sharing_regime")
 
 

@@ -24,7 +24,6 @@ from node.policy.model import load_base
 from node.policy.small import CHAT_TEMPLATE, template_tokenizer, train_bpe_tokenizer
 from node.policy.small_recipe import FULL
 from node.tasks import build_task_source
-from tests.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,7 +168,7 @@ MICRO = replace(FULL, name="small-base-micro", steps=6, pool_size=60, eval_tasks
 
 def test_build_is_deterministic_on_one_machine(tmp_path: Path) -> None:
     """Two builds of a recipe in one environment write the same bytes and measure the same figures."""
-    build = load_script("build/small_build").build
+    from scripts.lib.small_build import build
     first = build(MICRO, tmp_path / "first", echo=lambda _line: None)
     second = build(MICRO, tmp_path / "second", echo=lambda _line: None)
     for name in BUILT_FILES:
@@ -184,7 +183,7 @@ def test_rebuild_from_the_recipe_is_the_shipped_model_within_measured_margins(tm
                                                                                info: dict[str, Any]) -> None:
     """The recipe has not rotted: rebuilt here (about 7 minutes on 2 cores), its loss curve and sampled
     reward fall within the margins measured across builds (``small_build.compare_builds``)."""
-    small_build = load_script("build/small_build")
+    from scripts.lib import small_build
     build, compare_builds = small_build.build, small_build.compare_builds
     rebuilt = build(FULL, tmp_path / "rebuilt", echo=lambda _line: None)
     assert compare_builds(info, rebuilt) == []

@@ -73,7 +73,8 @@ def write(tmp_path: Path, d: SwarmDescriptor, name: str = "swarm.yaml") -> str:
 def join(source: str, *overrides: str, config: str | None = MEMBER_CONFIG, owner: str | None = None,
          peers: list[str] | None = None, run_dir: Path | None = None) -> tuple[Any, list[str]]:
     extra = [f"run_dir={run_dir}"] if run_dir is not None else []
-    return join_config(config, [*overrides, *extra], source, owner=owner, extra_peers=peers or [])
+    cfg, notes, _ = join_config(config, [*overrides, *extra], source, owner=owner, extra_peers=peers or [])
+    return cfg, notes
 
 
 def test_a_member_takes_every_shared_setting_and_the_hosts_from_the_descriptor(tmp_path: Path, owner: Identity) -> None:
@@ -176,7 +177,40 @@ def test_a_descriptor_whose_tasks_another_generator_made_is_refused(tmp_path: Pa
         join(write(tmp_path, d))
 
 
-def test_remembered_peers_join_the_initial_peers(tmp_path: Path, owner: Identity) -> None:
+def test_a_member_whose_swarm_url_is_dead_joins_with_its_saved_descriptor(tmp_path: Path, owner: Identity) -> None:
+    """Every host down: the same command starts from the copy of the descriptor the run dir kept, through the
+    peers it remembers; a descriptor URL that answers with something else is refused, never replaced."""
+    from node.config.join import SAVED_DESCRIPTOR, save_descriptor
+
+    run = tmp_path / "run"
+    run.mkdir()
+    dead = f"http://127.0.0.1:{_free_port()}/swarm.yaml"
+    with pytest.raises(ConfigError, match="cannot fetch it"):  # nothing saved yet
+        join(dead, run_dir=run)
+    d = descriptor(owner)
+    save_descriptor(run, d)
+    assert parse_descriptor((run / SAVED_DESCRIPTOR).read_text()) == d
+    met = f"/ip4/203.0.113.9/tcp/31337/p2p/{PEER[:-4]}TTTT"
+    remember_peers(run, [met])
+    cfg, notes = join(dead, run_dir=run)
+    assert cfg.swarm.swarm_id == "tiny-public" and cfg.swarm.initial_peers == [HOST]
+    assert any("and the 1 peer(s) it remembers" in n for n in notes)
+    assert any(n.startswith(f"{dead} does not answer; joining with the copy of the descriptor saved in") for n in notes)
+    tampered = tmp_path / "tampered.yaml"
+    tampered.write_text(d.to_yaml().replace("name: Tiny public", "name: Tiny private"))
+    with pytest.raises(ConfigError, match="does not match the content"):  # a file: never replaced by the copy
+        join(str(tampered), run_dir=run)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_remembered_peers_are_named_beside_the_hosts(tmp_path: Path, owner: Identity) -> None:
     run = tmp_path / "run"
     run.mkdir()
     met = f"/ip4/203.0.113.9/tcp/31337/p2p/{PEER[:-4]}TTTT"
@@ -184,8 +218,8 @@ def test_remembered_peers_join_the_initial_peers(tmp_path: Path, owner: Identity
     remember_peers(run, [met, HOST])
     assert remembered_peers(run) == [met, HOST] and (run / REMEMBERED_PEERS).read_text().startswith("#")
     cfg, notes = join(write(tmp_path, descriptor(owner)), run_dir=run, peers=[])
-    assert cfg.swarm.initial_peers == [HOST, met]
-    assert any("and 1 other peer" in n for n in notes)
+    assert cfg.swarm.initial_peers == [HOST]  # the hosts; remembered peers are dialed beside them, never taken for one
+    assert any("and the 1 peer(s) it remembers" in n for n in notes)
 
 
 class _Server:
@@ -257,7 +291,9 @@ def test_a_descriptor_url_is_fetched_within_a_time_and_size_bound(server: _Serve
     started = time.monotonic()
     with pytest.raises(ConfigError, match="no complete answer within 2 s"):
         join(f"{base}/slow")
-    assert time.monotonic() - started < 5
+    # The whole body takes 60 s (a byte a second); the fetch gives up at its 2 s deadline, checked between
+    # reads of a second or less: a bound far from both, so a loaded machine does not fail it.
+    assert 2 <= time.monotonic() - started < 30
     with pytest.raises(ConfigError, match="cannot fetch it"):
         join("http://127.0.0.1:9/swarm.yaml")  # nothing listens on the discard port
 
@@ -294,7 +330,7 @@ def test_swarm_init_sign_and_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "already exists" in capsys.readouterr().err
 
 
-def test_the_peer_keeper_saves_and_hands_over_the_neighbours(tmp_path: Path) -> None:
+def test_the_peer_keeper_saves_and_hands_over_the_peers_reached(tmp_path: Path) -> None:
     from node.run.daemon import PeerKeeper
 
     class Transport:
@@ -302,7 +338,7 @@ def test_the_peer_keeper_saves_and_hands_over_the_neighbours(tmp_path: Path) -> 
             self.neighbours = [HOST]
             self.bootstrap: list[str] = []
 
-        def neighbour_maddrs(self) -> list[str]:
+        def remembered_maddrs(self) -> list[str]:
             return list(self.neighbours)
 
         def add_bootstrap_peers(self, maddrs: list[str]) -> None:

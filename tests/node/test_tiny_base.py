@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from node.policy.locate import resolve_model_path
 from node.policy.tiny import CHAR_VOCAB, TINY_BASE_NAME, build_char_tokenizer, tiny_base_path
 from node.tasks.arith_format import make_problem
+from scripts.lib import tiny_bases
 from tests.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -201,20 +202,19 @@ def test_build_options_leave_the_default_draws_unchanged_and_key_the_cache() -> 
     for bad in ("add", "div=1", "add=-1"):
         with pytest.raises(Exception, match="expected|weights"):
             build.parse_mix(bad)
-    key = build.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "150"])
-    assert key == build.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "150"])
-    assert key != build.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "151"])
+    key = tiny_bases.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "150"])
+    assert key == tiny_bases.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "150"])
+    assert key != tiny_bases.cache_key(["--op-mix", "add=0.5,sub=0.5", "--steps", "151"])
 
 
 @pytest.mark.slow
 def test_cached_base_is_built_once_outside_the_package(tmp_path: Path) -> None:
-    build = _build_script()
     options = ["--op-mix", "add=0.5,add3=0.5", "--eval-ops", "add3", "--steps", "2"]
-    first = build.cached_base(options, name="probe", cache_root=tmp_path)
+    first = tiny_bases.cached_base(options, name="probe", cache_root=tmp_path)
     assert first.parent == tmp_path and first.name.startswith("probe-")
     info = json.loads((first / "build_info.json").read_text())
     assert info["fixed_steps"] == 2 and info["eval_ops"] == ["add3"] and "greedy_add3_accuracy" in info
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert build.cached_base(options, name="probe", cache_root=tmp_path) == first
+    assert tiny_bases.cached_base(options, name="probe", cache_root=tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt
     AutoModelForCausalLM.from_pretrained(first)

@@ -59,15 +59,15 @@ def test_reinforce_ada_groups_use_the_mean_of_every_draw_whatever_the_advantage_
     assert torch.allclose(kept.advantages, torch.tensor([1.0, -1.0]))
 
 
-def _tiny_trainer(loss: str = "grpo"):
+def _tiny_trainer(loss: str = "grpo", policy=None, **options):
     from node.config import AdapterConfig, ModelConfig
     from node.policy.model import build_policy
     from node.train.trainer import Trainer
 
-    policy = build_policy(ModelConfig(device="cpu"), AdapterConfig(), seed=0)
+    policy = policy or build_policy(ModelConfig(device="cpu"), AdapterConfig(), seed=0)
     return policy, Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
                            loss=loss, eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
-                           temperature=1.0)
+                           temperature=1.0, **options)
 
 
 def _peer_group(anchor: float) -> TrainGroup:
@@ -88,15 +88,30 @@ def test_a_step_against_absurd_behaviour_logprobs_is_finite():
     assert any(not torch.equal(before[k], after[k]) for k in after)
 
 
-def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
-    policy, trainer = _tiny_trainer("topr")
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(fused):
+    policy, trainer = _tiny_trainer("topr", fused=fused)
     before = {k: v.clone() for k, v in policy.trainable_state().items()}
-    param = next(p for p in policy.model.parameters() if p.requires_grad)
-    handle = param.register_hook(lambda grad: grad * float("nan"))
-    try:
+    if fused:  # the fused pass writes the adapters' gradients itself: poison what flows into it
+        assert trainer.fused is not None
+        pass_logprobs = trainer.fused.logprobs
+
+        def poisoned(*args, **kwargs):
+            out = pass_logprobs(*args, **kwargs)
+            out.register_hook(lambda grad: grad * float("nan"))
+            return out
+
+        trainer.fused.logprobs = poisoned  # type: ignore[method-assign]
         stats = trainer.step([_peer_group(-1.0)])
-    finally:
-        handle.remove()
+        trainer.fused.logprobs = pass_logprobs  # type: ignore[method-assign]
+    else:
+        assert trainer.fused is None
+        param = next(p for p in policy.model.parameters() if p.requires_grad)
+        handle = param.register_hook(lambda grad: grad * float("nan"))
+        try:
+            stats = trainer.step([_peer_group(-1.0)])
+        finally:
+            handle.remove()
     assert stats["skipped_steps"] == 1.0 and trainer.skipped_steps == 1 and stats["grad_norm"] == 0.0
     after = policy.trainable_state()
     assert all(torch.equal(before[k], after[k]) for k in after)  # nothing applied
@@ -105,7 +120,7 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted():
     assert any(not torch.equal(before[k], v) for k, v in policy.trainable_state().items())
 
 
-def _own_group(policy, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> TrainGroup:
+def _own_group(trainer, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> TrainGroup:
     """The node's own group whose behaviour log-probs are the trainer's own plus ``behaviour_shift`` a token
     (what an engine that rounds differently reports)."""
     from node.policy.logprobs import right_pad, shared_prompt_logprobs
@@ -114,7 +129,10 @@ def _own_group(policy, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> Train
     prompt = [1, 4, 5]
     c_ids, c_mask = right_pad(completions, 0, torch.long)
     with torch.no_grad():  # computed as the trainer computes them, so a shift of 0 is a ratio of exactly 1
-        lps = shared_prompt_logprobs(policy.model, [prompt] * len(completions), c_ids, c_mask, pad_id=0)
+        if trainer.fused is not None:
+            lps = trainer.fused.logprobs([prompt] * len(completions), completions, pad_id=0)
+        else:
+            lps = shared_prompt_logprobs(trainer.policy.model, [prompt] * len(completions), c_ids, c_mask, pad_id=0)
     behaviour = [[float(x) + behaviour_shift for x in lps[i, : len(c)]] for i, c in enumerate(completions)]
     g = TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=completions,
                    anchor_logprobs=behaviour, rewards=list(rewards))
@@ -133,7 +151,7 @@ def test_the_engine_mismatch_correction_weights_own_tokens_by_the_capped_trainer
         trainer = Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
                           loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
                           temperature=1.0, engine_is_cap=cap)
-        group = _own_group(policy, shift, rewards=(1.0, 0.0))
+        group = _own_group(trainer, shift, rewards=(1.0, 0.0))
         group.peer_id = peer
         group.advantages = torch.tensor([1.0, 0.5])  # positives only: TOPR's weight is 1 without correction
         return trainer.step([group])["loss"]
@@ -156,7 +174,7 @@ def test_with_the_correction_an_own_negative_is_not_tapered_by_the_engine_gap():
         trainer = Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
                           loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
                           temperature=1.0, engine_is_cap=cap)
-        group = _own_group(policy, 0.5, rewards=(1.0, 0.0))
+        group = _own_group(trainer, 0.5, rewards=(1.0, 0.0))
         group.advantages = torch.tensor([0.0, -1.0])  # one negative of two tokens
         return trainer.step([group])["loss"]
 
@@ -252,8 +270,7 @@ def test_the_alignment_of_own_and_peer_gradients_is_their_cosine_and_leaves_the_
     measured = {k: v.clone() for k, v in policy.trainable_state().items()}
     assert any(not torch.equal(measured[k], v) for k, v in start.items())  # it did update
     policy.load_trainable_state(start)
-    _, plain = _tiny_trainer("reinforce")
-    plain.policy = policy
+    _, plain = _tiny_trainer("reinforce", policy=policy)
     plain.optimizer = sgd(policy)
     assert "peer_alignment" not in plain.step(_twin_groups([1.0, 0.0]))
     for k, v in policy.trainable_state().items():

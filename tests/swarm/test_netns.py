@@ -1,7 +1,7 @@
 """Real processes on separate network hosts (Linux namespaces this test creates): NAT and partitions.
 
 Each node is ``scripts/lab/swarm_probe.py``: its own Python, its own p2pd, a real ``SwarmTransport`` that
-publishes a small batch every second. The lab (``scripts/lib/netns_lab.py``) puts public hosts on
+publishes a small batch every second. The lab (``scripts/lib/netlab/netns.py``) puts public hosts on
 203.0.113.0/24 and NATed hosts behind a masquerading router; every namespace and interface is removed
 at teardown, failed or not. Skipped, with the reason, where namespaces cannot be created (not root, no
 ``ip`` or ``nft``; ``scripts/dev/ci_deps.sh`` installs them) -- except where ``SWARM_NODE_NETNS=require`` (CI
@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.scripts import load_script
+from scripts.lib.netlab import netns as netns_lab
+from scripts.lib.netlab import swarm as lab_swarm
 
 PORT = 31337
 
 
-netns_lab = load_script("lib/netns_lab")
 _REASON = netns_lab.netns_unavailable_reason()
 _REQUIRED = os.environ.get("SWARM_NODE_NETNS") == "require"
 pytestmark = pytest.mark.skipif(_REASON is not None and not _REQUIRED, reason=str(_REASON))
@@ -176,7 +176,6 @@ def test_partitioned_groups_go_on_and_exchange_again_after_healing(lab: Any) -> 
         assert not last_stats(node)["offences"], last_stats(node)
 
 
-lab_swarm = load_script("lib/lab_swarm")
 SMALL_STEPS = ["train.eval_every=0", "train.checkpoint_every=1000", "tasks.eval_size=8", "sapo.local_groups=4",
                "sapo.external_groups=4", "sapo.generated_groups=4", "generation.group_size=4"]
 
@@ -281,47 +280,58 @@ def _doc_commands(page: str, heading: str) -> list[list[str]]:
     return [lab_swarm.cli(*c[1:]) for c in commands]
 
 
-# 22 s at a load average of 4 to 7: a host and two tiny-base members, the docs' commands as written
+# 60 to 90 s at a load average of 8 to 12: a host and two tiny-base members on one machine, the docs' commands
 @pytest.mark.timeout(1200)
-def test_the_docs_host_and_join_commands_form_a_swarm(lab: Any, tmp_path: Any) -> None:
-    """docs/swarm.md's "Host a swarm" and "Join a swarm" commands as written (``host.example.org`` resolves
-    to the host's namespace): the owner signs, the host serves, `swarm verify` reads the descriptor from the
-    host's URL, and two members behind NAT join with the one command and accept each other's batches."""
+def test_the_docs_host_and_join_commands_form_a_swarm_on_one_machine(lab: Any, tmp_path: Any) -> None:
+    """docs/swarm.md's "Host a swarm" and "Join a swarm" commands as written, all on the host's own machine (one
+    namespace; ``host.example.org`` resolves to it): the owner signs, the host serves and prints the very join
+    command the docs give, `swarm verify` reads the descriptor from the host's URL, a member joins with that
+    command and a second one with the documented run dir and status port, they accept each other's batches,
+    and `swarm-node status` answers with no flags."""
+    import shlex
+
     page = (lab_swarm.ROOT / "docs" / "swarm.md").read_text()
     init, host_cmd, verify = _doc_commands(page, "Host a swarm")
-    (join,) = _doc_commands(page, "Join a swarm")
-    host, m1, m2 = lab.add_host(), lab.add_host(nat=True), lab.add_host(nat=True)
-    dirs = {name: tmp_path / name for name in ("host", "m1", "m2")}
-    for folder in dirs.values():
-        folder.mkdir()
-        (folder / "configs").symlink_to(lab_swarm.ROOT / "configs")
-    with lab_swarm.names_resolved([host, m1, m2], {"host.example.org": host.ip}):
-        subprocess.run(init, cwd=dirs["host"], env=lab_swarm.process_env(dirs["host"]), check=True, timeout=120,
-                       capture_output=True)
+    join, status = _doc_commands(page, "Join a swarm")
+    machine = lab.add_host()
+    here = tmp_path / "machine"
+    here.mkdir()
+    (here / "configs").symlink_to(lab_swarm.ROOT / "configs")
+    env = lab_swarm.process_env(here)
+    with lab_swarm.names_resolved([machine], {"host.example.org": machine.ip}):
+        subprocess.run(init, cwd=here, env=env, check=True, timeout=120, capture_output=True)
         log = open(tmp_path / "host.log", "wb")  # noqa: SIM115 -- kept open by the child
-        served = host.popen(host_cmd, cwd=dirs["host"], env=lab_swarm.process_env(dirs["host"]), stdout=log,
-                            stderr=subprocess.STDOUT)
-        lab_swarm.wait_for_text(tmp_path / "host.log", "members join with", 120, served)
-        checked = subprocess.run(m1.command(*verify), cwd=dirs["m1"], env=lab_swarm.process_env(dirs["m1"]),
-                                 capture_output=True, text=True, timeout=120)
+        served = machine.popen(host_cmd, cwd=here, env=env, stdout=log, stderr=subprocess.STDOUT)
+        said = lab_swarm.wait_for_text(tmp_path / "host.log", r"members join with: (.*)\n", 120, served).group(1)
+        documented = page[page.index("## Join a swarm"):].split("```bash\n", 1)[1].splitlines()[0]
+        assert said == documented, (said, documented)  # the CLI prints the docs' command
+        checked = subprocess.run(machine.command(*verify), cwd=here, env=env, capture_output=True, text=True,
+                                 timeout=120)
         assert checked.returncode == 0 and "is valid" in checked.stdout, checked.stderr
+        second = [*join, *shlex.split("--run-dir runs/public2 api.port=8771")]  # as the docs say, for a second one
+        started = time.time()
         members = {}
-        for name, where in (("m1", m1), ("m2", m2)):
+        for name, command in (("m1", join), ("m2", second)):
             out = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 -- kept open by the child
-            members[name] = where.popen(join, cwd=dirs[name], env=lab_swarm.process_env(dirs[name]), stdout=out,
-                                        stderr=subprocess.STDOUT)
+            members[name] = machine.popen(command, cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT)
+        run_dirs = {"m1": here / "runs" / "public", "m2": here / "runs" / "public2"}
 
         def accepted(name: str) -> int:
-            path = dirs[name] / "runs" / "public" / "metrics.jsonl"
+            path = run_dirs[name] / "metrics.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
             return max((r.get("batches_accepted", 0) for r in rows), default=0)
 
         assert wait_until(lambda: accepted("m1") > 0 and accepted("m2") > 0, 600), (
             (tmp_path / "m1.log").read_text()[-2000:], (tmp_path / "m2.log").read_text()[-2000:])
+        took = time.time() - started
+        asked = subprocess.run(machine.command(*status), cwd=here, env=env, capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0 and "connected" in asked.stdout and "NOT CONNECTED" not in asked.stdout, (
+            asked.stdout, asked.stderr)
         for proc in members.values():
             proc.send_signal(signal.SIGTERM)
         assert [proc.wait(timeout=120) for proc in members.values()] == [0, 0]
         served.send_signal(signal.SIGTERM)
         assert served.wait(timeout=60) == 0
     said = (tmp_path / "m1.log").read_text()
-    assert "joining swarm my-swarm" in said and "client mode" in said and "connected:" in said
+    assert "joining swarm my-swarm" in said and "connected:" in said
+    print(f"two members and a host on one machine: both accepted a peer batch {took:.0f} s after they started")

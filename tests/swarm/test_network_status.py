@@ -25,6 +25,9 @@ def test_each_state_has_its_reason() -> None:
     assert reason(neighbours=1) == "joined: 1 DHT neighbour"
     assert reason(neighbours=3) == "joined: 3 DHT neighbours"
     assert reason().startswith("listening, no peer has answered yet")
+    assert reason(up=False, initial_peers=1, join_failures=3, lost_for=42.4, retry_cap=15.0) == (
+        "lost every peer 42 s ago; dialing the initial and remembered peers again every 15 s at most "
+        "(3 attempts failed)")
 
 
 def test_connected_means_at_least_one_peer_answered() -> None:

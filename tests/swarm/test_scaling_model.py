@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "lab"))
+from tests.scripts import load_script
 
-import scaling_model  # noqa: E402
-from scaling_model import Params, Swarm, per_node  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
+scaling_model = load_script("lab/scaling_model")
+Params, Swarm, per_node = scaling_model.Params, scaling_model.Swarm, scaling_model.per_node
 
 
 def test_a_poll_at_four_nodes_costs_what_the_formula_says_by_hand() -> None:

@@ -4,6 +4,7 @@
 
 const REFRESH_MS = 3000;
 const EPOCHS = 8;  // the epochs the host keeps per member
+const HISTORY = 60;  // epochs of the swarm's totals in the charts
 const charts = {};
 
 function ago(t, now) { return t === null || t === undefined ? "-" : duration(Math.max(0, now - t)) + " ago"; }
@@ -12,6 +13,7 @@ function bytes(n) {
   if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
   return (n / 1024 / 1024).toFixed(1) + " MiB";
 }
+function clock(t) { return new Date(t * 1000).toTimeString().slice(0, 5); }
 function short(id) { return id && id.length > 16 ? id.slice(0, 8) + "…" + id.slice(-6) : (id || "-"); }
 
 function renderHost(doc) {
@@ -29,13 +31,20 @@ function renderHost(doc) {
   const natted = doc.members.filter((m) => m.natted).length;
   setValue("members", doc.members.length, String(doc.members.length));
   $("members-sub").textContent = natted + " behind NAT";
-  const announced = doc.members.reduce((a, m) => a + m.announced, 0);
-  const pulled = doc.members.reduce((a, m) => a + m.pulled + m.handed_off, 0);
-  setValue("announced", announced, String(announced) + " announced");
-  setValue("pulled", pulled, pulled + " pulled or handed to this host");
-  setValue("network", net.connected, net.connected ? "connected" : "not connected");
+  // Each batch once per way it came: pulled + handed off = verified here, never more than the batches known.
+  const sum = (rows, field) => rows.reduce((a, m) => a + field(m), 0);
+  const announced = sum(doc.members, (m) => m.announced);
+  const pulled = sum(doc.members, (m) => m.pulled), handed = sum(doc.members, (m) => m.handed_off);
+  setValue("announced", announced, announced + " announced");
+  setValue("pulled", pulled + handed, pulled + " pulled from members · " + handed + " handed to this host");
+  const total = (way) => sum(doc.members, (m) => m.totals[way]);
+  setValue("total-announced", total("announced"), total("announced") + " announced");
+  setValue("total-pulled", total("pulled") + total("handed_off"),
+    total("pulled") + " pulled · " + total("handed_off") + " handed to this host");
+  setValue("network", net.connected, net.connected ? "connected" : "no member connected");
   $("network").className = "value " + (net.connected ? "up" : "down");
-  setValue("network-reason", net.reason, net.reason + " · " + h.counters.peers_connected + " peers connected");
+  setValue("network-reason", net.reason, net.connections + " peers connected · " + net.neighbours +
+    " DHT neighbours · " + net.reason);
   const up = doc.hosts.filter((x) => x.ok).length;
   setValue("hosts-up", up, doc.hosts.length ? up + " / " + doc.hosts.length : "none");
   $("hosts-sub").textContent = doc.hosts.length ? "pinged every few tens of seconds" : "this is the only host";
@@ -70,12 +79,15 @@ function fillTable(id, rows, empty, cellsOf) {
 function renderMembers(doc) {
   fillTable("members-table", doc.members, "no member seen yet", (m, tr) => {
     tr.dataset.member = m.peer_id;
-    const perEpoch = m.epochs.map((e) => e.announced + "/" + e.pulled + "/" + e.handed_off).join(" · ");
+    const perEpoch = m.epochs.map((e) => clock(e.start) + " " + e.announced + "/" + e.pulled + "/" + e.handed_off)
+      .join(" · ");
+    const t = m.totals;
     return [["peer", short(m.peer_id), m.peer_id], ["model", m.model || "-", m.model],
       ["tokenizer", m.tokenizer || "-", m.tokenizer], ["protocol", m.protocol === null ? "-" : "v" + m.protocol, m.protocol],
       ["natted", m.natted ? "yes" : "no", m.natted], ["announced", String(m.announced), m.announced],
       ["pulled", String(m.pulled), m.pulled], ["handed_off", String(m.handed_off), m.handed_off],
-      ["epochs", perEpoch, JSON.stringify(m.epochs)], ["first_seen", ago(m.first_seen, doc.time), m.first_seen],
+      ["epochs", perEpoch, JSON.stringify(m.epochs)],
+      ["totals", t.announced + "/" + t.pulled + "/" + t.handed_off, JSON.stringify(t)], ["first_seen", ago(m.first_seen, doc.time), m.first_seen],
       ["last_seen", ago(m.last_seen, doc.time), m.last_seen]];
   });
 }
@@ -91,27 +103,24 @@ function renderHosts(doc) {
 }
 
 function epochSeries(doc) {
-  // Oldest epoch first: sums over members of what each epoch saw.
-  const epochs = doc.members.length ? doc.members[0].epochs.map((e) => e.epoch).reverse() : [];
-  const sum = (field) => epochs.map((ep) => doc.members.reduce((a, m) => {
-    const e = m.epochs.find((x) => x.epoch === ep);
-    return a + (e ? e[field] : 0);
-  }, 0));
-  const active = epochs.map((ep) => doc.members.filter((m) => m.epochs.some((e) => e.epoch === ep && e.announced > 0)).length);
-  return { epochs, announced: sum("announced"), pulled: sum("pulled"), handed: sum("handed_off"), active };
+  // The swarm per epoch, oldest first, at each epoch's start time (Unix seconds).
+  const h = doc.history;
+  return { times: h.map((e) => e.start), announced: h.map((e) => e.announced), pulled: h.map((e) => e.pulled),
+    handed: h.map((e) => e.handed_off), members: h.map((e) => e.members) };
 }
 
 function chartWidth(el) { return Math.max(300, el.clientWidth - 20); }
 
 function drawCharts(doc) {
   const d = epochSeries(doc);
-  const data = { "chart-epochs": [d.epochs, d.announced, d.pulled, d.handed], "chart-members": [d.epochs, d.active] };
+  const data = { "chart-epochs": [d.times, d.announced, d.pulled, d.handed], "chart-members": [d.times, d.members] };
   if (!charts["chart-epochs"]) {
-    const line = (label, stroke) => ({ label, stroke, width: 2, points: { show: true, size: 5 } });
+    const line = (label, stroke) => ({ label, stroke, width: 2, points: { show: true, size: 4 } });
     const make = (id, series) => {
       const el = $(id);
-      charts[id] = new uPlot({ width: chartWidth(el), height: 210, scales: { x: { time: false } },
-        axes: [{ label: "epoch", values: (u, ticks) => ticks.map((t) => String(t)) }, {}], legend: { live: false }, series: [{ label: "epoch" }, ...series] }, data[id], el);
+      charts[id] = new uPlot({ width: chartWidth(el), height: 210, scales: { x: { time: true } },
+        axes: [{ label: "epoch start" }, {}], legend: { live: false },
+        series: [{ label: "epoch start" }, ...series] }, data[id], el);
     };
     make("chart-epochs", [line("announced", OWN), line("pulled here", THIRD), line("handed to this host", PEERS)]);
     make("chart-members", [line("members announcing", OWN)]);
@@ -120,13 +129,14 @@ function drawCharts(doc) {
   }
   for (const [id, values] of Object.entries(data)) {
     $(id).dataset.points = String(values[0].length);
+    $(id).dataset.first = values[0].length ? String(values[0][0]) : "";
     $(id).dataset.last = values[0].length ? String(values[1][values[1].length - 1]) : "";
   }
 }
 
 async function refresh() {
   try {
-    const res = await fetch("/api/swarm?epochs=" + EPOCHS, { cache: "no-store" });
+    const res = await fetch("/api/swarm?epochs=" + EPOCHS + "&history=" + HISTORY, { cache: "no-store" });
     if (!res.ok) throw new Error("/api/swarm: HTTP " + res.status);
     const doc = await res.json();
     renderHost(doc);

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COSTS = ("step_seconds", "exchange_seconds", "wire_encode_seconds", "wire_verify_seconds", "ingest_seconds")
 
 

@@ -94,7 +94,7 @@ PROFILES = {
 }
 """The wide-area profiles of ``scripts/lab/wan_swarm.py`` (issue: lan, continental, intercontinental, bad-home)."""
 
-LINKEM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab", "linkem.py")
+LINKEM = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "lab", "linkem.py")
 
 
 @dataclass(eq=False)
@@ -293,7 +293,7 @@ def lab_namespaces(tag: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(tag)]
 
 
-PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab", "swarm_probe.py")
+PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "lab", "swarm_probe.py")
 
 
 class Probe:

@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
-sys.path.insert(0, str(ROOT / "scripts" / "build"))  # build_tiny_base
 
-from sapo_progress import PER_STEP, resume, save_progress, step_into, with_segment  # noqa: E402
+from scripts.lib.sapo.progress import PER_STEP, resume, save_progress, step_into, with_segment  # noqa: E402
 
 # Peer-data treatment, one arm each. The TOPR silo is the baseline of the TOPR and REC arms (on a node's
 # own fresh samples the ratio is 1, so TOPR, its uncorrected form and REC train identically there); the
@@ -92,7 +90,7 @@ BASELINE_OF: dict[str, str] = {**SILO_OF, **VARIANT_OF}
 REMIX_N, REMIX_K = 8, 2
 
 # Tiny base models: ``scripts/build/build_tiny_base.py`` options ([] is the shipped tiny-base), built once and
-# cached under runs/tiny-bases/ (see ``build_tiny_base.cached_base``). A node type's base that is not a key
+# cached under runs/tiny-bases/ (see ``scripts.lib.tiny_bases.cached_base``). A node type's base that is not a key
 # here is a model the node resolves by name (``small-base``, ``smollm2-135m``).
 BASES: dict[str, list[str]] = {
     "tiny-base": [],
@@ -259,7 +257,7 @@ def base_path(kind: str) -> str:
         return kind
     if not BASES[kind]:
         return "tiny-base"
-    from build_tiny_base import cached_base
+    from scripts.lib.tiny_bases import cached_base
 
     return str(cached_base(BASES[kind], name=kind))
 

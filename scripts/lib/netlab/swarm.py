@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["API_PORT", "PORT", "Member", "cli", "init_swarm", "member_command", "names_resolved", "remembered",
+__all__ = ["API_PORT", "PORT", "Member", "cli", "host_peer_id", "init_swarm", "member_command", "names_resolved", "remembered",
            "start_host", "start_member", "wait_for_text"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PORT = 31337
 API_PORT = 8780
 CLI = [sys.executable, "-m", "node.cli"]
@@ -73,11 +73,20 @@ def start_host(popen: Any, descriptor: str, run_dir: Path, key: Path, *extra: st
     return proc
 
 
-def member_command(source: str, run_dir: Path, ip: str, *, nat: bool, extra: list[str] = ()) -> list[str]:  # type: ignore[assignment]
-    """``swarm-node start --swarm SOURCE``: a member's own settings only (listen address, NAT mode, trace)."""
+def member_command(source: str, run_dir: Path, ip: str, *, nat: bool | None, extra: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    """``swarm-node start --swarm SOURCE``: a member's own settings only (listen address, NAT mode, trace).
+    ``nat=None`` leaves the config's ``client_mode: auto``: the member finds out whether peers can dial it."""
+    mode = [] if nat is None else [f"swarm.client_mode={'true' if nat else 'false'}"]
     return cli("start", "--swarm", source, "-c", str(ROOT / "configs" / "public-swarm.yaml"), "--run-dir",
-               str(run_dir), "--no-progress", f"swarm.host_maddrs=[/ip4/{ip}/tcp/{PORT}]",
-               f"swarm.client_mode={'true' if nat else 'false'}", "swarm.trace_path=trace.jsonl", *extra)
+               str(run_dir), "--no-progress", f"swarm.host_maddrs=[/ip4/{ip}/tcp/{PORT}]", *mode,
+               "swarm.trace_path=trace.jsonl", *extra)
+
+
+def host_peer_id(descriptor: Path, index: int = 0) -> str:
+    """The libp2p peer id of a descriptor's ``index``-th host (the last ``/p2p/`` of its address)."""
+    import yaml
+
+    return str(yaml.safe_load(descriptor.read_text())["hosts"][index]).rsplit("/p2p/", 1)[1]
 
 
 def remembered(run_dir: Path) -> list[str]:
@@ -154,9 +163,10 @@ class Member:
         return sum(1 for _ in path.open()) if path.exists() else 0
 
 
-def start_member(popen: Any, source: str, run_dir: Path, ip: str, *, nat: bool, extra: list[str] = ()) -> Member:  # type: ignore[assignment]
+def start_member(popen: Any, source: str, run_dir: Path, ip: str, *, nat: bool | None,
+                 extra: list[str] = ()) -> Member:  # type: ignore[assignment]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = open(run_dir.with_suffix(".log"), "wb")  # noqa: SIM115 -- kept open by the child
+    log = open(run_dir.with_suffix(".log"), "ab")  # noqa: SIM115 -- kept open by the child; a restart appends
     run_dir.mkdir(parents=True, exist_ok=True)
     proc = popen(member_command(source, run_dir, ip, nat=nat, extra=list(extra)), stdout=log,
                  stderr=subprocess.STDOUT, env=process_env(run_dir), cwd=ROOT, start_new_session=True)

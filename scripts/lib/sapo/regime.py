@@ -13,8 +13,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from sapo_plots import DRY, dry_step
-from sapo_runs import SILO_OF, silo_split
+from scripts.lib.sapo.plots import DRY, dry_step
+from scripts.lib.sapo.runs import SILO_OF, silo_split
 
 
 def _mean_signal(res: dict[str, Any]) -> list[float]:

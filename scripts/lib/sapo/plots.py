@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sapo_runs import BASELINE_OF, SILO_OF, VARIANT_OF
+from scripts.lib.sapo.runs import BASELINE_OF, SILO_OF, VARIANT_OF
 
 DRY = 0.3  # the share of own groups with signal below which a node's own groups have run dry
 

@@ -13,7 +13,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from netns_lab import percentile
+from scripts.lib.netlab.netns import percentile
 
 _COUNTERS = ("polls", "poll_ms", "poll_key_timeouts", "pulls_failed", "pulls_stalled", "stalls_forgiven",
              "stalls_retried", "pulls_unreachable", "publish_failed", "handoffs_sent", "handoffs_held",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -36,7 +37,9 @@ class _NoEos:
 
 def profiler_events(backend: HFBackend, prompts: list[list[int]], tokens: int) -> int:
     gen = torch.Generator(device=backend.policy.device).manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    # no stop id either (the model's generation config declares its eos too): every row runs every position
+    with mock.patch("node.generation.sampling.stop_ids", lambda model, tokenizer: ()), \
+            profile(activities=[ProfilerActivity.CPU]) as prof:
         backend.generate(prompts, SamplingSettings(max_new_tokens=tokens), gen)
     return len(prof.events())
 

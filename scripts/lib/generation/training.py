@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import torch
-from bench_generation import engine_config, load_model, step_prompts, sync_device, workload
 
 from node.generation.base import GenerationBackend, SamplingSettings
+from scripts.lib.generation.workload import engine_config, load_model, step_prompts, sync_device, workload
 
 
 def run_training(args: argparse.Namespace) -> None:
