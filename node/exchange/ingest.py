@@ -51,13 +51,12 @@ from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSetting
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import (
-    left_pad,
     logit_micro_batches,
     right_pad,
-    sequence_logprobs,
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
+from node.policy.remix_logprobs import routed_logprobs
 from node.policy.special import stop_ids
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup
@@ -474,11 +473,9 @@ class Ingestor:
             if self.policy.remix is None:  # a group's prompt runs once for all of its completions
                 lps = shared_prompt_logprobs(self.policy.model, prompts, comp_ids, comp_mask, pad_id=pad,
                                              temperature=self.temperature)
-            else:
-                self.policy.remix.deterministic()
-                prompt_ids, prompt_mask = left_pad(prompts, pad)
-                lps = sequence_logprobs(self.policy.model, prompt_ids.to(dev), prompt_mask.to(dev), comp_ids,
-                                        comp_mask, temperature=self.temperature, remix=self.policy.remix)
+            else:  # routed as generation routes it (top-k), once a prompt too
+                lps = routed_logprobs(self.policy.model, self.policy.remix.deterministic(), prompts, comp_ids,
+                                      comp_mask, pad_id=pad, temperature=self.temperature)
             for row, (group, i) in enumerate(chunk):
                 n = len(group.completions[i])
                 group.anchor_logprobs[i] = lps[row, :n].float().cpu().tolist()

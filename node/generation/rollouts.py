@@ -152,14 +152,24 @@ def score_tasks(backend: GenerationBackend, policy: Policy, source: TaskSource, 
                 settings: SamplingSettings, generator: torch.Generator | None = None) -> list[float]:
     """The score of one completion per task (greedy or sampled, as ``settings`` say); a task whose prompt
     does not fit the backend's context scores 0."""
+    return score_tasks_routed(backend, policy, source, tasks, settings, generator)[0]
+
+
+def score_tasks_routed(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task],
+                       settings: SamplingSettings, generator: torch.Generator | None = None,
+                       ) -> tuple[list[float], list[torch.Tensor | None]]:
+    """``score_tasks`` and, a task, the ReMix routing its completion used (``[L, k]``; None without ReMix
+    or for a task that did not fit)."""
     prompts = [encode_prompt(policy, source.format_prompt(t, policy.tokenizer)) for t in tasks]
     fit = [i for i, p in enumerate(prompts) if backend.max_len is None or len(p) < backend.max_len]
     scores = [0.0] * len(tasks)
+    routings: list[torch.Tensor | None] = [None] * len(tasks)
     if fit:
         out = backend.generate([prompts[i] for i in fit], settings, generator)
         for row, i in enumerate(fit):
             scores[i] = float(source.score(tasks[i], decode_completion(policy, out.row(row)[0])))
-    return scores
+            routings[i] = out.routing[row] if out.routing is not None else None
+    return scores, routings
 
 
 def greedy_accuracy(backend: GenerationBackend, policy: Policy, source: TaskSource, tasks: list[Task], *,

@@ -75,6 +75,7 @@ class RemixAdapter:
         self._m = 1
         self._generator: torch.Generator | None = None
         self._prompt_mask: torch.Tensor | None = None
+        self._units: torch.Tensor | None = None
         self._hooks: list[Any] = []
 
     # ----- building ---------------------------------------------------------------------------------
@@ -139,18 +140,23 @@ class RemixAdapter:
     def num_layers(self) -> int:
         return len(self._layers)
 
-    def set_prompt_mask(self, prompt_mask: torch.Tensor) -> None:
+    def set_prompt_mask(self, prompt_mask: torch.Tensor, units: torch.Tensor | None = None) -> None:
         """Start a new batch: ``prompt_mask`` is ``BoolTensor[R, T]``, True on prompt tokens.
 
         ``T`` is the length of the first forward that follows (the prompt for ``generate``; prompt plus
-        completion in training). In sampled mode ``R`` must be a multiple of ``m``. Forgets the routing
-        of the previous batch.
+        completion in training). In sampled mode ``R`` must be a multiple of ``m``, and ``units``
+        (``LongTensor[R]``, optional) makes rows of one unit share their draws: the rows of a group's
+        prompt under one of its M routings, so that they are routed as that prompt run once
+        (:func:`node.policy.remix_logprobs.routed_logprobs`) is. Forgets the routing of the previous batch.
         """
         if prompt_mask.dim() != 2:
             raise RemixError(f"prompt_mask must be [batch, tokens], got shape {tuple(prompt_mask.shape)}")
         if self._mode == "sampled" and prompt_mask.shape[0] % self._m:
             raise RemixError(f"prompt_mask has {prompt_mask.shape[0]} rows, not a multiple of m={self._m}")
+        if units is not None and tuple(units.shape) != (prompt_mask.shape[0],):
+            raise RemixError(f"units must be [rows] = [{prompt_mask.shape[0]}], got {tuple(units.shape)}")
         self._prompt_mask = prompt_mask.to(torch.bool)
+        self._units = units
         for routing in self._routings:
             routing.clear()
 
@@ -188,7 +194,7 @@ class RemixAdapter:
             if self._mode == "deterministic":
                 indices = torch.topk(logits, self.spec.k, dim=-1).indices
             else:
-                indices = gumbel_topk(logits, self.spec.k, self._generator)
+                indices = gumbel_topk(logits, self.spec.k, self._generator, self._units)
         routing.set(x_pool, indices, self.spec.n)
         counts = self._counts_of(index)  # in place: allowed on a buffer made outside inference mode
         counts += torch.bincount(indices.flatten(), minlength=self.spec.n).to(counts.device)

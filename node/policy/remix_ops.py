@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,21 +28,29 @@ class RemixError(NodeError, ValueError):
     """A ReMix adapter is used wrongly (missing prompt mask, mismatched shapes, bad checkpoint)."""
 
 
-def gumbel_topk(logits: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+def gumbel_topk(logits: torch.Tensor, k: int, generator: torch.Generator | None = None,
+                units: torch.Tensor | None = None) -> torch.Tensor:
     """Draw k of n indices per row without replacement, in Plackett-Luce order (Gumbel-top-k).
 
     Args:
         logits: ``[R, n]`` unnormalised router scores.
         k: how many indices per row, ``1 <= k <= n``.
         generator: on ``logits.device``; ``None`` uses the global generator.
+        units: optional ``LongTensor[R]``: rows with the same unit share one draw of noise (``U`` draws for
+            units ``0 .. U-1``, consumed from ``generator`` as ``U`` rows would be), so rows with equal logits
+            and equal units get the same routing.
 
     Returns:
         ``LongTensor[R, k]``: column ``j`` is the j-th draw, so the order is the sampling order.
     """
     if not 1 <= k <= logits.shape[-1]:
         raise RemixError(f"k={k} must be between 1 and n={logits.shape[-1]}")
-    exponential = torch.empty_like(logits, dtype=torch.float32).exponential_(generator=generator)
+    rows = logits.shape[0] if units is None else int(units.max()) + 1
+    exponential = torch.empty((rows, logits.shape[-1]), device=logits.device,
+                              dtype=torch.float32).exponential_(generator=generator)
     gumbel = -torch.log(exponential)  # -log(Exp(1)) is Gumbel(0, 1)
+    if units is not None:
+        gumbel = gumbel[units.to(gumbel.device)]
     return torch.topk(logits.detach().float() + gumbel, k, dim=-1).indices
 
 
@@ -86,16 +95,19 @@ class LayerRouting:
     x_pool: torch.Tensor | None = None
     indices: torch.Tensor | None = None
     selected: torch.Tensor | None = None
+    _scales: dict[tuple[int, float, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
     def set(self, x_pool: torch.Tensor, indices: torch.Tensor, n: int) -> None:
         self.x_pool = x_pool
         self.indices = indices
         self.selected = torch.zeros(indices.shape[0], n, device=indices.device).scatter_(1, indices, 1.0)
+        self._scales = {}
 
     def clear(self) -> None:
         self.x_pool = None
         self.indices = None
         self.selected = None
+        self._scales = {}
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep (or repeat) rows: row ``i`` becomes the old row ``rows[i]`` (a batch's cache rows copied or
@@ -103,6 +115,19 @@ class LayerRouting:
         if self.x_pool is None or self.indices is None or self.selected is None:
             return
         self.x_pool, self.indices, self.selected = self.x_pool[rows], self.indices[rows], self.selected[rows]
+        self._scales = {}
+
+    def rank_scale(self, rank: int, omega: float, dtype: torch.dtype) -> torch.Tensor:
+        """``[R, n*rank]``: ``omega`` on the rank dimensions of each row's selected LoRAs, 0 elsewhere; made once a
+        batch (and after each :meth:`select_rows`) and shared by the layer's linears and decode steps."""
+        key = (rank, omega, dtype)
+        scale = self._scales.get(key)
+        if scale is None:
+            if self.selected is None:
+                raise RemixError("no routing for this batch: call adapter.set_prompt_mask(...) before the forward")
+            scale = (self.selected * omega).to(dtype).repeat_interleave(rank, dim=1)
+            self._scales[key] = scale
+        return scale
 
 
 class RemixLinear(nn.Module):
@@ -113,17 +138,23 @@ class RemixLinear(nn.Module):
     Adapter parameters are float32 when the base is half precision; inputs are cast to them and the
     update is cast back to the base output's dtype.
 
-    Two exact evaluations of the same sum, picked by ``n <= dense_max_ratio * k``:
+    Two exact evaluations of the same sum, a fixed number of operations each whatever n and k (no loop
+    over LoRAs), picked per call by their cost (:meth:`path_for`):
 
-    - dense-masked: two plain matmuls through all n LoRAs with the non-selected ones multiplied by 0
-      (their gradients are exactly 0); cheapest when n/k is small, as in the paper's n=8, k=2..4.
-    - gathered: per row, gather the k selected LoRAs into one rank-(k*r) LoRA and use batched matmuls;
-      the LoRA FLOPs scale with k, not n.
+    - dense-masked: the n LoRAs as one rank-``n*r`` LoRA whose rank dimensions outside a row's k are
+      multiplied by 0 (their gradients are exactly 0): two plain matmuls, the second fused with the add.
+      Its LoRA FLOPs scale with n, but it reads each weight once for all rows, so it is the cheaper one
+      when a row has few tokens (a decode step: one token a row).
+    - gathered: per row, the k selected LoRAs gathered into one rank-``k*r`` LoRA, applied by two batched
+      matmuls (the second fused with the add); the LoRA FLOPs scale with k, at the price of a copy of the
+      selected weights per row, which pays once a row has several tokens (a prompt, a training row).
     """
 
     lora_A: nn.Parameter
     lora_B: nn.Parameter
-    dense_max_ratio: float = 4.0
+    path: Literal["auto", "dense", "gathered"] = "auto"
+    gather_cost: float = 8.0
+    """The gathered path's copy of a row's k LoRAs costs about this many multiply-adds per weight copied."""
 
     def __init__(self, base: nn.Linear, n: int, rank: int, omega: float, routing: LayerRouting) -> None:
         super().__init__()
@@ -137,41 +168,75 @@ class RemixLinear(nn.Module):
             nn.init.kaiming_uniform_(a[i], a=math.sqrt(5))
         self.lora_A = nn.Parameter(a)
         self.lora_B = nn.Parameter(torch.zeros(n, base.out_features, rank, device=weight.device, dtype=dtype))
+        self._b_flat: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    def path_for(self, tokens: int, k: int) -> str:
+        """``dense`` or ``gathered`` for rows of ``tokens`` tokens with k of the n LoRAs each: gathered when the
+        n - k LoRAs a dense row computes for nothing cost more than the copy of its k (``gather_cost``)."""
+        if self.path != "auto":
+            return self.path
+        n = self.lora_A.shape[0]
+        return "gathered" if tokens * (n - k) > self.gather_cost * k else "dense"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[R, ..., D_in]`` -> ``[R, ..., D_out]``; row ``b`` uses ``routing.indices[b]``."""
         y: torch.Tensor = self.base(x)
-        idx, selected = self.routing.indices, self.routing.selected
-        if idx is None or selected is None:
+        idx = self.routing.indices
+        if idx is None:
             raise RemixError(
                 "no routing for this batch: call adapter.set_prompt_mask(...) before the forward"
             )
         rows = x.shape[0]
         if idx.shape[0] != rows:
             raise RemixError(f"batch has {rows} rows but the routing has {idx.shape[0]}")
-        flat = x.reshape(rows, -1, x.shape[-1]).to(self.lora_A.dtype)  # [R, T, D_in]
-        if self.lora_A.shape[0] <= self.dense_max_ratio * idx.shape[1]:
-            update = self._dense_update(flat, selected)
+        flat = x.reshape(rows, -1, x.shape[-1])  # [R, T, D_in]
+        dtype = self.lora_A.dtype
+        fused = y.dtype == dtype  # the update is added inside the last matmul (else cast, then added)
+        if flat.dtype != dtype:
+            flat = flat.to(dtype)
+        out = y.reshape(rows, -1, y.shape[-1]) if fused else None
+        if self.path_for(flat.shape[1], idx.shape[1]) == "dense":
+            update = self._dense_update(flat, out)
         else:
-            update = self._gathered_update(flat, idx)
+            update = self._gathered_update(flat, idx, out)
+        if fused:
+            return update.reshape(y.shape)
         return y + update.reshape(y.shape).to(y.dtype)
 
-    def _dense_update(self, flat: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-        """``[R, T, D_in]``, ``[R, n]`` 0/1 -> ``[R, T, D_out]`` through all n LoRAs, masked."""
-        n, rank, d_in = self.lora_A.shape
-        scale = (selected.to(flat.dtype) * self.omega).repeat_interleave(rank, dim=1)  # [R, n*r]
-        hidden = F.linear(flat, self.lora_A.reshape(n * rank, d_in)) * scale.unsqueeze(1)  # [R, T, n*r]
-        b_all = self.lora_B.permute(1, 0, 2).reshape(-1, n * rank)  # [D_out, n*r]
-        return F.linear(hidden, b_all)
+    def _b_all(self) -> torch.Tensor:
+        """``[D_out, n*r]``: every LoRA's B side by side. Outside autograd the copy is kept until ``lora_B``
+        changes (an optimizer step or a load bumps its version), so decode steps do not remake it."""
+        n, d_out, rank = self.lora_B.shape
+        if torch.is_grad_enabled() and self.lora_B.requires_grad:
+            return self.lora_B.permute(1, 0, 2).reshape(d_out, n * rank)
+        key = (self.lora_B._version, self.lora_B.data_ptr())
+        if self._b_flat is None or self._b_flat[0] != key:
+            self._b_flat = (key, self.lora_B.detach().permute(1, 0, 2).reshape(d_out, n * rank))
+        return self._b_flat[1]
 
-    def _gathered_update(self, flat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """``[R, T, D_in]``, ``[R, k]`` -> ``[R, T, D_out]``: the k selected LoRAs as one rank-(k*r) LoRA."""
+    def _dense_update(self, flat: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """``[R, T, D_in]`` -> ``[R, T, D_out]`` through all n LoRAs, the unselected ones masked; added to
+        ``out`` (the base output) when given, else returned alone."""
+        n, rank, d_in = self.lora_A.shape
+        scale = self.routing.rank_scale(rank, self.omega, flat.dtype)  # [R, n*r]
+        hidden = F.linear(flat, self.lora_A.reshape(n * rank, d_in)) * scale.unsqueeze(1)  # [R, T, n*r]
+        b_all = self._b_all()
+        if out is None:
+            return F.linear(hidden, b_all)
+        rows, tokens, _ = hidden.shape
+        return torch.addmm(out.reshape(rows * tokens, -1), hidden.reshape(rows * tokens, -1), b_all.t())
+
+    def _gathered_update(self, flat: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """``[R, T, D_in]``, ``[R, k]`` -> ``[R, T, D_out]``: the k selected LoRAs as one rank-(k*r) LoRA;
+        added to ``out`` when given."""
         rows, k = idx.shape
         _, rank, d_in = self.lora_A.shape
         a_sel = self.lora_A[idx].reshape(rows, k * rank, d_in)  # [R, k*r, D_in]
-        b_sel = self.lora_B[idx].transpose(1, 2).reshape(rows, -1, k * rank)  # [R, D_out, k*r]
-        hidden = torch.bmm(flat, a_sel.transpose(1, 2)) * self.omega  # [R, T, k*r]
-        return torch.bmm(hidden, b_sel.transpose(1, 2))
+        b_sel = self.lora_B.transpose(1, 2)[idx].reshape(rows, k * rank, -1)  # [R, k*r, D_out]
+        hidden = torch.bmm(flat, a_sel.transpose(1, 2))  # [R, T, k*r]
+        if out is None:
+            return torch.bmm(hidden, b_sel) * self.omega
+        return torch.baddbmm(out, hidden, b_sel, alpha=self.omega)
 
     def extra_repr(self) -> str:
         n, rank, _ = self.lora_A.shape

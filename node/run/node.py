@@ -36,7 +36,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from node.api.metrics import MetricsWriter, peak_rss_mb
 from node.failpoints import crash_point
 from node.generation.base import SamplingSettings
-from node.generation.rollouts import greedy_accuracy, sample_groups, sample_groups_adaptive, split_by_fit
+from node.generation.rollouts import sample_groups, sample_groups_adaptive, score_tasks_routed, split_by_fit
 from node.policy.model import pick_device
 from node.run.checkpoint import CheckpointManager, CheckpointState, capture_rng
 from node.run.peers import PeerGroupsMixin
@@ -239,6 +239,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             record.update(self.exchange.metrics())
         if self._evaluation_due():
             record["eval_accuracy"] = self.evaluate()
+            record.update(self.eval_details)  # by dataset; ReMix: its routing of the held-out prompts
             self._last_eval = (self.step, record["eval_accuracy"])
         row = self.metrics.write(record)
         self.tracking.log(self.step, row, self.trainer.distributions if histograms else None)
@@ -271,11 +272,15 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             self._bar.set_description_str(f"evaluating {n} tasks", refresh=True)
         started = time.perf_counter()
         try:
-            value = greedy_accuracy(self.generator, self.policy, self.source, self.eval_tasks,
-                                    max_new_tokens=g.max_new_tokens)
+            scores, routings = score_tasks_routed(self.generator, self.policy, self.source, self.eval_tasks,
+                                                  SamplingSettings(max_new_tokens=g.max_new_tokens, greedy=True))
         finally:
             if self._bar is not None:
                 self._bar.set_description_str("", refresh=True)
+        value = sum(scores) / n if n else float("nan")
+        self.eval_details = eval_details(self.eval_tasks, scores, routings, self.policy.remix, self._eval_routing)
+        if self.policy.remix is not None and all(r is not None for r in routings) and routings:
+            self._eval_routing = torch.stack(routings)  # type: ignore[arg-type]
         logger.info("evaluated %d held-out tasks in %.1f s: greedy mean reward %.3f", n,
                     time.perf_counter() - started, value)
         return value
@@ -307,5 +312,22 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def eval_details(tasks: list[Task], scores: list[float], routings: list[torch.Tensor | None], remix: Any,
+                 previous: torch.Tensor | None) -> dict[str, Any]:
+    """An evaluation's metrics beyond ``eval_accuracy``: ``eval_by_dataset`` (the greedy mean reward of each
+    dataset's held-out tasks) and, for ReMix, the ``routing_*`` diagnostics of the held-out prompts'
+    routing (``node.policy.remix_stats``; ``previous``: the last evaluation's routing)."""
+    by: dict[str, list[float]] = {}
+    for task, score in zip(tasks, scores):
+        by.setdefault(task.ref.dataset, []).append(score)
+    out: dict[str, Any] = {"eval_by_dataset": {name: sum(v) / len(v) for name, v in by.items()}}
+    if remix is not None and routings and all(r is not None for r in routings):
+        from node.policy.remix_stats import routing_metrics
+
+        out.update(routing_metrics(remix, torch.stack(routings), [t.ref.dataset for t in tasks],  # type: ignore[arg-type]
+                                   previous))
+    return out
 
 

@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -75,6 +75,8 @@ class NodeState:
         self._started_at = time.time()
         self.api: ApiServer | None = None
         self._last_eval: tuple[int, float] | None = None
+        self.eval_details: dict[str, Any] = {}  # the last evaluation's metrics beyond eval_accuracy (by dataset)
+        self._eval_routing: torch.Tensor | None = None  # ReMix: the held-out prompts' routing at the last one
         self._warned_too_long = False
         self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_STEPS)  # (step seconds, tokens/s)
         self.tracking = Trackers([], histogram_every=1)  # the configured ones are built in setup()

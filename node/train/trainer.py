@@ -21,13 +21,12 @@ import torch
 
 from node.policy.fused_pass import FusedPass, fused_pass_refusal
 from node.policy.logprobs import (
-    left_pad,
     logit_micro_batches,
     right_pad,
-    sequence_logprobs,
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
+from node.policy.remix_logprobs import routed_logprobs
 from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
@@ -263,9 +262,8 @@ class Trainer:
                                       token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
             return {"loss": float(loss.detach()), **stats}
-        prompt_ids, prompt_mask = (t.to(device) for t in left_pad([r[0] for r in rows], pad_id))
         peer = torch.tensor([not r[4] for r in rows], device=device)
-        return self._remix_micro_step(prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages,
+        return self._remix_micro_step([r[0] for r in rows], completion_ids, completion_mask, anchor, advantages,
                                       weight, rows, peer)
 
     def _screened_mask(self, rows: list[_Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
@@ -394,21 +392,20 @@ class Trainer:
             self.distributions[key] = torch.cat([self.distributions[key], values]) if key in self.distributions \
                 else values
 
-    def _remix_micro_step(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor, anchor: torch.Tensor, advantages: torch.Tensor,
-                          weight: float, rows: list[_Row] | None = None,
+    def _remix_micro_step(self, prompts: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                          anchor: torch.Tensor, advantages: torch.Tensor, weight: float, rows: list[_Row] | None = None,
                           peer: torch.Tensor | None = None) -> dict[str, float]:
-        """ReMix: the batch repeated M times (routing-major), one sampled routing per row; LoRA weights get the
-        policy loss averaged over all M routings, the router the RLOO estimator over per-sequence losses."""
+        """ReMix: the batch scored under M sampled routings (routing-major rows), each distinct prompt routed
+        and run once a routing (``routed_logprobs``); LoRA weights get the policy loss averaged over all M
+        routings, the router the RLOO estimator over per-sequence losses."""
         m = self.routings
         remix = self.policy.remix
         b = completion_ids.shape[0]
-        rep = [t.repeat(m, *([1] * (t.dim() - 1))) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                                               anchor, advantages)]
-        prompt_ids, prompt_mask, completion_ids, completion_mask, anchor, advantages = rep
         remix.sampled(m, self.routing_generator)
-        logprobs = sequence_logprobs(self.policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                     temperature=self.temperature, remix=remix)
+        logprobs = routed_logprobs(self.policy.model, remix, prompts, completion_ids, completion_mask,
+                                   pad_id=self.policy.tokenizer.pad_token_id, m=m, temperature=self.temperature)
+        completion_mask, anchor, advantages = (t.repeat(m, *([1] * (t.dim() - 1)))
+                                               for t in (completion_mask, anchor, advantages))
         loss_mask = completion_mask
         if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
             loss_mask = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(m), count_rows=b)

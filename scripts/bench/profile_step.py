@@ -73,7 +73,7 @@ def phase_table(events: Any, wall: float, top: int) -> dict[str, dict[str, Any]]
         row["launches"] += e.name in LAUNCHES
         row["replays"] += e.name in REPLAYS
         row["host_reads"] += e.name in READS
-        row["operators"] += e.name.startswith("aten::")
+        row["operators"] += e.name.startswith("aten::")  # nested ones included: the CPU's proxy for launches
         entry = names[phase][e.name]
         entry[0] += 1
         entry[1] += float(e.self_cpu_time_total) / 1e6
@@ -125,18 +125,19 @@ def main() -> int:
         finally:
             node.close()
     medians = {key: statistics.median(float(r[key]) for r in timed) for key in ("step_seconds", "gen_seconds",
-                                                                                  "train_seconds")}
+                                                                                  "train_seconds", "gen_tokens_per_s")}
     phases = phase_table(prof.events(), wall, args.top)
     device = str(node.policy.device)
     print(f"profile_step: {args.config} on {device}; unprofiled medians over {args.steps} steps: step "
           f"{medians['step_seconds']:.3f} s, sampling+scoring {medians['gen_seconds']:.3f} s, training "
-          f"{medians['train_seconds']:.3f} s; the profiled step {wall:.3f} s")
+          f"{medians['train_seconds']:.3f} s, generation {medians['gen_tokens_per_s']:.1f} tokens/s; the profiled step "
+          f"{wall:.3f} s")
     print(f"{'phase':<9} {'calls':>5} {'wall s':>8} {'busy s':>8} {'busy %':>7} {'launches':>9} {'replays':>8} "
-          f"{'host reads':>10}")
+          f"{'host reads':>10} {'operators':>9}")
     for phase, row in phases.items():
         busy = 100 * row["busy_s"] / row["wall_s"] if row["wall_s"] else 0.0
         print(f"{phase:<9} {row['calls']:>5} {row['wall_s']:>8.3f} {row['busy_s']:>8.3f} {busy:>6.1f}% "
-              f"{row['launches']:>9} {row['replays']:>8} {row['host_reads']:>10}")
+              f"{row['launches']:>9} {row['replays']:>8} {row['host_reads']:>10} {row['operators']:>9}")
     train = phases["train"]
     print(f"training phase: {train['operators']} operators (aten::), {train['host_reads']} host reads of device "
           f"values, {train['launches']} kernel launches in one step")

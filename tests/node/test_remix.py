@@ -119,16 +119,16 @@ def test_gumbel_topk_draws_plackett_luce_frequencies() -> None:
 # ----- the adapted linear ----------------------------------------------------------------------------------
 
 
-PATHS = pytest.mark.parametrize("dense_max_ratio", [math.inf, 0.0], ids=["dense", "gathered"])
+PATHS = pytest.mark.parametrize("path", ["dense", "gathered"])
 
 
 @PATHS
-def test_remix_linear_adds_exactly_k_loras_with_weight_omega(dense_max_ratio: float) -> None:
+def test_remix_linear_adds_exactly_k_loras_with_weight_omega(path: Any) -> None:
     torch.manual_seed(3)
     base = torch.nn.Linear(3, 2, bias=False)
     routing = LayerRouting()
     lin = RemixLinear(base, n=4, rank=1, omega=0.25, routing=routing)
-    lin.dense_max_ratio = dense_max_ratio
+    lin.path = path
     with torch.no_grad():
         for i in range(4):  # LoRA i: A_i = [i+1, 0, 0], B_i = [1, 10]^T -> B_i A_i x = (i+1) x_0 [1, 10]
             lin.lora_A[i] = torch.tensor([[i + 1.0, 0.0, 0.0]])
@@ -144,8 +144,8 @@ def test_remix_linear_adds_exactly_k_loras_with_weight_omega(dense_max_ratio: fl
 def test_dense_and_gathered_paths_agree_in_outputs_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = torch.randint(0, VOCAB, (6, 5), generator=torch.Generator().manual_seed(12))
     results = []
-    for ratio in (math.inf, 0.0):
-        monkeypatch.setattr(RemixLinear, "dense_max_ratio", ratio)
+    for path in ("dense", "gathered"):
+        monkeypatch.setattr(RemixLinear, "path", path)
         model = tiny_llama(seed=11)
         adapter = attach_remix(model, n=6, k=2, rank=3).sampled(2, torch.Generator().manual_seed(13))
         randomise_loras(adapter, seed=6)
@@ -252,9 +252,9 @@ def test_base_is_frozen_and_unchanged_by_an_optimizer_step() -> None:
 
 @PATHS
 def test_never_selected_lora_gets_no_gradient(
-    dense_max_ratio: float, monkeypatch: pytest.MonkeyPatch
+    path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(RemixLinear, "dense_max_ratio", dense_max_ratio)
+    monkeypatch.setattr(RemixLinear, "path", path)
     model = tiny_llama(seed=4)
     adapter = attach_remix(model, n=5, k=2, rank=2)
     randomise_loras(adapter, seed=3)

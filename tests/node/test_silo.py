@@ -171,6 +171,14 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     entropies = [r["router_entropy"] for r in rows]
     assert entropies[0] == pytest.approx(math.log(4), abs=1e-6)
     assert 0.0 < entropies[1] < math.log(4) - 0.01, entropies
+    # The evaluation at step 2: by dataset, and the held-out prompts' routing (16 prompts, k=2 a layer).
+    last = rows[1]
+    assert last["eval_by_dataset"] == {"add": pytest.approx(last["eval_accuracy"])}
+    usage = last["routing_usage"]["add"]
+    assert len(usage) == node.policy.remix.num_layers and all(sum(layer) == 16 * 2 for layer in usage)
+    assert 2 / 4 - 1e-9 <= last["routing_balance"] <= 1.0 and last["routing_specialisation"] == 0.0  # one dataset
+    assert sorted(last["routing_lora_norm"]) == ["0", "1", "2", "3"]
+    assert max(last["routing_lora_norm"].values()) > 0  # the LoRAs trained so far have moved
     resumed = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
                           "adapter.remix.k=2", "train.steps=3")
     node2 = _run(resumed)

@@ -1,0 +1,56 @@
+"""``scripts/experiments/remix_mix.py`` and ``remix_swarm.py`` run end to end at toy size (tiny-base and
+small-base, two steps), so their long runs are known to start, log what their reports read, and report."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tests.scripts import load_script
+
+
+def test_dataset_specialisation_by_hand():
+    mix = load_script("experiments/remix_mix")
+    # One layer, two LoRAs: dataset a always takes LoRA 0, b always LoRA 1: each is all of the entropy.
+    assert mix.dataset_specialisation({"a": [[4, 0]], "b": [[0, 4]]}) == {"a": 1.0, "b": 1.0}
+    # Routed alike: nothing sets either apart.
+    assert mix.dataset_specialisation({"a": [[2, 2]], "b": [[1, 1]]}) == {"a": 0.0, "b": 0.0}
+    # a: 3 of 4 on LoRA 0, b: 1 of 4 -> marginal (1/2, 1/2); KL(a) = 3/4 ln 3/2 + 1/4 ln 1/2.
+    out = mix.dataset_specialisation({"a": [[3, 1]], "b": [[1, 3]]})
+    want = (0.75 * math.log(1.5) + 0.25 * math.log(0.5)) / math.log(2)
+    assert math.isclose(out["a"], want) and math.isclose(out["b"], want)
+
+
+def test_remix_mix_runs_reports_and_plots(tmp_path, capsys):
+    mix = load_script("experiments/remix_mix")
+    out = tmp_path / "runs"
+    for arm in ("remix", "lora16"):
+        assert mix.main(["run", arm, "--lr", "0.001", "--steps", "2", "--eval-every", "1", "--out", str(out),
+                         "--config", "configs/tiny-silo.yaml", "--extra", "tasks.eval_size=8",
+                         "sapo.local_groups=4"]) == 0
+    rows = [json.loads(line) for line in (out / "remix-lr0.001-s0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_by_dataset" in r] == [1, 2]
+    assert {"routing_usage", "routing_balance", "routing_specialisation"} <= set(rows[-1])
+    capsys.readouterr()
+    assert mix.main(["report", "--out", str(out), "--pick", "remix=0.001", "lora16=0.001", "--sweep-step", "2",
+                     "--plots", str(tmp_path / "plots")]) == 0
+    text = capsys.readouterr().out
+    assert "| remix-lr0.001-s0 | 2 |" in text and "| lora16-lr0.001-s0 | 2 |" in text
+    assert "seed 0, step 2: all " in text and "remix specialisation add" in text
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"remix_mix_eval.png", "remix_mix_routing.png"}
+
+
+def test_remix_swarm_runs_and_reports(tmp_path, capsys):
+    swarm = load_script("experiments/remix_swarm")
+    out = tmp_path / "runs"
+    for focus, peers in (("remix", "1"), ("remix", "0")):
+        assert swarm.main(["run", "--focus", focus, "--peers", peers, "--steps", "2", "--eval-every", "2",
+                           "--eval-size", "8", "--out", str(out)]) == 0
+    result = json.loads((out / "remix-p1-s0.json").read_text())
+    assert [e["step"] for e in result["evals"]] == [2]
+    assert {"calendar_arithmetic", "propositional_logic", "all"} <= set(result["evals"][0])
+    assert result["peer_groups"][0] == 0 and result["peer_groups"][1] > 0  # peers' step-1 groups, taken at 2
+    assert result["specialisation"] and "adapter.kind=remix" in result["config"]
+    capsys.readouterr()
+    assert swarm.main(["report", "--out", str(out)]) == 0
+    assert "remix seed 0: own " in capsys.readouterr().out
