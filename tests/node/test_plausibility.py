@@ -8,7 +8,13 @@ import math
 import pytest
 import torch
 
-from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings, least_plausible_span, quantile
+from node.exchange.plausibility import (
+    AuthorVerdicts,
+    OwnProfile,
+    ScreenSettings,
+    least_plausible_span,
+    quantile,
+)
 from node.policy.logprobs import right_pad
 from node.train.screen import PeerScreen, least_plausible_spans, screen_peer_tokens
 
