@@ -39,7 +39,9 @@ def test_merged_weights_in_a_plain_model_give_the_policys_logits_and_leave_the_p
         expected = policy.model(input_ids=ids).logits
         got = plain(input_ids=ids).logits
         untrained = AutoModelForCausalLM.from_pretrained(str(tiny_base_path()), dtype=torch.float32)(input_ids=ids).logits
-    assert (got - expected).abs().max() < 1e-5
-    assert (untrained - expected).abs().max() > 1e-3  # the merge is not vacuous: the adapters moved the logits
+    allowed = torch.isfinite(expected)  # the policy masks the special tokens it never samples; a plain model does not
+    assert 0 < int((~allowed).sum()) < allowed.numel() and bool(torch.isfinite(got).all())
+    assert (got - expected)[allowed].abs().max() < 1e-5
+    assert (untrained - expected)[allowed].abs().max() > 1e-3  # the merge is not vacuous: the adapters moved the logits
     for n, p in policy.model.named_parameters():
         assert torch.equal(p, before[n]), f"merging changed the policy's {n}"
