@@ -326,7 +326,7 @@ class Ingestor:
         keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit]
         self._judged(peer_id, len(group.completions), len(group.completions) - len(keep), "too_long_for_us",
                      group.key)
-        if self._banned_now(peer_id):
+        if self.verdicts.banned(peer_id):
             self._reject("implausible_text", group.key)
             return None, "implausible_text"
         if not keep:
@@ -350,7 +350,7 @@ class Ingestor:
             self.screened[0] += rows
             self.screened[1] += tokens
             self.screened[2] += masked
-            if self._banned_now(peer_id):
+            if self.verdicts.banned(peer_id):
                 self._offence(peer_id, "implausible_text")
 
     def _judged(self, peer_id: str, n: int, dropped: int, reason: str, detail: str) -> None:
@@ -358,9 +358,6 @@ class Ingestor:
         self.verdicts.record(peer_id, n, dropped)
         if dropped:
             self._reject(reason, detail, dropped)
-
-    def _banned_now(self, peer_id: str) -> bool:
-        return self.verdicts.banned(peer_id)
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
         """Cheap checks of a ref before any task is generated."""

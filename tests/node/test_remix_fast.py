@@ -4,35 +4,17 @@ full with the same routings (log-probs, LoRA and router gradients), on a tiny ra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from node.policy.logprobs import left_pad, right_pad, sequence_logprobs
 from node.policy.remix import RemixAdapter, attach_remix
 from node.policy.remix_logprobs import prompt_units, routed_logprobs
 from node.policy.remix_ops import LayerRouting, RemixLinear
-
-VOCAB = 64
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def tiny_llama(seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                         tie_word_embeddings=True)
-    return LlamaForCausalLM(config).train(False)
+from tests.node.test_remix import VOCAB, one_thread, tiny_llama  # noqa: F401 (one_thread: an autouse fixture)
 
 
 def remix_model(seed: int, n: int = 6, k: int = 2, rank: int = 3) -> tuple[LlamaForCausalLM, RemixAdapter]:
