@@ -152,7 +152,7 @@ class SwarmExchange:
         """The bounds this step's training holds peers' tokens to (None with ``ingest.screen`` off)."""
         return self.ingestor.screen_bounds()
 
-    def record_screened(self, by_peer: dict[str, list[int]]) -> None:
+    def record_screened(self, by_peer: dict[str, list[float]]) -> None:
         """What training kept out of each author's text this step; an author whose text keeps failing is banned."""
         self.ingestor.record_screened(by_peer)
 

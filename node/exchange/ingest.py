@@ -122,7 +122,8 @@ class Ingestor:
         # What a peer's text may teach: read with our own model, bounded by our own completions.
         self.screen = screen or ScreenSettings()
         self.profile = OwnProfile(self.screen)
-        self.screened = [0, 0, 0]  # peer rows trained on, their tokens, tokens masked out of the loss
+        # peer rows trained on, their tokens, tokens masked out of the loss, tokens pushed up, those tokens' weights
+        self.screened = [0, 0, 0, 0, 0.0]
         self.verdicts = AuthorVerdicts(self.screen, MAX_TRACKED_PEERS)  # per author: kept out, of judged
         # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
         # (``train.external_shift``) gives it one; without a shift its anchors are never used.
@@ -316,7 +317,7 @@ class Ingestor:
     def screen_bounds(self) -> PeerScreen | None:
         """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
         s = self.screen
-        return PeerScreen(s.token_floor, s.window, self.profile.span_floor()) if s.enabled else None
+        return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor) if s.enabled else None
 
     def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
         """``group`` without the completions longer than the node's own on the dataset (the span and token
@@ -338,18 +339,19 @@ class Ingestor:
             group.rewards = [group.rewards[i] for i in keep]
         return group, None
 
-    def record_screened(self, by_peer: dict[str, list[int]]) -> None:
+    def record_screened(self, by_peer: dict[str, list[float]]) -> None:
         """What a training step kept out of peers' text (``Trainer.screened``: per author rows, rows dropped,
-        tokens, tokens masked): counted, and an author whose text keeps failing is banned."""
-        for peer_id, (rows, dropped, tokens, masked) in by_peer.items():
+        tokens, tokens masked, tokens pushed up, their weights): counted, and an author whose text keeps failing
+        is banned."""
+        for peer_id, (rows, dropped, tokens, masked, pushed, weight) in by_peer.items():
             self._peer = peer_id
             try:
-                self._judged(peer_id, rows, dropped, "implausible", "trained rows")
+                self._judged(peer_id, int(rows), int(dropped), "implausible", "trained rows")
             finally:
                 self._peer = None
-            self.screened[0] += rows
-            self.screened[1] += tokens
-            self.screened[2] += masked
+            for i, v in enumerate((rows, tokens, masked, pushed)):
+                self.screened[i] += int(v)
+            self.screened[4] += weight
             if self.verdicts.banned(peer_id):
                 self._offence(peer_id, "implausible_text")
 
@@ -484,6 +486,7 @@ class Ingestor:
                                "ingest_offences": dict(self.offences),
                                "screen_rows": self.screened[0], "screen_tokens": self.screened[1],
                                "screen_tokens_masked": self.screened[2],
+                               "screen_positive_weight": self.screened[4] / max(1, self.screened[3]),
                                "ingest_seconds": self.last_seconds}
         if self.scorer is not None:
             out.update(self.scorer.metrics())

@@ -11,7 +11,8 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   there about as often as ``span_quantile`` of its own completions. With it, a peer token the model gives
   less than ``exp(token_floor)`` is kept out of the loss. Both are applied in training, on the training pass's
   own log-probs (``node.train.screen``: no forward pass of its own), with the bounds ``Ingestor.screen_bounds``
-  gives;
+  gives, as is the weight of a token the loss pushes up: full above ``exp(positive_floor)``, in proportion to
+  its probability below;
 - length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
   the same dataset is dropped at ingestion (``too_long_for_us``): needlessly long but correct text is how an
   attacker makes a node verbose.
@@ -36,6 +37,7 @@ class ScreenSettings:
 
     enabled: bool = True
     token_floor: float = -9.2  # log(1e-4)
+    positive_floor: float | None = -2.3  # log(0.1)
     window: int = 6
     span_quantile: float = 0.01
     span_margin: float = 1.0

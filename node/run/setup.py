@@ -232,4 +232,5 @@ def screen_settings(ic: IngestConfig) -> ScreenSettings:
     return ScreenSettings(enabled=ic.screen, token_floor=ic.screen_token_floor, window=ic.screen_window,
                           span_quantile=ic.screen_span_quantile, span_margin=ic.screen_span_margin,
                           length_quantile=ic.screen_length_quantile, length_ratio=ic.screen_length_ratio,
-                          min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window)
+                          min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window,
+                          positive_floor=ic.screen_positive_floor)

@@ -19,16 +19,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PeerScreen", "least_plausible_spans", "screen_peer_tokens"]
+__all__ = ["PeerScreen", "least_plausible_spans", "positive_peer_weights", "screen_peer_tokens"]
 
 
 @dataclass(frozen=True)
 class PeerScreen:
-    """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it."""
+    """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it,
+    ``positive_floor`` None for no weight on positive peer tokens."""
 
     token_floor: float
     window: int
     span_floor: float | None = None
+    positive_floor: float | None = None
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
@@ -62,3 +64,13 @@ def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: Pee
         dropped = peer & valid.any(-1) & (spans < screen.span_floor)
         keep = keep & ~dropped[:, None]
     return keep, dropped
+
+
+def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantages: Tensor,
+                          positive_floor: float) -> Tensor:
+    """``[B, T]`` factors on each token's surrogate: ``min(1, exp(logprob - positive_floor))`` on the tokens of
+    peer rows whose advantage is above 0, 1 everywhere else (own rows, negatives, padding)."""
+    lp = torch.where(mask.bool(), logprobs.detach().float(), torch.zeros_like(logprobs, dtype=torch.float32))
+    weights = torch.exp((lp - positive_floor).clamp(max=0.0))
+    pushed_up = (peer & (advantages > 0))[:, None] & mask.bool()
+    return torch.where(pushed_up, weights, torch.ones_like(weights))

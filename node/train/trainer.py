@@ -32,7 +32,7 @@ from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 from node.train.peer_value import cosine
-from node.train.screen import PeerScreen, screen_peer_tokens
+from node.train.screen import PeerScreen, positive_peer_weights, screen_peer_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Trainer:
         self._keep = False
         self._screen: PeerScreen | None = None
         self._screen_counts: list[tuple[list[str], torch.Tensor]] = []
-        self.screened: dict[str, list[int]] = {}
+        self.screened: dict[str, list[float]] = {}
 
     def _fuse(self) -> None:
         """The fused pass and flat parameter groups, where the policy allows them (else the modules' path)."""
@@ -243,7 +243,7 @@ class Trainer:
             logprobs = shared_prompt_logprobs(self.policy.model, [r[0] for r in rows], completion_ids,
                                               completion_mask, pad_id=pad_id, temperature=self.temperature)
             own = torch.tensor([r[4] for r in rows], device=device)
-            loss_mask = self._screened_mask(rows, logprobs, completion_mask, ~own)
+            loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, ~own, advantages)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
             if self._keep:
@@ -258,6 +258,7 @@ class Trainer:
                 anchor = torch.where(own_rows, logprobs.detach(), anchor)
             if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
                 anchor = logprobs.detach()
+            token_weights = _times(token_weights, peer_weights)
             loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                       token_weights=token_weights, **self.loss_kwargs)
             (loss * weight).backward()
@@ -267,22 +268,30 @@ class Trainer:
                                       weight, rows, peer)
 
     def _screened_mask(self, rows: list[_Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
-                       count_rows: int | None = None) -> torch.Tensor:
-        """The loss mask: ``mask`` less the peer tokens and rows the screen keeps out; their counts kept on the
-        device (read once, at the end of the step)."""
+                       advantages: torch.Tensor, count_rows: int | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The loss mask (``mask`` less the peer tokens and rows the screen keeps out) and the weights of positive
+        peer tokens (None without them); their counts kept on the device (read once, at the end of the step)."""
         if self._screen is None or all(r[4] for r in rows):
-            return mask
+            return mask, None
         keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen)
+        weights = None
+        if self._screen.positive_floor is not None:
+            weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor)
         n = count_rows or len(rows)
         valid, peer_rows = mask[:n].bool(), peer[:n]
-        counts = torch.stack([peer_rows.long(), dropped[:n].long(), (valid & peer_rows[:, None]).sum(-1),
-                              (valid & ~keep[:n] & peer_rows[:, None]).sum(-1)])
+        pushed_up = (valid & keep[:n]) & (peer_rows & (advantages[:n] > 0))[:, None]
+        weight_sum = torch.where(pushed_up, weights[:n], 0.0).sum(-1) if weights is not None else pushed_up.sum(-1)
+        counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
+                              (valid & ~keep[:n] & peer_rows[:, None]).sum(-1).float(), pushed_up.sum(-1).float(),
+                              weight_sum.float()])
         self._screen_counts.append(([r[5] for r in rows[:n]], counts))
-        return mask & keep
+        return mask & keep, weights
 
     def _screen_totals(self) -> dict[str, list[int]]:
-        """Per author: rows, rows dropped, tokens, tokens masked, over the step."""
-        totals: dict[str, list[int]] = {}
+        """Per author, over the step: rows, rows dropped, tokens, tokens masked, tokens pushed up, and the sum of those
+        tokens' weights."""
+        totals: dict[str, list[float]] = {}
         if not self._screen_counts:
             return totals
         authors = [a for batch, _ in self._screen_counts for a in batch]
@@ -290,9 +299,9 @@ class Trainer:
             columns = torch.cat([counts for _, counts in self._screen_counts], dim=1).T.tolist()
         for author, column in zip(authors, columns):
             if author:
-                total = totals.setdefault(author, [0, 0, 0, 0])
+                total = totals.setdefault(author, [0.0] * 6)
                 for i, v in enumerate(column):
-                    total[i] += int(v)
+                    total[i] += v
         self._screen_counts = []
         return totals
 
@@ -368,7 +377,7 @@ class Trainer:
         logprobs = self.fused.logprobs([r[0] for r in rows], [r[1] for r in rows],
                                        pad_id=self.policy.tokenizer.pad_token_id, temperature=self.temperature)
         own_tokens = completion_mask & own[:, None]
-        loss_mask = self._screened_mask(rows, logprobs, completion_mask, ~own)
+        loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, ~own, advantages)
         gap = logprob_gap_terms(logprobs, anchor, own_tokens)
         if self._keep:
             self._pending.setdefault("advantages", []).append(advantages.detach().float())
@@ -381,6 +390,7 @@ class Trainer:
             anchor = torch.where(own_rows, logprobs.detach(), anchor)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
+        token_weights = _times(token_weights, peer_weights)
         loss, stats = policy_loss_terms(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                         token_weights=token_weights, **self.loss_kwargs)
         (loss * weight).backward()
@@ -406,13 +416,14 @@ class Trainer:
                                    pad_id=self.policy.tokenizer.pad_token_id, m=m, temperature=self.temperature)
         completion_mask, anchor, advantages = (t.repeat(m, *([1] * (t.dim() - 1)))
                                                for t in (completion_mask, anchor, advantages))
-        loss_mask = completion_mask
+        loss_mask, peer_weights = completion_mask, None
         if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
-            loss_mask = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(m), count_rows=b)
+            loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(m), advantages,
+                                                          count_rows=b)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
         loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
-                                  **self.loss_kwargs)
+                                  token_weights=peer_weights, **self.loss_kwargs)
         # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).
         per_sequence = sequence_values(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                        **self.loss_kwargs)
@@ -420,6 +431,11 @@ class Trainer:
         ((loss + router_loss) * weight).backward()
         remix.deterministic()
         return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}
+
+
+def _times(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """The product of two optional token-weight tensors (None for all ones)."""
+    return b if a is None else a if b is None else a * b
 
 
 def _part_cosine(own_grads: list[torch.Tensor | None], params: list[torch.nn.Parameter]) -> float | None:

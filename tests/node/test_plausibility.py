@@ -16,7 +16,7 @@ from node.exchange.plausibility import (
     quantile,
 )
 from node.policy.logprobs import right_pad
-from node.train.screen import PeerScreen, least_plausible_spans, screen_peer_tokens
+from node.train.screen import PeerScreen, least_plausible_spans, positive_peer_weights, screen_peer_tokens
 
 
 def test_least_plausible_span_is_the_lowest_window_mean():
@@ -47,6 +47,19 @@ def test_the_screen_masks_low_peer_tokens_and_drops_implausible_peer_rows_only()
     # spans (window 2): row 1: -6.5; row 2: -6 -> a floor of -6.2 drops row 1 whole, never the own row 0
     keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2, span_floor=-6.2))
     assert dropped.tolist() == [False, True, False] and not keep[1].any() and keep[0, :3].all()
+
+
+def test_positive_peer_tokens_weigh_their_probability_over_the_floors():
+    """log(0.1) floor: a token of p = 0.01 weighs 0.1, one of p >= 0.1 weighs 1; own rows, negative peer rows and
+    padding weigh 1."""
+    rows = [[math.log(0.01), math.log(0.5)], [math.log(0.01), math.log(0.05)], [math.log(0.01)], [math.log(0.01)]]
+    values, mask = right_pad(rows, 0.0, torch.float32)
+    peer = torch.tensor([True, True, False, True])
+    advantages = torch.tensor([1.0, 0.5, 1.0, -1.0])
+    got = positive_peer_weights(values, mask, peer, advantages, math.log(0.1))
+    torch.testing.assert_close(got, torch.tensor([[0.1, 1.0], [0.1, 0.5], [1.0, 1.0], [1.0, 1.0]]), rtol=1e-5, atol=0)
+    zero = positive_peer_weights(values, mask, peer, torch.zeros(4), math.log(0.1))
+    assert zero.tolist() == [[1.0, 1.0]] * 4  # no push, no weight
 
 
 def test_quantile():

@@ -317,7 +317,8 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
     assert alone_grads[0] and len(alone_grads[0]) == len(screened_grads[0])
     for a, b in zip(alone_grads[0], screened_grads[0], strict=True):  # up to the rounding of a padded batch
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
-    assert screened.screened == {"p": [2, 1, 6, 3]} and stats["n_sequences"] == 2.0
+    # rows, rows dropped, tokens, tokens masked, tokens pushed up (the kept row's 3), their weights (no floor: 1)
+    assert screened.screened == {"p": [2, 1, 6, 3, 3, 3.0]} and stats["n_sequences"] == 2.0
     _, plain, plain_grads = _lever_trainer(fused=fused)
     plain.step([_screened_group()])
     assert plain.screened == {} and any(not torch.allclose(a, b, atol=1e-6, rtol=1e-2)
@@ -347,6 +348,32 @@ def test_peer_tokens_below_the_floor_stay_in_the_context_but_out_of_the_loss(fus
 
 
 @pytest.mark.parametrize("fused", [True, False])
+def test_a_positive_peer_token_weighs_in_proportion_to_its_probability_below_the_floor(fused):
+    """With a positive floor the step's loss is the policy loss with each token of a pushed-up peer row weighted
+    min(1, p / exp(floor)) by hand; a negative row of the same step keeps weight 1; the weights are reported."""
+    from node.policy.logprobs import right_pad
+    from node.train.losses import policy_loss
+    from node.train.screen import PeerScreen
+
+    policy, trainer, _ = _lever_trainer(fused=fused)
+    group = _screened_group()
+    group.advantages = torch.tensor([1.0, -0.5])
+    lps = _row_logprobs(policy, group)
+    _, mask = right_pad(group.completions, 0, torch.long)
+    floor = float(lps[0][mask[0]].median())  # about half of the positive row's tokens below it
+    weights = torch.ones_like(lps)
+    weights[0] = torch.exp((lps[0] - floor).clamp(max=0.0))
+    assert 0 < int((weights[0][mask[0]] < 1).sum()) < int(mask[0].sum())
+    anchors = torch.full_like(lps, -1.0)
+    expected, _ = policy_loss(lps, anchors, group.advantages, mask, "reinforce", token_weights=weights)
+    unweighted, _ = policy_loss(lps, anchors, group.advantages, mask, "reinforce")
+    got = trainer.step([group], screen=PeerScreen(token_floor=-1e9, window=2, positive_floor=floor))["loss"]
+    assert got == pytest.approx(float(expected), rel=1e-5) and abs(float(expected) - float(unweighted)) > 1e-4
+    rows, _, _, _, pushed, weight = trainer.screened["p"]
+    assert (rows, pushed) == (2, 3) and weight == pytest.approx(float(weights[0][mask[0]].sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
 def test_the_screen_leaves_the_nodes_own_rows_alone(fused):
     from node.train.screen import PeerScreen
 
@@ -354,7 +381,7 @@ def test_the_screen_leaves_the_nodes_own_rows_alone(fused):
     _, plain, plain_grads = _lever_trainer(fused=fused)
     own = _screened_group()
     own.peer_id = ""
-    screened.step([own], screen=PeerScreen(token_floor=-0.001, window=2, span_floor=-0.001))
+    screened.step([own], screen=PeerScreen(token_floor=-0.001, window=2, span_floor=-0.001, positive_floor=-0.001))
     plain.step([own])
     assert screened.screened == {}
     for a, b in zip(screened_grads[0], plain_grads[0], strict=True):
