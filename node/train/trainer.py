@@ -288,7 +288,7 @@ class Trainer:
         self._screen_counts.append(([r[5] for r in rows[:n]], counts))
         return mask & keep, weights
 
-    def _screen_totals(self) -> dict[str, list[int]]:
+    def _screen_totals(self) -> dict[str, list[float]]:
         """Per author, over the step: rows, rows dropped, tokens, tokens masked, tokens pushed up, and the sum of those
         tokens' weights."""
         totals: dict[str, list[float]] = {}
