@@ -28,7 +28,10 @@ class ModelConfig(Section):
 class RemixConfig(Section):
     n: int = Field(8, ge=2)
     k: int = Field(2, ge=1)
-    routings: int = Field(2, ge=2, description="M, routings sampled per sequence in training")
+    routings: int = Field(2, ge=2, description="M, routings sampled per prompt in training")
+    spread: bool = Field(False, description="score each completion under one of its prompt's M routings instead of "
+                         "all M: training costs a LoRA's, the router's baseline is the prompt's other completions "
+                         "(a noisier estimate)")
     scale: Literal["lora", "rslora"] = "lora"
     router_lr: float = Field(1e-2, gt=0)
 

@@ -250,6 +250,24 @@ class RemixAdapter:
         centred = losses - losses.mean(dim=0, keepdim=True)
         return (centred * logq.reshape(m, -1)).sum(dim=0).mean() / (m - 1)
 
+    def router_loss_spread(self, per_sequence_loss: torch.Tensor, prompt_of: torch.Tensor,
+                           routing_of: torch.Tensor) -> torch.Tensor:
+        """The score-function surrogate when each sequence ran under one routing (``spread_units``): row i's
+        baseline is the mean loss of the rows of its prompt under the other routings (independent draws, so
+        the estimate stays unbiased; their completions differ, so it is noisier than ``router_loss``'s). A row
+        whose prompt has no other routing in the batch adds nothing; the sum is divided by all ``B`` rows."""
+        logq = self.routing_logprob()
+        if logq.shape != per_sequence_loss.shape or prompt_of.shape != logq.shape or routing_of.shape != logq.shape:
+            raise RemixError(f"per_sequence_loss {tuple(per_sequence_loss.shape)}, prompt_of {tuple(prompt_of.shape)} "
+                             f"and routing_of {tuple(routing_of.shape)} must match the {logq.shape[0]} routed rows")
+        losses = per_sequence_loss.detach().to(logq.dtype)
+        prompt_of, routing_of = prompt_of.to(logq.device), routing_of.to(logq.device)
+        others = (prompt_of[:, None] == prompt_of[None, :]) & (routing_of[:, None] != routing_of[None, :])
+        count = others.sum(-1)
+        baseline = (others.to(logq.dtype) @ losses) / count.clamp(min=1)
+        centred = torch.where(count > 0, losses - baseline, torch.zeros_like(losses))
+        return (centred * logq).sum() / max(1, logq.shape[0])
+
     def router_entropy(self) -> float:
         """Mean entropy (nats) of the routers' softmax over the rows and layers of the last batch."""
         with torch.no_grad():

@@ -15,6 +15,10 @@ their gradients flow back to the one prompt pass and sum there), and only the co
   the router's RLOO estimator (over a row's M routings) stay unbiased; the draws of a group's rows are
   shared instead of independent. Run in full with the same draws (``set_prompt_mask(..., units=...)``)
   the rows give the same log-probs and gradients up to float rounding.
+- Spread (``spread=True``, training with ``adapter.remix.spread``): each distinct prompt still draws M
+  routings, but each completion is scored under one of them (the i-th completion of a prompt under routing
+  ``i mod M``): one row a completion, as for a LoRA, and the router's baseline for a row is its prompt's
+  rows under the other routings (``RemixAdapter.router_loss_spread``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,22 @@ def prompt_units(prompts: Sequence[Sequence[int]], m: int) -> tuple[list[list[in
     return [list(p) for p in distinct], rows
 
 
+def spread_units(prompts: Sequence[Sequence[int]], m: int) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
+    """The distinct prompts, and for each row b its unit ``j * P + p`` and its routing j: the i-th row of a
+    distinct prompt p takes routing ``i mod m``."""
+    distinct: dict[tuple[int, ...], int] = {}
+    seen: dict[int, int] = {}
+    units, routings = [], []
+    for prompt in prompts:
+        p = distinct.setdefault(tuple(prompt), len(distinct))
+        j = seen.get(p, 0) % m
+        seen[p] = seen.get(p, 0) + 1
+        units.append((j, p))
+        routings.append(j)
+    rows = torch.tensor([j * len(distinct) + p for j, p in units], dtype=torch.long)
+    return [list(p) for p in distinct], rows, torch.tensor(routings, dtype=torch.long)
+
+
 def routed_logprobs(
     model: nn.Module,
     remix: RemixAdapter,
@@ -47,16 +67,22 @@ def routed_logprobs(
     pad_id: int,
     m: int = 1,
     temperature: float = 1.0,
+    spread: bool = False,
 ) -> torch.Tensor:
     """``[m*B, Tc]`` log-probs of right-padded completions ``[B, Tc]`` after ``prompts`` (token lists, one a
     row), routing-major: row ``j*B + b`` is completion b under routing j. ``m`` is 1 in deterministic mode,
     the adapter's M after ``remix.sampled(M, generator)``. Differentiable when grad is enabled; afterwards
-    ``remix.routing_logprob()`` and ``remix.router_loss`` see the ``m*B`` rows."""
+    ``remix.routing_logprob()`` and ``remix.router_loss`` see the ``m*B`` rows. With ``spread`` the result is
+    ``[B, Tc]``, each completion under one of its prompt's M routings (``spread_units``)."""
     device = completion_ids.device
-    distinct, rows = prompt_units(prompts, m)
+    if spread:
+        distinct, rows, _ = spread_units(prompts, m)
+        ids, mask = completion_ids, completion_mask
+    else:
+        distinct, rows = prompt_units(prompts, m)
+        ids, mask = completion_ids.repeat(m, 1), completion_mask.repeat(m, 1)
     rows = rows.to(device)
     p_ids, p_mask = (t.to(device).repeat(m, 1) for t in left_pad(distinct, pad_id))  # [m*P, W], routing-major
-    ids, mask = completion_ids.repeat(m, 1), completion_mask.repeat(m, 1)
     remix.set_prompt_mask(p_mask.bool())
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=positions_from_mask(p_mask), use_cache=True,
                 logits_to_keep=1)

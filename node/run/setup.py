@@ -135,7 +135,8 @@ class SetupMixin(NodeState):
                        weight_decay=tc.weight_decay, max_grad_norm=tc.max_grad_norm, loss=tc.loss,
                        eps_low=tc.eps_low, eps_high=tc.eps_high, length_norm=tc.length_norm,
                        micro_batch_size=rows, temperature=self.cfg.generation.temperature,
-                       routings=ac.remix.routings, off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
+                       routings=ac.remix.routings, spread_routings=ac.remix.spread,
+                       off_policy_correction=tc.off_policy_correction, seed=self.cfg.seed,
                        gradient_checkpointing=tc.gradient_checkpointing, logits_memory_mb=budget_mb,
                        engine_is_cap=tc.engine_is_cap, optimizer_steps=tc.optimizer_steps,
                        loss_denominator=(self.cfg.sapo.local_groups * self.cfg.generation.group_size

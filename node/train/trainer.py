@@ -26,7 +26,7 @@ from node.policy.logprobs import (
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
-from node.policy.remix_logprobs import routed_logprobs
+from node.policy.remix_logprobs import routed_logprobs, spread_units
 from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
@@ -46,7 +46,7 @@ class Trainer:
 
     def __init__(self, policy: Policy, *, lr: float, norm_lr: float, router_lr: float, weight_decay: float,
                  max_grad_norm: float, loss: str, eps_low: float, eps_high: float, length_norm: bool,
-                 micro_batch_size: int, temperature: float, routings: int = 2,
+                 micro_batch_size: int, temperature: float, routings: int = 2, spread_routings: bool = False,
                  off_policy_correction: bool = True, seed: int = 0, gradient_checkpointing: bool = False,
                  logits_memory_mb: int = 1024, engine_is_cap: float | None = None, optimizer_steps: int = 1,
                  loss_denominator: int | None = None, measure_alignment: bool = False, fused: bool = True) -> None:
@@ -86,7 +86,9 @@ class Trainer:
         self.micro_batch_size = micro_batch_size
         self.logits_budget_bytes = logits_memory_mb * 1024 * 1024
         self.engine_is_cap = engine_is_cap
-        self.routings_per_row = routings if policy.remix is not None else 1  # ReMix repeats each row M times
+        # ReMix scores each row under M routings, or (spread) under one of its prompt's M
+        self.routings_per_row = routings if policy.remix is not None and not spread_routings else 1
+        self.spread_routings = spread_routings
         self.temperature = temperature
         self.routings = routings
         self.off_policy_correction = off_policy_correction
@@ -407,19 +409,22 @@ class Trainer:
                           peer: torch.Tensor | None = None) -> dict[str, float]:
         """ReMix: the batch scored under M sampled routings (routing-major rows), each distinct prompt routed
         and run once a routing (``routed_logprobs``); LoRA weights get the policy loss averaged over all M
-        routings, the router the RLOO estimator over per-sequence losses."""
+        routings, the router the RLOO estimator over per-sequence losses. Spread: each row under one of its
+        prompt's M routings, the router's baseline its prompt's rows under the others."""
         m = self.routings
         remix = self.policy.remix
         b = completion_ids.shape[0]
         remix.sampled(m, self.routing_generator)
         logprobs = routed_logprobs(self.policy.model, remix, prompts, completion_ids, completion_mask,
-                                   pad_id=self.policy.tokenizer.pad_token_id, m=m, temperature=self.temperature)
-        completion_mask, anchor, advantages = (t.repeat(m, *([1] * (t.dim() - 1)))
+                                   pad_id=self.policy.tokenizer.pad_token_id, m=m, temperature=self.temperature,
+                                   spread=self.spread_routings)
+        reps = 1 if self.spread_routings else m
+        completion_mask, anchor, advantages = (t.repeat(reps, *([1] * (t.dim() - 1)))
                                                for t in (completion_mask, anchor, advantages))
         loss_mask, peer_weights = completion_mask, None
         if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
-            loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(m), advantages,
-                                                          count_rows=b)
+            loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(reps),
+                                                          advantages, count_rows=b)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
         loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
@@ -427,7 +432,11 @@ class Trainer:
         # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).
         per_sequence = sequence_values(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                        **self.loss_kwargs)
-        router_loss = remix.router_loss(per_sequence, m)
+        if self.spread_routings:
+            distinct, units, routing_of = spread_units(prompts, m)
+            router_loss = remix.router_loss_spread(per_sequence, units - routing_of * len(distinct), routing_of)
+        else:
+            router_loss = remix.router_loss(per_sequence, m)
         ((loss + router_loss) * weight).backward()
         remix.deterministic()
         return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}

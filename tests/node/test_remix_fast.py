@@ -12,7 +12,7 @@ from transformers import LlamaForCausalLM
 
 from node.policy.logprobs import left_pad, right_pad, sequence_logprobs
 from node.policy.remix import RemixAdapter, attach_remix
-from node.policy.remix_logprobs import prompt_units, routed_logprobs
+from node.policy.remix_logprobs import prompt_units, routed_logprobs, spread_units
 from node.policy.remix_ops import LayerRouting, RemixLinear
 from tests.node.test_remix import VOCAB, one_thread, tiny_llama  # noqa: F401 (one_thread: an autouse fixture)
 
@@ -179,3 +179,55 @@ def test_without_a_cache_to_copy_every_row_runs_in_full_with_its_prompts_routing
     assert torch.equal(out[0][0], out[1][0])
     torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[0][2], out[1][2], atol=1e-5, rtol=1e-4)
+
+
+def test_spread_units_deal_a_prompts_rows_over_its_routings_in_turn() -> None:
+    distinct, units, routing_of = spread_units([[1], [2], [1], [1], [2], [3]], 2)
+    assert distinct == [[1], [2], [3]]
+    assert routing_of.tolist() == [0, 0, 1, 0, 1, 0]
+    assert units.tolist() == [0, 1, 3, 0, 4, 2]  # routing j of distinct prompt p is unit j * 3 + p
+
+
+def test_spread_rows_are_the_m_routing_rows_each_completion_under_its_own_routing() -> None:
+    """Spread training scores completion b under routing ``j_b`` only: its log-probs are row ``j_b * B + b`` of
+    the M-routing pass with the same draws, and the gradients of a policy loss plus the spread router loss are
+    those of the same loss written by hand on those rows of the M-routing pass (the baseline of a row: the mean
+    loss of its prompt's rows under the other routing)."""
+    prompts, ids, mask = _batch(5)
+    b, m = ids.shape[0], 2
+    advantages = torch.tensor([1.0, -0.5, 0.3, -1.0, 0.7, 0.2, -0.4])
+    _, units, routing_of = spread_units(prompts, m)
+    prompt_of = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+    assert torch.equal(units - routing_of * 3, prompt_of)
+    picked = routing_of * b + torch.arange(b)
+    results = []
+    for spread in (True, False):
+        model, adapter = remix_model(seed=6)
+        adapter.sampled(m, torch.Generator().manual_seed(7))
+        logprobs = routed_logprobs(model, adapter, prompts, ids, mask, pad_id=0, m=m, spread=spread)
+        if spread:
+            per_seq = -(advantages * (logprobs * mask).sum(-1) / mask.sum(-1))
+            router = adapter.router_loss_spread(per_seq, prompt_of, routing_of)
+            routing = adapter.last_routing()
+        else:
+            logprobs = logprobs[picked]
+            per_seq = -(advantages * (logprobs * mask).sum(-1) / mask.sum(-1))
+            logq = adapter.routing_logprob()[picked]
+            values = per_seq.detach()
+            # by hand: prompt 0's rows take routings 0, 1, 0 and prompt 1's the same; prompt 2 has one row
+            baselines = torch.stack([values[1], (values[0] + values[2]) / 2, values[1],
+                                     values[4], (values[3] + values[5]) / 2, values[4], values[6]])
+            centred = (values - baselines) * torch.tensor([1.0] * 6 + [0.0])
+            router = (centred * logq).sum() / b
+            routing = adapter.last_routing()[picked]
+        (per_seq.mean() + router).backward()
+        grads = [p.grad.clone() for group in adapter.trainable_parameters().values()  # type: ignore[union-attr]
+                 for p in group]
+        results.append((routing, logprobs.detach()[mask], float(router.detach()), grads))
+    (routing, lps, router, grads), (ref_routing, ref_lps, ref_router, ref_grads) = results
+    assert torch.equal(routing, ref_routing) and not torch.equal(routing[0], routing[1])  # rows 0, 1: other draws
+    torch.testing.assert_close(lps, ref_lps, atol=1e-5, rtol=1e-5)
+    assert router == pytest.approx(ref_router, abs=1e-6)
+    assert any(g.abs().max() > 0 for g in grads[-2:])  # the routers learn
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

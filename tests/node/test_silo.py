@@ -184,3 +184,27 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     node2 = _run(resumed)
     assert node2.step == 3
     assert [r["step"] for r in read_metrics(tmp_path / "rx" / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_spread_remix_node_trains_its_loras_and_routers_on_one_routing_a_completion(tmp_path):
+    """``adapter.remix.spread``: each completion scored under one of its prompt's two routings; the LoRAs and
+    the routers train, the base does not. Unlike M routings a completion, the router moves at step 1 already,
+    while every LoRA's B is 0 and no routing can matter: its baseline is other completions' losses, whose
+    differences it learns from as noise (zero in expectation, not in one step)."""
+    from tests.node.conftest import make_config
+
+    cfg = make_config(str(tmp_path / "sp"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
+                      "adapter.remix.k=2", "adapter.remix.spread=true", "train.steps=2")
+    node = Node(cfg, cfg.run_dir, show_progress=False)
+    node.setup()
+    assert node.trainer.spread_routings and node.trainer.routings_per_row == 1
+    before = {n: p.detach().clone() for n, p in node.policy.model.named_parameters()}
+    node.run()
+    node.close()
+    after = {n: p.detach() for n, p in node.policy.model.named_parameters()}
+    trainable = {n for n, p in node.policy.model.named_parameters() if p.requires_grad}
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed <= trainable
+    assert any("lora_B" in n for n in changed) and any("router" in n for n in changed)
+    entropies = [r["router_entropy"] for r in read_metrics(tmp_path / "sp" / "metrics.jsonl")]
+    assert all(e < math.log(4) - 1e-4 for e in entropies), entropies
