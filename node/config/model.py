@@ -29,7 +29,7 @@ class RemixConfig(Section):
     n: int = Field(8, ge=2)
     k: int = Field(2, ge=1)
     routings: int = Field(2, ge=2, description="M, routings sampled per prompt in training")
-    spread: bool = Field(False, description="score each completion under one of its prompt's M routings instead of "
+    spread: bool = Field(True, description="score each completion under one of its prompt's M routings instead of "
                          "all M: training costs a LoRA's, the router's baseline is the prompt's other completions "
                          "(a noisier estimate)")
     scale: Literal["lora", "rslora"] = "lora"

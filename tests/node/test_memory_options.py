@@ -21,14 +21,21 @@ def _one_step(cfg) -> tuple[dict, dict[str, torch.Tensor], set[torch.dtype]]:
         node.close()
 
 
-@pytest.mark.parametrize("kind", ["lora", "remix"])  # ReMix: its routing hooks run again in the recomputation
+@pytest.mark.parametrize("kind", ["lora", "remix", "remix-spread"])  # ReMix: its routing hooks run again
 def test_gradient_checkpointing_gives_the_same_update(fast_config, tmp_path, kind):
-    common = ("train.eval_every=100", f"adapter.kind={kind}")
+    common = ("train.eval_every=100", f"adapter.kind={kind.split('-')[0]}",
+              f"adapter.remix.spread={str(kind == 'remix-spread').lower()}")
     plain, plain_state, _ = _one_step(fast_config(*common, f"run_dir={tmp_path / 'a'}"))
     ckpt, ckpt_state, _ = _one_step(fast_config(*common, "train.gradient_checkpointing=true", f"run_dir={tmp_path / 'b'}"))
     assert plain["train/n_sequences"] > 0 and ckpt["reward_mean"] == plain["reward_mean"]
     assert abs(ckpt["loss"] - plain["loss"]) < 1e-6 and abs(ckpt["grad_norm"] - plain["grad_norm"]) < 1e-5
-    moved = max((plain_state[k] - ckpt_state[k]).abs().max().item() for k in plain_state)
+    # Spread ReMix's routers are left out: at the first step every LoRA's B is 0 and no routing matters, so
+    # their gradient is the noise of the baseline (other completions' values), small, and AdamW's first step
+    # turns any gradient, however small, into a step of about the learning rate (1e-2): the rounding between
+    # the two paths moves them by up to 2e-3.
+    compared = [k for k in plain_state if not (kind == "remix-spread" and "router" in k)]
+    assert len(compared) > len(plain_state) // 2
+    moved = max((plain_state[k] - ckpt_state[k]).abs().max().item() for k in compared)
     # A checkpointed model returns no KV cache in training, so its rows run in full where the plain step runs
     # a group's prompt once (``shared_prompt_logprobs``; ReMix: once a routing, ``routed_logprobs``): the
     # same update up to float rounding.

@@ -153,7 +153,7 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     from tests.node.conftest import make_config
 
     cfg = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
-                      "adapter.remix.k=2", "train.steps=2")
+                      "adapter.remix.k=2", "adapter.remix.spread=false", "train.steps=2")
     node = Node(cfg, cfg.run_dir, show_progress=False)
     node.setup()
     before = {n: p.detach().clone() for n, p in node.policy.model.named_parameters()}
@@ -180,7 +180,7 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     assert sorted(last["routing_lora_norm"]) == ["0", "1", "2", "3"]
     assert max(last["routing_lora_norm"].values()) > 0  # the LoRAs trained so far have moved
     resumed = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
-                          "adapter.remix.k=2", "train.steps=3")
+                          "adapter.remix.k=2", "adapter.remix.spread=false", "train.steps=3")
     node2 = _run(resumed)
     assert node2.step == 3
     assert [r["step"] for r in read_metrics(tmp_path / "rx" / "metrics.jsonl")] == [1, 2, 3]
