@@ -157,8 +157,8 @@ class IngestConfig(Section):
         -9.2, lt=0, description="a peer token this node's model gives a log-prob below this (-9.2: 1e-4) is not "
         "trained on: peers can only reinforce tokens the node might sample itself")
     screen_positive_floor: float | None = Field(
-        -2.3, lt=0, description="a peer token in a completion the loss pushes up counts fully when this node's model "
-        "gives it at least this log-prob (-2.3: 0.1), below it in proportion to its probability: a peer can only "
+        -1.2, lt=0, description="a peer token in a completion the loss pushes up counts fully when this node's model "
+        "gives it at least this log-prob (-1.2: 0.3), below it in proportion to its probability: a peer can only "
         "teach at full speed what the node already says (null: every token counts fully)")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")

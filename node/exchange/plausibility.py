@@ -37,7 +37,7 @@ class ScreenSettings:
 
     enabled: bool = True
     token_floor: float = -9.2  # log(1e-4)
-    positive_floor: float | None = -2.3  # log(0.1)
+    positive_floor: float | None = -1.2  # log(0.3)
     window: int = 6
     span_quantile: float = 0.01
     span_margin: float = 1.0
