@@ -44,17 +44,14 @@ def prompt_units(prompts: Sequence[Sequence[int]], m: int) -> tuple[list[list[in
 def spread_units(prompts: Sequence[Sequence[int]], m: int) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
     """The distinct prompts, and for each row b its unit ``j * P + p`` and its routing j: the i-th row of a
     distinct prompt p takes routing ``i mod m``."""
-    distinct: dict[tuple[int, ...], int] = {}
+    distinct, index = prompt_units(prompts, 1)  # one routing: a row's unit is its distinct prompt
     seen: dict[int, int] = {}
-    units, routings = [], []
-    for prompt in prompts:
-        p = distinct.setdefault(tuple(prompt), len(distinct))
-        j = seen.get(p, 0) % m
+    routing = []
+    for p in index.tolist():
+        routing.append(seen.get(p, 0) % m)
         seen[p] = seen.get(p, 0) + 1
-        units.append((j, p))
-        routings.append(j)
-    rows = torch.tensor([j * len(distinct) + p for j, p in units], dtype=torch.long)
-    return [list(p) for p in distinct], rows, torch.tensor(routings, dtype=torch.long)
+    routing_of = torch.tensor(routing, dtype=torch.long)
+    return distinct, routing_of * len(distinct) + index, routing_of
 
 
 def routed_logprobs(

@@ -149,11 +149,12 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path):
     assert "stopped at step" in out
 
 
-def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
+def _trained_remix_node(run_dir, *, spread: bool) -> Node:
+    """A ReMix node (4 LoRAs, 2 routed) run for 2 steps: it changed its LoRAs and routers and nothing frozen."""
     from tests.node.conftest import make_config
 
-    cfg = make_config(str(tmp_path / "rx"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
-                      "adapter.remix.k=2", "adapter.remix.spread=false", "train.steps=2")
+    cfg = make_config(str(run_dir), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4", "adapter.remix.k=2",
+                      f"adapter.remix.spread={str(spread).lower()}", "train.steps=2")
     node = Node(cfg, cfg.run_dir, show_progress=False)
     node.setup()
     before = {n: p.detach().clone() for n, p in node.policy.model.named_parameters()}
@@ -164,6 +165,13 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed <= trainable
     assert any("lora_B" in n for n in changed) and any("router" in n for n in changed)
+    return node
+
+
+def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
+    from tests.node.conftest import make_config
+
+    node = _trained_remix_node(tmp_path / "rx", spread=False)
     rows = read_metrics(tmp_path / "rx" / "metrics.jsonl")
     # Routers start at zero: uniform, entropy ln 4 (n=4). At step 1 every LoRA's B is still 0, so all M
     # routings give the same loss and the RLOO router gradient is exactly 0: still ln 4. By step 2 the
@@ -191,20 +199,7 @@ def test_a_spread_remix_node_trains_its_loras_and_routers_on_one_routing_a_compl
     the routers train, the base does not. Unlike M routings a completion, the router moves at step 1 already,
     while every LoRA's B is 0 and no routing can matter: its baseline is other completions' losses, whose
     differences it learns from as noise (zero in expectation, not in one step)."""
-    from tests.node.conftest import make_config
-
-    cfg = make_config(str(tmp_path / "sp"), "adapter.kind=remix", "adapter.rank=4", "adapter.remix.n=4",
-                      "adapter.remix.k=2", "adapter.remix.spread=true", "train.steps=2")
-    node = Node(cfg, cfg.run_dir, show_progress=False)
-    node.setup()
+    node = _trained_remix_node(tmp_path / "sp", spread=True)
     assert node.trainer.spread_routings and node.trainer.routings_per_row == 1
-    before = {n: p.detach().clone() for n, p in node.policy.model.named_parameters()}
-    node.run()
-    node.close()
-    after = {n: p.detach() for n, p in node.policy.model.named_parameters()}
-    trainable = {n for n, p in node.policy.model.named_parameters() if p.requires_grad}
-    changed = {n for n in before if not torch.equal(before[n], after[n])}
-    assert changed <= trainable
-    assert any("lora_B" in n for n in changed) and any("router" in n for n in changed)
     entropies = [r["router_entropy"] for r in read_metrics(tmp_path / "sp" / "metrics.jsonl")]
     assert all(e < math.log(4) - 1e-4 for e in entropies), entropies
