@@ -1,7 +1,7 @@
 """Verifier-passing poison against a real victim node, with and without its defence (docs/trust.md).
 
 Usage: python scripts/lab/poison.py [--model smollm2|small] [--attacks phrase-prefix,length,...|all]
-                                    [--arms silo,undefended,defended] [--steps 50] [--seeds 0]
+                                    [--arms silo,shared,undefended,defended] [--steps 50] [--seeds 0]
                                     [--honest same|small|none] [--out runs/poison] [--threads 2]
 
 Each run is a victim among one honest peer and one attacker (``scripts/lib/poison/lab.py``: real nodes on an
@@ -37,7 +37,7 @@ MODELS = {
                                           "generation.max_new_tokens=64")),
 }
 HONEST = {"small": "configs/small-silo.yaml"}
-ARMS = {"silo": (), "undefended": ("ingest.screen=false",), "defended": ()}
+ARMS = {"silo": (), "shared": (), "undefended": ("ingest.screen=false",), "defended": ()}
 
 
 def specs(args: argparse.Namespace) -> list[LabSpec]:
@@ -51,6 +51,13 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
                 out.append(LabSpec(None, config, (*overrides, *args.set), silo=True, steps=args.steps, seed=seed,
                                    threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
                                    label=args.model))
+                continue
+            if arm == "shared":
+                if args.honest == "none":
+                    continue  # no peer at all: the silo
+                out.append(LabSpec(None, config, (*overrides, *args.set), honest_config=honest_config,
+                                   steps=args.steps, seed=seed, threads=args.threads, eval_tasks=args.eval_tasks,
+                                   samples=args.samples, label=f"{args.model}-shared"))
                 continue
             for attack, extra in runs:
                 out.append(LabSpec(attack, config, (*overrides, *args.set), ARMS[arm], honest=args.honest != "none",
@@ -73,6 +80,9 @@ def table(results: list[dict]) -> list[str]:
         dropped = sum(n for k, n in (v.get("ingest_rejected") or {}).items() if k in ("implausible", "too_long_for_us"))
         reward = f"{r['greedy_reward']:.3f} ({base['greedy_reward']:.3f})" if base else f"{r['greedy_reward']:.3f}"
         length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
+        if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
+            lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | "
+                         f"{dropped} / {v.get('screen_tokens_masked', 0)} |")
         for a in r["asr_sampled"]:
             before, after = r["payload_before"].get(a), r["payload_after"].get(a)
             lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
@@ -86,7 +96,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=list(MODELS), default="smollm2")
     p.add_argument("--attacks", default="all", help=f"comma-separated of {list(SUITE)}, or all")
-    p.add_argument("--arms", default="silo,undefended,defended")
+    p.add_argument("--arms", default="silo,undefended,defended", help=f"comma-separated of {list(ARMS)}")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seeds", default="0", help="comma-separated")
     p.add_argument("--honest", choices=("same", "small", "none"), default="same",

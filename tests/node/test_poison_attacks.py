@@ -8,10 +8,13 @@ same seeds and attackers, does not move toward any payload, bans the attackers, 
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from scripts.lib.poison.attacks import SUITE, together
 from scripts.lib.poison.lab import LabSpec, run
+from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
 VICTIM = ("tasks.datasets=[calendar_arithmetic]", "tasks.eval_size=16", "sapo.local_groups=2", "sapo.external_groups=8",
@@ -50,3 +53,27 @@ def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefend
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert defended.greedy_reward >= undefended.greedy_reward - 0.05  # learning goes on (it fell undefended)
     assert defended.honest_read >= 64 and defended.honest_dropped <= 0.05 * defended.honest_read
+
+
+def test_the_lab_arms_and_their_table():
+    """The lab script's arms as specs (the shared arm: an honest peer and no attacker, none without a peer),
+    and its table's rows (one a payload; the shared arm one without)."""
+    lab = load_script("lab/poison")
+    args = argparse.Namespace(model="small", attacks=["length"], arms=["silo", "shared", "defended"], seeds=[3],
+                              honest="same", steps=5, threads=1, eval_tasks=4, samples=1, attacker_groups=2,
+                              together=False, set=[])
+    silo, shared, defended = lab.specs(args)
+    assert silo.silo and not shared.silo and not defended.silo
+    assert shared.honest and shared.all_attacks() == [] and shared.name == "honest-small-shared-s3"
+    assert defended.all_attacks() == [SUITE["length"]] and defended.victim_overrides == ()
+    assert [s.name for s in lab.specs(argparse.Namespace(**{**vars(args), "honest": "none"}))] == \
+        ["silo-small-s3", "length-small-defended-s3"]
+
+    def result(spec, reward, length, asr):
+        return {"spec": {"seed": spec.seed, "silo": spec.silo, "label": spec.label}, "victim": {},
+                "greedy_reward": reward, "sampled_length": length, "asr_sampled": asr, "asr_greedy": asr,
+                "payload_before": {a: -5.0 for a in asr}, "payload_after": {a: -6.0 for a in asr}}
+    rows = lab.table([result(silo, 0.5, 10.0, {}), result(shared, 0.25, 12.0, {}),
+                      result(defended, 0.75, 11.0, {"length": 0.0})])[2:]
+    assert rows == ["| (none) | shared | 3 | - | - | 0.250 (0.500) | 12.0 (10.0) | - | 0 / 0 |",
+                    "| length | defended | 3 | 0.0% | 0.0% | 0.750 (0.500) | 11.0 (10.0) | -5.00 -> -6.00 | 0 / 0 |"]
