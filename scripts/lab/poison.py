@@ -52,14 +52,9 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
                                    threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
                                    label=args.model))
                 continue
-            if arm == "shared":
-                if args.honest == "none":
-                    continue  # no peer at all: the silo
-                out.append(LabSpec(None, config, (*overrides, *args.set), honest_config=honest_config,
-                                   steps=args.steps, seed=seed, threads=args.threads, eval_tasks=args.eval_tasks,
-                                   samples=args.samples, label=f"{args.model}-shared"))
-                continue
-            for attack, extra in runs:
+            if arm == "shared" and args.honest == "none":
+                continue  # no peer at all: the silo
+            for attack, extra in [(None, ())] if arm == "shared" else runs:  # shared: the honest peer, no attacker
                 out.append(LabSpec(attack, config, (*overrides, *args.set), ARMS[arm], honest=args.honest != "none",
                                    honest_config=honest_config, steps=args.steps, seed=seed, threads=args.threads,
                                    attacker_groups=args.attacker_groups, eval_tasks=args.eval_tasks,
