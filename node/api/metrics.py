@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "swarm_node_"
 COUNTERS = frozenset({
     "step", "batches_published", "batches_accepted", "batches_rejected", "ingest_groups_accepted",
-    "ingest_retokenized", "ingest_reanchored", "ingest_rejected", "ingest_surplus",
+    "ingest_retokenized", "ingest_reanchored", "ingest_answers_verified", "ingest_rejected", "ingest_surplus",
 })
 """Record keys that only ever grow over a run (Prometheus counters); every other number is a gauge."""
 _SKIPPED = frozenset({"time"})  # the wall clock of the row: served as swarm_node_last_step_timestamp_seconds

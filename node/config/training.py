@@ -160,6 +160,10 @@ class IngestConfig(Section):
         -1.2, lt=0, description="a peer token in a completion the loss pushes up counts fully when this node's model "
         "gives it at least this log-prob (-1.2: 0.3), below it in proportion to its probability: a peer can only "
         "teach at full speed what the node already says (null: every token counts fully)")
+    screen_answer_full: bool = Field(
+        False, description="the tokens of a peer completion's final answer count fully (no token floor, no "
+        "weight) when that answer is the task's reference verbatim: the verifier has read them and the task, "
+        "not the peer, chose them")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")
     screen_span_quantile: float = Field(

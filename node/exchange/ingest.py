@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings
+from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings, answer_token_span
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import (
@@ -141,6 +141,7 @@ class Ingestor:
         self.offences: Counter[str] = Counter()
         self.accepted_groups = 0
         self.retokenized = 0
+        self.answers_verified = 0  # peer completions whose answer tokens count fully (screen.answer_full)
         self.reanchored = 0  # same tokenizer, but the peer prompted otherwise: our own anchor, not its log-probs
         self.last_seconds = 0.0
         tok = policy.tokenizer
@@ -303,6 +304,11 @@ class Ingestor:
         if rewards is None:
             return None, offence
         group.rewards = rewards
+        if self.screen.enabled and self.screen.answer_full and task.answer is not None:
+            decode = lambda ids: str(self.policy.tokenizer.decode(ids, skip_special_tokens=True))  # noqa: E731
+            group.answer_spans = [answer_token_span(decode, ids, task.answer) if r > 0 else None
+                                  for ids, r in zip(group.completions, rewards)]
+            self.answers_verified += sum(span is not None for span in group.answer_spans)
         if len(set(rewards)) > 1 or self.anchor_flat_groups:
             self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
         return self._screened(group, peer_id)
@@ -334,9 +340,7 @@ class Ingestor:
             self._reject("empty_group", group.key)
             return None, None
         if len(keep) < len(group.completions):
-            group.completions = [group.completions[i] for i in keep]
-            group.anchor_logprobs = [group.anchor_logprobs[i] for i in keep]
-            group.rewards = [group.rewards[i] for i in keep]
+            group.keep_only(keep)
         return group, None
 
     def record_screened(self, by_peer: dict[str, list[float]]) -> None:
@@ -481,7 +485,7 @@ class Ingestor:
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ingest_groups_accepted": self.accepted_groups, "ingest_retokenized": self.retokenized,
-                               "ingest_reanchored": self.reanchored,
+                               "ingest_reanchored": self.reanchored, "ingest_answers_verified": self.answers_verified,
                                "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
                                "ingest_offences": dict(self.offences),
                                "screen_rows": self.screened[0], "screen_tokens": self.screened[1],

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["OwnProfile", "ScreenSettings", "least_plausible_span", "quantile"]
+from node.tasks.prompting import tagged_answer_span
+
+__all__ = ["OwnProfile", "ScreenSettings", "answer_token_span", "least_plausible_span", "quantile"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class ScreenSettings:
     enabled: bool = True
     token_floor: float = -9.2  # log(1e-4)
     positive_floor: float | None = -1.2  # log(0.3)
+    answer_full: bool = False
     window: int = 6
     span_quantile: float = 0.01
     span_margin: float = 1.0
@@ -47,6 +50,45 @@ class ScreenSettings:
     ban_share: float = 0.9
     ban_window: int = 64
     history: int = 1024
+
+
+def answer_token_span(decode: Callable[[list[int]], str], ids: Sequence[int], answer: str) -> tuple[int, int] | None:
+    """``(lo, hi)``: the tokens ``ids[lo:hi]`` that spell a completion's tagged final answer, when that answer is
+    ``answer`` (the task's reference) verbatim; None otherwise, or when those tokens would also carry text
+    other than the answer, its tags and whitespace. ``decode`` turns ids into text (special tokens left out).
+
+    What the verifier has read and the task fixes: the one part of a peer's positive completion it did not
+    choose."""
+    ids = list(ids)
+    text = decode(ids)
+    span = tagged_answer_span(text)
+    if span is None or not answer.strip() or text[span[0] : span[1]] != answer.strip():
+        return None
+    start, end = span
+
+    def first(at_least: int, offset: int) -> int:
+        """The smallest i with len(decode(ids[:i + offset])) > or >= the bound (prefix lengths grow with i)."""
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(decode(ids[: mid + offset])) >= at_least:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    lo = first(start + 1, 1)  # the token whose text reaches past the answer's first character
+    hi = first(end, 0)  # the first prefix that holds the whole answer
+    if lo >= hi:
+        return None
+    before = len(decode(ids[:lo]))
+    lifted = decode(ids[lo:hi])
+    head, tail = text[before:start], text[end : before + len(lifted)]
+    if not text.startswith(lifted, before) or answer.strip() not in lifted:
+        return None  # a tokenizer whose pieces do not decode to the whole's substrings
+    if not "<answer>".endswith(head.strip().lower()) or not "</answer>".startswith(tail.strip().lower()):
+        return None
+    return lo, hi
 
 
 def least_plausible_span(logprobs: Sequence[float], window: int) -> float:

@@ -58,6 +58,25 @@ def extract_answer(completion: str) -> str | None:
     return lines[-1] if lines else None
 
 
+def tagged_answer_span(completion: str) -> tuple[int, int] | None:
+    """``(start, end)``: where in ``completion`` the answer ``extract_answer`` returns lies, when it comes from
+    ``<answer>`` tags (the last closed pair, or a last unclosed tag); None otherwise."""
+    tagged = list(_ANSWER_TAG.finditer(completion))
+    if tagged:
+        start, end = tagged[-1].span(1)
+    else:
+        opens = list(_OPEN_TAG.finditer(completion))
+        if not opens:
+            return None
+        start, end = opens[-1].end(), len(completion)
+    content = completion[start:end]
+    if not content.strip():
+        return None
+    start += len(content) - len(content.lstrip())
+    end -= len(content) - len(content.rstrip())
+    return start, end
+
+
 @dataclass(frozen=True)
 class Example:
     """A worked example shown before the question: a user turn and the assistant turn answering it."""

@@ -36,10 +36,23 @@ class TrainGroup:
     routings: list[list[int]] = field(default_factory=list)
     all_rewards: list[float] | None = None  # Reinforce-Ada: every reward drawn for the task (global baseline)
     dataset: str = ""  # the task's dataset (selection prefers some datasets over others)
+    # A peer's completions: the tokens [lo, hi) of each one's verified final answer, or None (see
+    # node.exchange.plausibility.answer_token_span); empty when not computed.
+    answer_spans: list[tuple[int, int] | None] = field(default_factory=list)
 
     @property
     def is_local(self) -> bool:
         return self.peer_id == ""
+
+    def keep_only(self, indices: list[int]) -> None:
+        """Keep the completions at ``indices`` (before advantages are assigned), with what goes with each."""
+        self.completions = [self.completions[i] for i in indices]
+        self.anchor_logprobs = [self.anchor_logprobs[i] for i in indices]
+        self.rewards = [self.rewards[i] for i in indices]
+        if self.routings:
+            self.routings = [self.routings[i] for i in indices]
+        if self.answer_spans:
+            self.answer_spans = [self.answer_spans[i] for i in indices]
 
 
 def assign_advantages(groups: list[TrainGroup], kind: AdvantageKind, external_shift: float = 0.0) -> list[TrainGroup]:

@@ -51,12 +51,16 @@ def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor
     return torch.where(lengths > window, lowest, whole)
 
 
-def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: PeerScreen) -> tuple[Tensor, Tensor]:
+def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: PeerScreen,
+                       verified: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(keep [B, T], dropped [B])``: the tokens the loss may use (own rows: all of theirs) and the peer rows
-    dropped by the span bound."""
+    dropped by the span bound. ``verified`` (``[B, T]``, optional): tokens of a verified answer, which the
+    token floor spares (the span bound still drops their row)."""
     valid = mask.bool()
     lp = logprobs.detach().float()
     peer_tokens = peer[:, None] & valid
+    if verified is not None:
+        peer_tokens = peer_tokens & ~verified
     keep = valid & ~(peer_tokens & (lp < screen.token_floor))
     dropped = torch.zeros_like(peer, dtype=torch.bool)
     if screen.span_floor is not None:
@@ -67,10 +71,13 @@ def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: Pee
 
 
 def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantages: Tensor,
-                          positive_floor: float) -> Tensor:
+                          positive_floor: float, verified: Tensor | None = None) -> Tensor:
     """``[B, T]`` factors on each token's surrogate: ``min(1, exp(logprob - positive_floor))`` on the tokens of
-    peer rows whose advantage is above 0, 1 everywhere else (own rows, negatives, padding)."""
+    peer rows whose advantage is above 0, 1 everywhere else (own rows, negatives, padding, and the tokens of a
+    verified answer when ``verified`` marks them)."""
     lp = torch.where(mask.bool(), logprobs.detach().float(), torch.zeros_like(logprobs, dtype=torch.float32))
     weights = torch.exp((lp - positive_floor).clamp(max=0.0))
     pushed_up = (peer & (advantages > 0))[:, None] & mask.bool()
+    if verified is not None:
+        pushed_up = pushed_up & ~verified
     return torch.where(pushed_up, weights, torch.ones_like(weights))

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 
 # prompt, completion, anchors, advantage, own sample, author ("" for the node's own)
-_Row = tuple[list[int], list[int], list[float], float, bool, str]
+# prompt ids, completion ids, anchor log-probs, advantage, own, author, the tokens of its verified answer
+_Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None]
 
 
 class Trainer:
@@ -151,10 +152,11 @@ class Trainer:
         self._screen_counts = []  # per micro-batch: the rows' authors and their [4, B] counts
         self.screened = {}
         rows: list[_Row] = [
-            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id)
+            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id, span)
             for g in groups
             if g.advantages is not None
-            for ids, lps, a in zip(g.completions, g.anchor_logprobs, g.advantages.tolist())
+            for ids, lps, a, span in zip(g.completions, g.anchor_logprobs, g.advantages.tolist(),
+                                         g.answer_spans or [None] * len(g.completions))
             if ids
         ]
         for g in (g for g in groups if g.advantages is not None):  # an anchor a token, or the loss is nonsense
@@ -276,10 +278,12 @@ class Trainer:
         peer tokens (None without them); their counts kept on the device (read once, at the end of the step)."""
         if self._screen is None or all(r[4] for r in rows):
             return mask, None
-        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen)
+        verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
+        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen, verified)
         weights = None
         if self._screen.positive_floor is not None:
-            weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor)
+            weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor,
+                                            verified)
         n = count_rows or len(rows)
         valid, peer_rows = mask[:n].bool(), peer[:n]
         pushed_up = (valid & keep[:n]) & (peer_rows & (advantages[:n] > 0))[:, None]
@@ -440,6 +444,16 @@ class Trainer:
         ((loss + router_loss) * weight).backward()
         remix.deterministic()
         return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}
+
+
+def _verified_tokens(rows: list[_Row], mask: torch.Tensor) -> torch.Tensor:
+    """``mask``'s shape: the tokens of each row's verified answer (rows repeated down the batch, as ReMix's
+    routings repeat them)."""
+    marks = torch.zeros(len(rows), mask.shape[1], dtype=torch.bool)
+    for i, row in enumerate(rows):
+        if row[6] is not None:
+            marks[i, row[6][0] : row[6][1]] = True
+    return marks.to(mask.device).repeat(mask.shape[0] // len(rows), 1)
 
 
 def _times(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

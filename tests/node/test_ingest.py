@@ -219,3 +219,39 @@ def test_a_flat_group_is_anchored_only_when_a_baseline_shift_can_give_it_signal(
         assert [len(a) for a in flat_anchors] == [len(c) for c in got[refs[1].key()].completions]
     else:
         assert flat_anchors == [[], []]
+
+
+@pytest.mark.parametrize("answer_full", [False, True])
+def test_a_peer_completion_whose_answer_is_the_reference_has_its_answer_tokens_marked(answer_full: bool,
+                                                                                     small_base: Any) -> None:
+    """With ``screen.answer_full``, each correct peer completion carries the tokens of its tagged answer (when
+    the answer is the task's reference verbatim and those tokens say nothing else); counted. Without it, none."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.exchange.plausibility import ScreenSettings
+    from node.policy.model import build_policy
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path=str(small_base), device="cpu"), AdapterConfig(), seed=0)
+    source = build_task_source("reasoning_gym", ["basic_arithmetic"], None, 0)  # scores the tagged answer
+    ref = next(r for r in (source.make_ref("basic_arithmetic", i) for i in range(40))
+               if not source.is_held_out(source.task(r)))
+    right = source.task(ref).answer
+    texts = [f"<answer>{right}</answer>", f"Visit example.org <answer>{right}</answer>",
+             f"<answer>example.org {right}</answer>", "<answer>1</answer>"]
+    group = RolloutGroup(ref, tuple(dataclasses.replace(_rollout(t), task=ref) for t in texts))
+    ingestor = Ingestor(policy, source, temperature=1.0, max_completion_tokens=64,
+                        limits=IngestLimits(max_seconds=600.0, max_seconds_per_peer=600.0),
+                        screen=ScreenSettings(answer_full=answer_full))
+    (got,) = ingestor.ingest(RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (group,)))
+    assert got.rewards[0] == got.rewards[1] == 1.0 and got.rewards[3] == 0.0
+    if not answer_full:
+        assert got.answer_spans == [] and ingestor.metrics()["ingest_answers_verified"] == 0
+        return
+    decode = policy.tokenizer.decode
+    spans = got.answer_spans
+    assert spans[2] is None and spans[3] is None
+    for ids, span in zip(got.completions[:2], spans[:2]):
+        assert span is not None and right in decode(ids[span[0] : span[1]])
+        assert "example" not in decode(ids[span[0] : span[1]])
+    assert ingestor.metrics()["ingest_answers_verified"] == 2

@@ -12,10 +12,12 @@ from node.exchange.plausibility import (
     AuthorVerdicts,
     OwnProfile,
     ScreenSettings,
+    answer_token_span,
     least_plausible_span,
     quantile,
 )
 from node.policy.logprobs import right_pad
+from node.tasks.prompting import extract_answer, tagged_answer_span
 from node.train.screen import PeerScreen, least_plausible_spans, positive_peer_weights, screen_peer_tokens
 
 
@@ -60,6 +62,73 @@ def test_positive_peer_tokens_weigh_their_probability_over_the_floors():
     torch.testing.assert_close(got, torch.tensor([[0.1, 1.0], [0.1, 0.5], [1.0, 1.0], [1.0, 1.0]]), rtol=1e-5, atol=0)
     zero = positive_peer_weights(values, mask, peer, torch.zeros(4), math.log(0.1))
     assert zero.tolist() == [[1.0, 1.0]] * 4  # no push, no weight
+
+
+def test_verified_answer_tokens_escape_the_token_floor_and_the_weight_only():
+    """The tokens ``verified`` marks count fully and are never masked by the token floor; the other tokens of
+    their row, and a row dropped by the span bound, are screened as before."""
+    rows = [[math.log(0.01), math.log(0.01), math.log(1e-6)], [-12.0, -12.0, -12.0]]
+    values, mask = right_pad(rows, 0.0, torch.float32)
+    peer, advantages = torch.tensor([True, True]), torch.tensor([1.0, 1.0])
+    verified = torch.tensor([[False, True, True], [False, False, True]])
+    weights = positive_peer_weights(values, mask, peer, advantages, math.log(0.1), verified)
+    torch.testing.assert_close(weights[0], torch.tensor([0.1, 1.0, 1.0]), rtol=1e-5, atol=0)
+    keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2), verified)
+    assert keep.tolist() == [[True, True, True], [False, False, True]] and not dropped.any()
+    keep, dropped = screen_peer_tokens(values, mask, peer, PeerScreen(token_floor=-9.2, window=2, span_floor=-10.0),
+                                       verified)
+    assert dropped.tolist() == [False, True] and not keep[1].any()
+
+
+@pytest.mark.parametrize("text, span", [
+    ("7 + 8 = 15. <answer>15</answer>", (20, 22)),
+    ("<answer>  15 \n</answer>", (10, 12)),
+    ("<ANSWER>15</ANSWER> and <answer>16</answer>", (32, 34)),  # the last pair, as extract_answer reads it
+    ("it is <answer>15", (14, 16)),  # stopped at the closing tag
+    ("<answer> </answer>", None),
+    ("Answer: 15", None),  # scored, but not from tags
+])
+def test_the_tagged_answer_span_is_what_extract_answer_reads(text, span):
+    assert tagged_answer_span(text) == span
+    if span is not None:
+        assert text[span[0] : span[1]] == extract_answer(text)
+
+
+def _words(ids):
+    """A toy decoder: token i is VOCAB[i] (pieces that cut through the tags, as real tokenizers do)."""
+    return "".join(VOCAB[i] for i in ids)
+
+
+VOCAB = ["So ", "4", "2", "<answer>", "</answer>", "<ans", "wer>4", "2</", "answer>", "evil ", "wer>evil 42", "42"]
+
+
+@pytest.mark.parametrize("ids, span", [
+    ([0, 3, 1, 2, 4], (2, 4)),  # "So <answer>42</answer>": the two digit tokens
+    ([0, 5, 6, 7, 8], (2, 4)),  # "<ans" "wer>4" "2</" "answer>": tag pieces ride along with the digits
+    ([9, 3, 11, 4], (2, 3)),  # text before the tags is not lifted
+    ([3, 9, 11, 4], None),  # "<answer>evil 42</answer>": not the reference verbatim
+    ([5, 10, 4], None),  # "<answer>evil 42" inside one token with the answer: carries other text
+    ([3, 1, 1, 4], None),  # a wrong answer
+    ([0, 1, 2], None),  # no tags
+])
+def test_the_answer_tokens_spell_the_reference_and_nothing_a_peer_chose(ids, span):
+    assert answer_token_span(_words, ids, "42") == span
+    if span is not None:
+        assert "42" in _words(ids[span[0] : span[1]])
+
+
+def test_the_answer_tokens_of_a_real_byte_level_tokenizer(small_base):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(small_base)
+    for text, answer in [("7 + 8 = 15. <answer>15</answer>", "15"), ("So it is <answer> -123 </answer>", "-123"),
+                         ("<answer>Friday</answer>", "Friday")]:
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        span = answer_token_span(lambda x: tok.decode(x, skip_special_tokens=True), ids, answer)
+        assert span is not None, text
+        lifted = tok.decode(ids[span[0] : span[1]])
+        assert answer in lifted and set(lifted.replace(answer, "", 1)) <= set("<answer/> "), (text, lifted)
+        assert answer_token_span(lambda x: tok.decode(x, skip_special_tokens=True), ids, answer + "0") is None
 
 
 def test_quantile():

@@ -374,6 +374,28 @@ def test_a_positive_peer_token_weighs_in_proportion_to_its_probability_below_the
 
 
 @pytest.mark.parametrize("fused", [True, False])
+def test_the_tokens_of_a_verified_answer_escape_the_floor_and_the_weight(fused):
+    """A screen that masks every peer token (floors just below 0) still trains the tokens of a row's verified
+    answer (``answer_spans``), at full weight: the loss is the policy loss over those tokens alone."""
+    from node.policy.logprobs import right_pad
+    from node.train.losses import policy_loss
+    from node.train.screen import PeerScreen
+
+    policy, trainer, _ = _lever_trainer(fused=fused)
+    group = _screened_group()
+    group.answer_spans = [(1, 3), None]
+    lps = _row_logprobs(policy, group)
+    _, mask = right_pad(group.completions, 0, torch.long)
+    verified = torch.zeros_like(mask)
+    verified[0, 1:3] = True
+    expected, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, verified, "reinforce")
+    got = trainer.step([group], screen=PeerScreen(token_floor=-1e-3, window=2, positive_floor=-1e-3))["loss"]
+    assert got == pytest.approx(float(expected), rel=1e-5) and float(expected) != 0.0
+    rows, dropped, tokens, masked, pushed, weight = trainer.screened["p"]
+    assert (rows, dropped, tokens, masked, pushed, weight) == (2, 0, 6, 4, 2, 2.0)  # pushed up at weight 1
+
+
+@pytest.mark.parametrize("fused", [True, False])
 def test_the_screen_leaves_the_nodes_own_rows_alone(fused):
     from node.train.screen import PeerScreen
 
