@@ -13,6 +13,9 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   own log-probs (``node.train.screen``: no forward pass of its own), with the bounds ``Ingestor.screen_bounds``
   gives, as is the weight of a token the loss pushes up: full above ``exp(positive_floor)``, in proportion to
   its probability below;
+- the answer: with ``answer_full``, the tokens of a positive peer completion that spell its tagged final
+  answer, when it is the task's reference verbatim (``answer_token_span``), escape the token floor and the
+  weight: the task chose them, not the peer;
 - length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
   the same dataset is dropped at ingestion (``too_long_for_us``): needlessly long but correct text is how an
   attacker makes a node verbose.
