@@ -57,7 +57,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-only", nargs="+", metavar="ARM",
                    help="run only the runs of these arms (e.g. while their silos run in another process); the "
                    "grid's other runs are reported if finished in --out")
+    p.add_argument("--baselines", metavar="OUT",
+                   help="pair the arms with the silo runs finished in this other results folder (same setting, "
+                   "split, seed, nodes and steps; their --set may differ): a lever's arm, run with --run-only "
+                   "and its own --set, against the silo already run without it")
     p.add_argument("--report", action="store_true",
                    help="run nothing: tables, goals and plot from the grid's runs already finished in --out")
     args = p.parse_args(argv)
@@ -201,6 +205,27 @@ def _finished(grid: list[RunSpec], runs_dir: Path) -> tuple[list[dict[str, Any]]
                 continue
         todo.append(spec)
     return results, todo
+
+
+def borrowed_baselines(grid: list[RunSpec], results: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
+    """The silo runs of ``grid`` missing from ``results`` that ``folder/runs`` holds with other config
+    overrides (everything else of the spec the same), each named as borrowed."""
+    have = {(r["spec"]["setting"], r["spec"]["arm"], r["spec"]["split"], r["spec"]["seed_index"]) for r in results}
+    saved = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
+    borrowed = []
+    for spec in grid:
+        key = (spec.setting, spec.arm, spec.split, spec.seed_index)
+        if spec.arm not in BASELINE_OF.values() or key in have:
+            continue
+        wanted = replace(spec, extra=())
+        for res in saved:
+            if same_spec({**res["spec"], "extra": []}, wanted):
+                print(f"bench_sapo: baseline {res['name']} from {folder} (its --set: {res['spec'].get('extra')})",
+                      flush=True)
+                borrowed.append(res)
+                have.add(key)
+                break
+    return borrowed
 
 
 def execute(grid: list[RunSpec], jobs: int, out: Path, run: bool = True, checkpoint_every: int = 0,
@@ -287,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_sapo: {kind} nodes start from {trained_run(trained)}", flush=True)
     results = execute(grid, args.jobs, out, run=not args.report, checkpoint_every=args.checkpoint_every,
                       only=args.run_only)
+    if args.baselines:
+        results += borrowed_baselines(grid, results, Path(args.baselines))
     if not results:
         print(f"bench_sapo: no finished runs of this grid in {out / 'runs'}", flush=True)
         return 1

@@ -105,6 +105,17 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     text = capsys.readouterr().out
     assert "not run (left out of the tables): homogeneous-silo-4of0" in text
     assert [p.name.split("-x")[0] for p in (other / "runs").glob("*.json")] == ["homogeneous-topr_corrected-2of2"]
+    # --baselines pairs a lever's arm (its own --set) with the silo finished without it in another folder.
+    lever = [*argv[:-1], str(tmp_path / "lever"), "--run-only", "topr_corrected", "--set", "tasks.eval_size=8",
+             "ingest.screen=false", "--baselines", str(out)]
+    assert bench.main(lever) == 0
+    text = capsys.readouterr().out
+    assert "bench_sapo: baseline homogeneous-silo-4of0" in text and "'tasks.eval_size=8'" in text
+    rows = json.loads((tmp_path / "lever" / "results.json").read_text())["rows"]
+    lever_row = next(r for r in rows if r["arm"] == "topr_corrected")
+    assert lever_row["paired_seeds"] == 1 and lever_row["d_cum"]["all"] is not None
+    assert bench.main([*lever[:-2], "--report"]) == 0  # without it, no silo: nothing to pair with
+    assert "n/a" in capsys.readouterr().out
 
 
 def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
