@@ -37,8 +37,7 @@ from node.train.screen import PeerScreen, positive_peer_weights, screen_peer_tok
 logger = logging.getLogger(__name__)
 
 
-# prompt, completion, anchors, advantage, own sample, author ("" for the node's own)
-# prompt ids, completion ids, anchor log-probs, advantage, own, author, the tokens of its verified answer
+# prompt, completion, anchors, advantage, own sample, author ("" for the node's own), its verified answer's tokens
 _Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None]
 
 

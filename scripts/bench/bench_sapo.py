@@ -152,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type_overrides(tuple(args.extra), "")
     except ValueError as exc:
         p.error(str(exc))
+    if args.baselines and not (Path(args.baselines) / "runs").is_dir():
+        p.error(f"--baselines: {args.baselines} has no runs/ folder; name the --out of the silo's run")
     return args
 
 

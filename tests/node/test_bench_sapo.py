@@ -116,6 +116,9 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     assert lever_row["paired_seeds"] == 1 and lever_row["d_cum"]["all"] is not None
     assert bench.main([*lever[:-2], "--report"]) == 0  # without it, no silo: nothing to pair with
     assert "n/a" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*lever[:-1], str(tmp_path / "nowhere")])
+    assert exc.value.code == 2 and "--baselines" in capsys.readouterr().err
 
 
 def test_model_settings_give_each_type_its_config_and_all_nodes_one_task_hash():
