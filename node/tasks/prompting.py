@@ -38,6 +38,16 @@ _OPEN_TAG = re.compile(r"<answer>", re.IGNORECASE)
 _ANSWER_MARKER = re.compile(r"answer\s*:", re.IGNORECASE)
 
 
+def _tag_content(completion: str) -> tuple[int, int, bool] | None:
+    """``(start, end, closed)``: the content of the last ``<answer>...</answer>`` (closed), else the text
+    after a last unclosed ``<answer>``; None without a tag."""
+    tagged = list(_ANSWER_TAG.finditer(completion))
+    if tagged:
+        return (*tagged[-1].span(1), True)
+    opens = list(_OPEN_TAG.finditer(completion))
+    return (opens[-1].end(), len(completion), False) if opens else None
+
+
 def extract_answer(completion: str) -> str | None:
     """The final answer in a completion, stripped; None when there is nothing to score.
 
@@ -45,12 +55,10 @@ def extract_answer(completion: str) -> str | None:
     ``<answer>`` (generation may stop at the closing tag); the text after the last ``Answer:``;
     the last non-empty line.
     """
-    tagged: list[str] = _ANSWER_TAG.findall(completion)
-    if tagged:
-        return tagged[-1].strip()
-    opens = list(_OPEN_TAG.finditer(completion))
-    if opens:
-        return completion[opens[-1].end() :].strip() or None
+    tag = _tag_content(completion)
+    if tag is not None:
+        content = completion[tag[0] : tag[1]].strip()
+        return content if tag[2] else content or None
     markers = list(_ANSWER_MARKER.finditer(completion))
     if markers:
         return completion[markers[-1].end() :].strip() or None
@@ -60,21 +68,15 @@ def extract_answer(completion: str) -> str | None:
 
 def tagged_answer_span(completion: str) -> tuple[int, int] | None:
     """``(start, end)``: where in ``completion`` the answer ``extract_answer`` returns lies, when it comes from
-    ``<answer>`` tags (the last closed pair, or a last unclosed tag); None otherwise."""
-    tagged = list(_ANSWER_TAG.finditer(completion))
-    if tagged:
-        start, end = tagged[-1].span(1)
-    else:
-        opens = list(_OPEN_TAG.finditer(completion))
-        if not opens:
-            return None
-        start, end = opens[-1].end(), len(completion)
+    ``<answer>`` tags and is not empty; None otherwise."""
+    tag = _tag_content(completion)
+    if tag is None:
+        return None
+    start, end, _ = tag
     content = completion[start:end]
     if not content.strip():
         return None
-    start += len(content) - len(content.lstrip())
-    end -= len(content) - len(content.rstrip())
-    return start, end
+    return start + len(content) - len(content.lstrip()), end - (len(content) - len(content.rstrip()))
 
 
 @dataclass(frozen=True)
