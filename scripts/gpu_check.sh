@@ -22,14 +22,23 @@
 #             back (training through transformers' modules, train.fused=false; 16-row training micro-batches;
 #             a decode graph captured at each generation), their median step beside the silo's first 10
 #             steps. About 120 s more: give the lease 10 minutes.
-# Usage: scripts/gpu_check.sh [--device cpu]   (cpu: the same steps at CPU sizes, to try the script anywhere;
-#        it installs nothing unless GPU_CHECK_INSTALL=1)
+# Usage: scripts/gpu_check.sh [--device cpu] [--setup]
+#        --device cpu: the same steps at CPU sizes, to try the script anywhere (it installs nothing unless
+#        GPU_CHECK_INSTALL=1); --setup: install and fetch only, then the table, for another script's runs on
+#        the machine (scripts/experiments/remix_mix.py grid, say).
 # Logs and figures go to $GPU_CHECK_OUT (default: $OUT/gpu_check where OUT is set, else /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 PY="${PYTHON:-python3}"
 DEVICE=cuda
-[[ "${1:-}" == "--device" ]] && DEVICE="${2:?--device needs cuda or cpu}"
+SETUP_ONLY=""
+while (($#)); do
+  case $1 in
+    --device) DEVICE="${2:?--device needs cuda or cpu}"; shift 2 ;;
+    --setup) SETUP_ONLY=1; shift ;;
+    *) echo "gpu_check: unknown argument $1 (--device cuda|cpu, --setup)" >&2; exit 2 ;;
+  esac
+done
 LOGS="${GPU_CHECK_OUT:-${OUT:-/tmp}/gpu_check}"
 mkdir -p "$LOGS"
 BUNDLE=.gpu_bundle
@@ -118,6 +127,13 @@ if [[ -f $LOGS/install.log ]]; then
 fi
 
 export SWARM_NODE_CACHE="${SWARM_NODE_CACHE:-$HOME/.cache/swarm-node}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [[ -n $SETUP_ONLY ]]; then
+  step fetch 120 "$PY" -m node.cli fetch smollm2-135m
+  echo "== gpu_check --setup on $DEVICE: $STACK_AFTER (torch transformers peft); $((SECONDS - START)) s"
+  printf '%s\n' "${ROWS[@]}" "${GOALS[@]}"
+  if printf '%s\n' "${ROWS[@]}" "${GOALS[@]}" | grep -qE "fail|FAIL"; then exit 1; fi
+  exit 0
+fi
 if [[ $DEVICE == cuda ]]; then
   step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   step doctor 90 "$PY" -m node.cli doctor --device cuda
