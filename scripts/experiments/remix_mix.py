@@ -4,6 +4,8 @@ paired seeds, each adapter at its own learning rate, and the routing's own diagn
 Usage:
   python scripts/experiments/remix_mix.py run ARM --lr LR --seed S --steps N [--out runs/remix_mix]
                                           [--eval-every 10] [--threads 1] [--config CONFIG] [--extra key=value ...]
+  python scripts/experiments/remix_mix.py grid --runs ARM=LR[,LR...] ... [--seeds 0 1] --steps N [--deadline S]
+                                          [--pack FILE] [--out ...] [--eval-every 10] [--config ...] [--extra ...]
   python scripts/experiments/remix_mix.py report [--out runs/remix_mix] [--pick ARM=LR ...] [--sweep-step 30]
                                           [--plots DIR]
 
@@ -23,6 +25,13 @@ Arms, all at scale 2 a direction (LoRA ``alpha / r``, ReMix ``omega = (alpha / r
 - ``lora64``: one LoRA of rank 64: the same trainable parameters as ``remix`` (n * r = 64; ReMix's
   routers add 1%).
 
+``grid`` starts every (arm, rate, seed) of ``--runs`` x ``--seeds`` at once, each ``run`` its own process (on a
+GPU the runs share the card: ``--extra model.device=cuda model.dtype=bfloat16 model.memory_mb=6000``), prints
+each run's step every ``--every`` seconds with the machine's load, and with ``--pack`` rewrites one tar.gz of
+every run's ``metrics.jsonl``, ``config.yaml`` and log each time, so that a lease that ends early still brings back
+every step taken. At ``--deadline`` seconds the runs still going are stopped (their steps so far kept) and
+named; exit 0 when every run finished its steps, 3 when the deadline stopped some, 1 when one failed.
+
 ``report`` prints, for every run, its steps, last held-out greedy (all and by dataset), sampled reward
 over the last 20 steps and median step seconds; the sweep (every rate of seed 0 at ``--sweep-step``); and,
 for each ``--pick`` (an arm at its picked rate) against ``remix`` at its picked rate, the paired
@@ -37,9 +46,12 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +81,96 @@ def run(args: argparse.Namespace) -> int:
            *overrides]
     print(" ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env, cwd=ROOT)
+
+
+def grid_specs(runs: list[str], seeds: list[int]) -> list[tuple[str, float, int]]:
+    """``["remix=4e-4,8e-4", "lora16=2e-4"]`` x seeds -> ``[(arm, lr, seed), ...]``; a bad entry exits 2."""
+    specs = []
+    for item in runs:
+        arm, _, rates = item.partition("=")
+        if arm not in ARMS or not rates:
+            print(f"remix_mix grid: --runs {item!r}: write ARM=LR[,LR...] with ARM one of {sorted(ARMS)}",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        try:
+            lrs = [float(x) for x in rates.split(",")]
+        except ValueError:
+            print(f"remix_mix grid: --runs {item!r}: the rates must be numbers (4e-4,8e-4)", file=sys.stderr)
+            raise SystemExit(2) from None
+        specs += [(arm, lr, seed) for lr in lrs for seed in seeds]
+    return specs
+
+
+def pack(out: Path, names: list[str], dest: Path) -> None:
+    """One tar.gz of each run's metrics and config, written beside ``dest`` and renamed onto it."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for name in names:
+            for part in ("metrics.jsonl", "config.yaml"):
+                if (out / name / part).exists():
+                    tar.add(out / name / part, arcname=f"{name}/{part}")
+            if (out / f"{name}.log").exists():
+                tar.add(out / f"{name}.log", arcname=f"{name}/run.log")
+    tmp.replace(dest)
+
+
+def gpu_use() -> str:
+    """``, gpu 87% 41200 MiB`` from nvidia-smi where it answers, else nothing."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split(",")
+        return f", gpu {int(out[0])}% {int(out[1])} MiB"
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return ""
+
+
+def last_step(run_dir: Path) -> int:
+    rows = read_rows(run_dir)
+    return max((int(r["step"]) for r in rows if "step" in r), default=0)
+
+
+def grid(args: argparse.Namespace) -> int:
+    specs = grid_specs(args.runs, args.seeds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [run_name(*spec) for spec in specs]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for (arm, lr, seed), name in zip(specs, names, strict=True):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "run", arm, "--lr", repr(lr), "--seed", str(seed),
+               "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--threads", str(args.threads),
+               "--out", str(out), "--config", str(args.config), "--extra", *args.extra]
+        log = open(out / f"{name}.log", "ab")  # noqa: SIM115 - held open for the child's life
+        procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    start = time.monotonic()
+    print(f"remix_mix grid: {len(procs)} runs of {args.steps} steps: {' '.join(names)}", flush=True)
+    while True:
+        done = all(p.poll() is not None for p in procs.values())
+        late = args.deadline and time.monotonic() - start > args.deadline
+        steps = " ".join(f"{n}:{last_step(out / n)}" for n in names)
+        print(f"[{time.monotonic() - start:5.0f} s, load {os.getloadavg()[0]:.1f}{gpu_use()}] {steps}", flush=True)
+        if args.pack:
+            pack(out, names, Path(args.pack))
+        if done or late:
+            break
+        time.sleep(args.every)
+    stopped = [n for n, p in procs.items() if p.poll() is None]
+    for name in stopped:
+        os.killpg(procs[name].pid, signal.SIGTERM)
+    for name in stopped:
+        try:
+            procs[name].wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(procs[name].pid, signal.SIGKILL)
+            procs[name].wait()
+    if args.pack:
+        pack(out, names, Path(args.pack))
+    failed = [n for n, p in procs.items() if n not in stopped and p.returncode != 0]
+    for name in failed:
+        print(f"remix_mix grid: {name} exited {procs[name].returncode} (its log: {out / name}.log)", flush=True)
+    if stopped:
+        print(f"remix_mix grid: stopped at the deadline ({args.deadline:g} s): "
+              + ", ".join(f"{n} at step {last_step(out / n)}" for n in stopped), flush=True)
+    return 1 if failed else 3 if stopped else 0
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -205,13 +307,25 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default="runs/remix_mix")
     r.add_argument("--config", default=str(CONFIG), help="the node's config (default: smollm2-silo)")
     r.add_argument("--extra", nargs="*", default=[], help="more config overrides (key=value)")
+    g = sub.add_parser("grid")
+    g.add_argument("--runs", nargs="+", required=True, help="ARM=LR[,LR...] for each arm")
+    g.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    g.add_argument("--steps", type=int, default=100)
+    g.add_argument("--eval-every", type=int, default=10)
+    g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--deadline", type=float, default=0, help="stop the runs still going after S seconds (0: never)")
+    g.add_argument("--every", type=float, default=15, help="seconds between progress lines (and packs)")
+    g.add_argument("--pack", default=None, help="rewrite this tar.gz of every run's metrics and config as they go")
+    g.add_argument("--out", default="runs/remix_mix")
+    g.add_argument("--config", default=str(CONFIG), help="the node's config (default: smollm2-silo)")
+    g.add_argument("--extra", nargs="*", default=[], help="more config overrides (key=value), for every run")
     p = sub.add_parser("report")
     p.add_argument("--out", default="runs/remix_mix")
     p.add_argument("--pick", nargs="*", default=[], help="ARM=LR: each arm's picked rate (remix among them)")
     p.add_argument("--sweep-step", type=int, default=30)
     p.add_argument("--plots", default=None, help="write the plots into this folder")
     args = parser.parse_args(argv)
-    return run(args) if args.command == "run" else report(args)
+    return {"run": run, "grid": grid, "report": report}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import tarfile
+from pathlib import Path
+
+import pytest
 
 from tests.scripts import load_script
 
@@ -54,3 +58,43 @@ def test_remix_swarm_runs_and_reports(tmp_path, capsys):
     capsys.readouterr()
     assert swarm.main(["report", "--out", str(out)]) == 0
     assert "remix seed 0: own " in capsys.readouterr().out
+
+
+def test_grid_parses_arms_rates_and_seeds_and_refuses_a_bad_entry_with_exit_2(capsys):
+    mix = load_script("experiments/remix_mix")
+    assert mix.grid_specs(["remix=4e-4,8e-4", "lora16=2e-4"], [0, 1]) == [
+        ("remix", 4e-4, 0), ("remix", 4e-4, 1), ("remix", 8e-4, 0), ("remix", 8e-4, 1),
+        ("lora16", 2e-4, 0), ("lora16", 2e-4, 1)]
+    for bad in ("remixx=1e-3", "remix", "remix=fast"):
+        with pytest.raises(SystemExit) as stop:
+            mix.grid_specs([bad], [0])
+        assert stop.value.code == 2 and "--runs" in capsys.readouterr().err
+
+
+def test_grid_runs_side_by_side_packs_as_it_goes_and_stops_at_its_deadline(tmp_path, capsys):
+    mix = load_script("experiments/remix_mix")
+    common = ["--seeds", "0", "--eval-every", "1", "--every", "1", "--config", "configs/tiny-silo.yaml",
+              "--extra", "tasks.eval_size=8", "sapo.local_groups=4"]
+    out, packed = tmp_path / "runs", tmp_path / "runs.tgz"
+    assert mix.main(["grid", "--runs", "remix=0.001", "lora16=0.001", "--steps", "1", "--out", str(out),
+                     "--pack", str(packed), *common]) == 0
+    with tarfile.open(packed) as tar:
+        names = set(tar.getnames())
+        rows = [json.loads(line) for line in tar.extractfile("remix-lr0.001-s0/metrics.jsonl").read().splitlines()]
+    assert {"remix-lr0.001-s0/config.yaml", "lora16-lr0.001-s0/metrics.jsonl", "lora16-lr0.001-s0/run.log"} <= names
+    assert rows[-1]["step"] == 1 and "routing_usage" in rows[-1]
+    assert "remix-lr0.001-s0:1 lora16-lr0.001-s0:1" in capsys.readouterr().out
+    # A run far longer than its deadline: stopped (exit 3), named, and its process group gone.
+    assert mix.main(["grid", "--runs", "lora16=0.002", "--steps", "100000", "--deadline", "2", "--out", str(out),
+                     "--pack", str(packed), *common]) == 3
+    assert "stopped at the deadline (2 s): lora16-lr0.002-s0 at step" in capsys.readouterr().out
+    with tarfile.open(packed) as tar:
+        assert "lora16-lr0.002-s0/run.log" in tar.getnames()
+    assert not [cmd for cmd in map(_cmdline, Path("/proc").glob("[0-9]*/cmdline")) if "lora16-lr0.002-s0" in cmd]
+
+
+def _cmdline(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:  # the process ended while we looked
+        return ""
