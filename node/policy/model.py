@@ -53,7 +53,8 @@ def cap_device_memory(device: torch.device, cap_mb: int | None) -> None:
     if device.type != "cuda" or cap_mb is None:
         return
     total = torch.cuda.get_device_properties(device).total_memory / 2**20
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), device)
+    index = torch.cuda.current_device() if device.index is None else device.index  # "cuda" names no index
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), index)
     logger.info("device memory held to %d of %.0f MiB (model.memory_mb)", min(cap_mb, total), total)
 
 

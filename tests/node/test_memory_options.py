@@ -59,15 +59,25 @@ def test_a_memory_cap_holds_the_process_to_it_and_the_auto_sizes_read_it(monkeyp
         total_memory = 80 * 2**30
 
     fractions: list[float] = []
+    indices: list[int] = []
+
+    def set_fraction(fraction: float, device: object) -> None:  # as torch's: a device without an index fails
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        fractions.append(fraction)
+        indices.append(device)
+
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Card())
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device: fractions.append(f))
-    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = torch.device("cuda")  # model.device=cuda names no index: the current device's
     assert policy_model.device_memory_mb(cuda) == 81920 and policy_model.device_memory_mb(cuda, 12000) == 12000
     assert policy_model.device_memory_mb(cuda, 10**6) == 81920 and policy_model.device_memory_mb(torch.device("cpu")) is None
     policy_model.cap_device_memory(cuda, 12000)
     policy_model.cap_device_memory(cuda, None)
     policy_model.cap_device_memory(torch.device("cpu"), 12000)
-    assert fractions == [pytest.approx(12000 / 81920)]
+    policy_model.cap_device_memory(torch.device("cuda:1"), 40000)
+    assert fractions == [pytest.approx(12000 / 81920), pytest.approx(40000 / 81920)] and indices == [0, 1]
     train = load_config("configs/smollm2-gpu.yaml", ["model.memory_mb=40000"]).train
     assert train.logits_budget_mb("cuda", policy_model.device_memory_mb(cuda)) == 5120
     assert train.logits_budget_mb("cuda", policy_model.device_memory_mb(cuda, 40000)) == 2500
