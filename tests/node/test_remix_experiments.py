@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.scripts import load_script
 
@@ -98,3 +99,23 @@ def _cmdline(path: Path) -> str:
         return path.read_bytes().decode(errors="replace")
     except OSError:  # the process ended while we looked
         return ""
+
+
+def test_probe_routing_measures_by_hand_and_runs_at_toy_size(tmp_path, capsys):
+    probe = load_script("experiments/probe_routing")
+    same = torch.tensor([[1.0, 2.0], [1.0, 2.0]])
+    assert probe.common_share(same) == pytest.approx(1.0)
+    assert probe.common_share(torch.tensor([[1.0, 0.0], [-1.0, 0.0]])) == pytest.approx(0.0)
+    # Rows (0, 0), (2, 0) of dataset a and (0, 2), (0, 4) of b: mean (0.5, 1.5), the rows 2.5, 4.5, 0.5 and
+    # 6.5 from it (squared): 14 in all; the datasets' means (1, 0) and (0, 3) 2.5 each: between 4 * 2.5 = 10.
+    x = torch.tensor([[0.0, 0.0], [2.0, 0.0], [0.0, 2.0], [0.0, 4.0]])
+    assert probe.dataset_r2(x, ["a", "a", "b", "b"]) == pytest.approx(10 / 14)
+    assert probe.dataset_r2(x, ["a", "b", "a", "b"]) < probe.dataset_r2(x, ["a", "a", "b", "b"])
+    assert probe.same_pair_share(same.repeat(3, 1), n=8, k=2, routers=3) == 1.0  # identical inputs: one pair
+    out = tmp_path / "probe.json"
+    assert probe.main(["-c", "configs/tiny-silo.yaml", "--per-dataset", "3", "--routers", "2", "--threads", "1",
+                       "--json", str(out), "tasks.datasets=[add,sub]"]) == 0
+    result = json.loads(out.read_text())
+    assert result["datasets"] == {"add": 3, "sub": 3} and 0 < result["task_token_share"] <= 1
+    assert set(result["layers"]) == {"prompt", "no-first", "task"} and len(result["layers"]["prompt"]) == 2
+    assert "| prompt | same_pair | " in capsys.readouterr().out
