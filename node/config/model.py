@@ -34,6 +34,9 @@ class RemixConfig(Section):
                          "(a noisier estimate)")
     scale: Literal["lora", "rslora"] = "lora"
     router_lr: float = Field(1e-2, gt=0)
+    centre: bool = Field(False, description="route on a prompt's pooled layer input less a running mean of the "
+                         "training batches' (momentum 0.99): the text every prompt shares (system prompt, worked "
+                         "example) otherwise routes every task alike (docs/results/remix-mixture.md)")
 
     @model_validator(mode="after")
     def _k_at_most_n(self) -> RemixConfig:

@@ -172,7 +172,8 @@ def _attach_lora(model: PreTrainedModel, cfg: AdapterConfig) -> nn.Module:
 def _attach_remix(model: PreTrainedModel, cfg: AdapterConfig) -> tuple[nn.Module, Any]:
     from node.policy.remix import attach_remix
 
-    adapter = attach_remix(model, n=cfg.remix.n, k=cfg.remix.k, rank=cfg.rank, scale=cfg.remix.scale, alpha=cfg.alpha)
+    adapter = attach_remix(model, n=cfg.remix.n, k=cfg.remix.k, rank=cfg.rank, scale=cfg.remix.scale, alpha=cfg.alpha,
+                           centre=cfg.remix.centre)
     if cfg.train_norms:
         for name, mod in model.named_modules():
             if type(mod).__name__.endswith("RMSNorm"):

@@ -60,6 +60,7 @@ def attach_remix(
     rank: int,
     scale: Literal["lora", "rslora"] = "lora",
     alpha: float | None = None,
+    centre: bool = False,
 ) -> RemixAdapter:
     """Freeze ``model`` and attach ReMix to the MLP projections of every decoder layer (in place).
 
@@ -68,6 +69,8 @@ def attach_remix(
         n: LoRAs per projection; k: active per sequence and layer (``1 <= k <= n``); rank: r of each LoRA.
         scale: ``omega = (alpha/r)/k`` ("lora") or ``alpha/sqrt(r)/k`` ("rslora").
         alpha: LoRA alpha; ``None`` means ``alpha = r`` (a plain LoRA scale of 1 before the ``1/k``).
+        centre: route on the pooled input less a running mean of the training batches' pooled inputs
+            (``adapter.remix.centre``).
 
     Returns:
         The :class:`RemixAdapter`, in deterministic mode.
@@ -76,7 +79,8 @@ def attach_remix(
         raise RemixError(f"need n >= 1, 1 <= k <= n and rank >= 1, got n={n}, k={k}, rank={rank}")
     alpha_value = float(rank) if alpha is None else float(alpha)
     spec = RemixSpec(
-        n=n, k=k, rank=rank, scale=scale, alpha=alpha_value, omega=lora_omega(k, rank, alpha_value, scale)
+        n=n, k=k, rank=rank, scale=scale, alpha=alpha_value, omega=lora_omega(k, rank, alpha_value, scale),
+        centre=centre,
     )
     model.requires_grad_(False)
     adapter = RemixAdapter(model, spec)

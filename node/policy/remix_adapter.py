@@ -37,6 +37,12 @@ class RemixSpec:
     scale: Literal["lora", "rslora"]
     alpha: float
     omega: float
+    centre: bool = False  # the router reads the pooled input less a running mean of pooled inputs
+
+
+CENTRE_MOMENTUM = 0.99
+"""A centred router's running mean moves ``1 - CENTRE_MOMENTUM`` of the way to each training batch's mean
+(after its first batches, which it averages equally): slow against one batch, quick against a run."""
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -100,6 +106,11 @@ class RemixAdapter:
             # Not persistent: a checkpoint holds the trainable state; the counts are a metric since the last reset.
             layer.register_buffer("remix_counts", torch.zeros(spec.n, dtype=torch.long, device=weight.device),
                                   persistent=False)
+            if spec.centre:  # saved by state_dict_for_save, as the routers are
+                layer.register_buffer("remix_centre", torch.zeros(router.in_features, dtype=torch.float32,
+                                                                  device=weight.device), persistent=False)
+                layer.register_buffer("remix_centre_n", torch.zeros((), dtype=torch.long, device=weight.device),
+                                      persistent=False)
             self._routers.append(router)
             self._linears.append(wrapped)
             self._hooks.append(layer.register_forward_pre_hook(self._make_hook(index), with_kwargs=True))
@@ -189,7 +200,10 @@ class RemixAdapter:
         with torch.no_grad():
             weights = mask.to(device=hidden.device, dtype=torch.float32).unsqueeze(-1)  # [R, T, 1]
             summed = (hidden.detach().float() * weights).sum(dim=1)
-            x_pool = (summed / weights.sum(dim=1).clamp(min=1.0)).to(router.weight.dtype)  # [R, D]
+            x_pool = summed / weights.sum(dim=1).clamp(min=1.0)  # [R, D], float32
+            if self.spec.centre:
+                x_pool = self._centred(index, x_pool)
+            x_pool = x_pool.to(router.weight.dtype)
             logits = router(x_pool)  # [R, n]
             if self._mode == "deterministic":
                 indices = torch.topk(logits, self.spec.k, dim=-1).indices
@@ -198,6 +212,20 @@ class RemixAdapter:
         routing.set(x_pool, indices, self.spec.n)
         counts = self._counts_of(index)  # in place: allowed on a buffer made outside inference mode
         counts += torch.bincount(indices.flatten(), minlength=self.spec.n).to(counts.device)
+
+    def _centred(self, index: int, x_pool: torch.Tensor) -> torch.Tensor:
+        """``x_pool`` less layer ``index``'s running mean of pooled inputs, which a training batch (sampled
+        mode) first moves towards its own mean: the text every prompt shares (a system prompt, a worked
+        example) then no longer decides every prompt's routing alike (docs/results/remix-mixture.md).
+        Generation and evaluation read the mean without moving it, so they route as training left it."""
+        layer = self._layers[index]
+        centre = cast(torch.Tensor, layer.remix_centre)
+        if self._mode == "sampled":
+            seen = cast(torch.Tensor, layer.remix_centre_n)
+            weight = torch.clamp(1.0 / (seen.float() + 1.0), min=1.0 - CENTRE_MOMENTUM)
+            centre += weight * (x_pool.mean(0) - centre)
+            seen += 1
+        return x_pool - centre
 
     def _counts_of(self, index: int) -> torch.Tensor:
         return cast(torch.Tensor, self._layers[index].remix_counts)  # the buffer _install registered
@@ -302,9 +330,13 @@ class RemixAdapter:
                 yield f"layers.{index}.mlp.{name}.lora_A", lin.lora_A
                 yield f"layers.{index}.mlp.{name}.lora_B", lin.lora_B
             yield f"layers.{index}.router.weight", self._routers[index].weight
+            if self.spec.centre:
+                yield f"layers.{index}.router.centre", cast(torch.Tensor, self._layers[index].remix_centre)
+                yield f"layers.{index}.router.centre_n", cast(torch.Tensor, self._layers[index].remix_centre_n)
 
     def state_dict_for_save(self) -> dict[str, torch.Tensor]:
-        """LoRAs and routers as detached CPU-contiguous copies, names like ``layers.0.mlp.up_proj.lora_A``."""
+        """LoRAs and routers (a centred router's running mean too) as detached CPU-contiguous copies, names like
+        ``layers.0.mlp.up_proj.lora_A``."""
         return {name: p.detach().cpu().contiguous().clone() for name, p in self._named_tensors()}
 
     def load_saved_state(self, state: dict[str, torch.Tensor]) -> None:
