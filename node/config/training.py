@@ -161,9 +161,10 @@ class IngestConfig(Section):
         "gives it at least this log-prob (-1.2: 0.3), below it in proportion to its probability: a peer can only "
         "teach at full speed what the node already says (null: every token counts fully)")
     screen_answer_full: bool = Field(
-        False, description="the tokens of a peer completion's final answer count fully (no token floor, no "
+        True, description="the tokens of a peer completion's final answer count fully (no token floor, no "
         "weight) when that answer is the task's reference verbatim: the verifier has read them and the task, "
-        "not the peer, chose them")
+        "not the peer, chose them (smollm2, 100 steps: sharing +17.0% and +9.3% over the silo with it, +14.5% "
+        "and +6.5% without; every attack held: docs/results/poison.md)")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")
     screen_span_quantile: float = Field(

@@ -43,7 +43,7 @@ class ScreenSettings:
     enabled: bool = True
     token_floor: float = -9.2  # log(1e-4)
     positive_floor: float | None = -1.2  # log(0.3)
-    answer_full: bool = False
+    answer_full: bool = True
     window: int = 6
     span_quantile: float = 0.01
     span_margin: float = 1.0
