@@ -4,7 +4,7 @@ node's own?
 Usage:
   python scripts/experiments/remix_swarm.py run --focus {remix,lora} --seed S [--peers 2] [--steps 100]
                                             [--remix-lr LR] [--eval-every 25] [--eval-size 128]
-                                            [--out runs/remix_swarm] [--threads 1]
+                                            [--out runs/remix_swarm] [--threads 1] [--extra key=value ...]
   python scripts/experiments/remix_swarm.py report [--out runs/remix_swarm]
 
 Nodes in one process over an in-memory hub (the swarm's exchange: signing, verification, ingest and
@@ -54,6 +54,7 @@ def node_overrides(args: argparse.Namespace, index: int, run_dir: Path) -> list[
         out += FOCUS[args.focus]
         if args.focus == "remix" and args.remix_lr is not None:
             out.append(f"train.lr={args.remix_lr!r}")
+        out += args.extra
     return out
 
 
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--eval-size", type=int, default=128, help="held-out tasks, split over the two datasets")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--out", default="runs/remix_swarm")
+    r.add_argument("--extra", nargs="*", default=[], help="more config overrides (key=value) for the focus alone "
+                   "(adapter.remix.centre=true, say: give such runs their own --out)")
     p = sub.add_parser("report")
     p.add_argument("--out", default="runs/remix_swarm")
     args = parser.parse_args(argv)

@@ -50,12 +50,12 @@ def test_remix_swarm_runs_and_reports(tmp_path, capsys):
     out = tmp_path / "runs"
     for focus, peers in (("remix", "1"), ("remix", "0")):
         assert swarm.main(["run", "--focus", focus, "--peers", peers, "--steps", "2", "--eval-every", "2",
-                           "--eval-size", "8", "--out", str(out)]) == 0
+                           "--eval-size", "8", "--out", str(out), "--extra", "adapter.remix.centre=true"]) == 0
     result = json.loads((out / "remix-p1-s0.json").read_text())
     assert [e["step"] for e in result["evals"]] == [2]
     assert {"calendar_arithmetic", "propositional_logic", "all"} <= set(result["evals"][0])
     assert result["peer_groups"][0] == 0 and result["peer_groups"][1] > 0  # peers' step-1 groups, taken at 2
-    assert result["specialisation"] and "adapter.kind=remix" in result["config"]
+    assert result["specialisation"] and {"adapter.kind=remix", "adapter.remix.centre=true"} <= set(result["config"])
     capsys.readouterr()
     assert swarm.main(["report", "--out", str(out)]) == 0
     assert "remix seed 0: own " in capsys.readouterr().out
