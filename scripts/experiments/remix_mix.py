@@ -102,7 +102,7 @@ def grid_specs(runs: list[str], seeds: list[int]) -> list[tuple[str, float, int]
 
 
 def pack(out: Path, names: list[str], dest: Path) -> None:
-    """One tar.gz of each run's metrics and config, written beside ``dest`` and renamed onto it."""
+    """One tar.gz of each run's metrics, config and log, written beside ``dest`` and renamed onto it."""
     tmp = dest.with_name(dest.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         for name in names:
@@ -135,12 +135,13 @@ def grid(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     names = [run_name(*spec) for spec in specs]
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = []
     for (arm, lr, seed), name in zip(specs, names, strict=True):
         cmd = [sys.executable, str(Path(__file__).resolve()), "run", arm, "--lr", repr(lr), "--seed", str(seed),
                "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--threads", str(args.threads),
                "--out", str(out), "--config", str(args.config), "--extra", *args.extra]
-        log = open(out / f"{name}.log", "ab")  # noqa: SIM115 - held open for the child's life
-        procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        logs.append(open(out / f"{name}.log", "ab"))  # noqa: SIM115 - held open for the child's life, closed below
+        procs[name] = subprocess.Popen(cmd, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     start = time.monotonic()
     print(f"remix_mix grid: {len(procs)} runs of {args.steps} steps: {' '.join(names)}", flush=True)
     while True:
@@ -162,6 +163,8 @@ def grid(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(procs[name].pid, signal.SIGKILL)
             procs[name].wait()
+    for log in logs:
+        log.close()
     if args.pack:
         pack(out, names, Path(args.pack))
     failed = [n for n, p in procs.items() if n not in stopped and p.returncode != 0]
