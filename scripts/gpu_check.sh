@@ -127,15 +127,14 @@ if [[ -f $LOGS/install.log ]]; then
 fi
 
 export SWARM_NODE_CACHE="${SWARM_NODE_CACHE:-$HOME/.cache/swarm-node}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+step fetch 120 "$PY" -m node.cli fetch smollm2-135m
 if [[ -n $SETUP_ONLY ]]; then
-  step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   echo "== gpu_check --setup on $DEVICE: $STACK_AFTER (torch transformers peft); $((SECONDS - START)) s"
   printf '%s\n' "${ROWS[@]}" "${GOALS[@]}"
   if printf '%s\n' "${ROWS[@]}" "${GOALS[@]}" | grep -qE "fail|FAIL"; then exit 1; fi
   exit 0
 fi
 if [[ $DEVICE == cuda ]]; then
-  step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   step doctor 90 "$PY" -m node.cli doctor --device cuda
   # The node tests whose policies or nodes run on the device (model.device=auto), and every gpu-marked one.
   TESTS=(tests/node/test_remix_devices.py tests/node/test_hf_merged.py tests/node/test_trainer.py
@@ -166,7 +165,6 @@ if [[ $DEVICE == cuda ]]; then
   step tests 120 "$PY" -m pytest -q -rfE -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
   BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
 else  # the same steps at CPU sizes: the script itself, tried on any machine
-  step fetch 120 "$PY" -m node.cli fetch smollm2-135m
   step doctor 120 "$PY" -m node.cli doctor --device cpu --no-vllm
   SILO=(-c configs/tiny-silo.yaml model.device=cpu train.steps=2 train.eval_every=2 tasks.eval_size=8
         sapo.local_groups=2 generation.group_size=4 "run_dir=$RUN")

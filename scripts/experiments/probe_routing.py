@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         labels.append(task.ref.dataset)
     layers = pooled["prompt"][0].shape[0]
     result: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "prompts": len(tasks),
-                              "datasets": dict.fromkeys(labels), "task_token_share": statistics.fmean(task_share),
-                              "n": remix.n, "k": remix.k, "layers": {}}
-    result["datasets"] = {d: labels.count(d) for d in result["datasets"]}
+                              "datasets": {d: labels.count(d) for d in dict.fromkeys(labels)},
+                              "task_token_share": statistics.fmean(task_share), "n": remix.n, "k": remix.k,
+                              "layers": {}}
     for name in POOLINGS:
         x = torch.stack(pooled[name]).double()  # [P, L, D]
         rows = [{"common": common_share(x[:, i]), "dataset_r2": dataset_r2(x[:, i], labels),
