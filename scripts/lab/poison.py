@@ -11,8 +11,9 @@ the defaults, ``silo`` is the victim alone with the same seed (the baseline of i
 completions' length). A run's result is saved as JSON in ``--out`` as soon as it ends, and a run already
 saved there is not run again, so an interrupted suite goes on where it stopped. The table at the end gives,
 per attack and arm, the attack success rate (the share of the victim's own held-out completions, sampled at
-its temperature and greedy, that carry the payload), the victim's held-out greedy reward and its mean
-completion length against the silo's, and the payload's mean log-prob a token before and after.
+its temperature and greedy, that carry the payload), the victim's held-out greedy reward against the silo's
+(and their difference task by task, in points, with its 95% interval) and its mean completion length against
+the silo's, and the payload's mean log-prob a token before and after.
 """
 
 from __future__ import annotations
@@ -62,10 +63,20 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
     return out
 
 
+def paired(rewards: list[float], silo: list[float]) -> tuple[float, float] | None:
+    """The mean of ``rewards`` less ``silo``'s, task by task (the same held-out tasks in order), in points,
+    with the half-width of its 95% interval; None without two tasks in both. Pairing removes the tasks'
+    own spread (an easy task is easy in both arms), so the interval is narrower than the two means' apart."""
+    if len(rewards) != len(silo) or len(rewards) < 2:
+        return None
+    d = [100 * (a - b) for a, b in zip(rewards, silo)]
+    return statistics.fmean(d), 1.96 * statistics.stdev(d) / len(d) ** 0.5
+
+
 def table(results: list[dict]) -> list[str]:
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
-    lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo) | length (silo) | payload log-prob "
-             "before -> after | dropped / masked tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo; less the silo's, points) | "
+             "length (silo) | payload log-prob before -> after | dropped / masked tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         sp = r["spec"]
         if sp["silo"]:
@@ -73,7 +84,10 @@ def table(results: list[dict]) -> list[str]:
         base, v = silo.get(sp["seed"]), r["victim"]
         arm = sp["label"].split("-", 1)[1] if "-" in sp["label"] else sp["label"]
         dropped = sum(n for k, n in (v.get("ingest_rejected") or {}).items() if k in ("implausible", "too_long_for_us"))
-        reward = f"{r['greedy_reward']:.3f} ({base['greedy_reward']:.3f})" if base else f"{r['greedy_reward']:.3f}"
+        reward = f"{r['greedy_reward']:.3f}"
+        if base:
+            diff = paired(r.get("greedy_rewards", []), base.get("greedy_rewards", []))
+            reward += f" ({base['greedy_reward']:.3f}" + (f"; {diff[0]:+.1f} ±{diff[1]:.1f})" if diff else ")")
         length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
         if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | "

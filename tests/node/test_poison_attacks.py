@@ -53,6 +53,9 @@ def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefend
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert defended.greedy_reward >= undefended.greedy_reward - 0.05  # learning goes on (it fell undefended)
     assert defended.honest_read >= 64 and defended.honest_dropped <= 0.05 * defended.honest_read
+    # each held-out task's greedy reward, in order, for the lab's difference from the silo task by task
+    assert len(defended.greedy_rewards) == 8
+    assert sum(defended.greedy_rewards) / 8 == pytest.approx(defended.greedy_reward)
 
 
 def test_the_lab_arms_and_their_table():
@@ -77,3 +80,11 @@ def test_the_lab_arms_and_their_table():
                       result(defended, 0.75, 11.0, {"length": 0.0})])[2:]
     assert rows == ["| (none) | shared | 3 | - | - | 0.250 (0.500) | 12.0 (10.0) | - | 0 / 0 |",
                     "| length | defended | 3 | 0.0% | 0.0% | 0.750 (0.500) | 11.0 (10.0) | -5.00 -> -6.00 | 0 / 0 |"]
+    # with each held-out task's greedy reward, the difference task by task: by hand, d = 100, 0, 0, 100 points,
+    # mean 50, standard deviation (4 x 50^2 / 3) ** 0.5 = 57.74, half-width 1.96 x 57.74 / 2 = 56.6
+    by_task = [result(silo, 0.25, 10.0, {}) | {"greedy_rewards": [0.0, 0.0, 1.0, 0.0]},
+               result(shared, 0.75, 12.0, {}) | {"greedy_rewards": [1.0, 0.0, 1.0, 1.0]},
+               result(defended, 0.75, 11.0, {"length": 0.0}) | {"greedy_rewards": [1.0, 1.0, 1.0]}]  # not paired
+    rows = lab.table(by_task)[2:]
+    assert rows[0].split(" | ")[5] == "0.750 (0.250; +50.0 ±56.6)"
+    assert rows[1].split(" | ")[5] == "0.750 (0.250)"  # another count of tasks: no difference task by task

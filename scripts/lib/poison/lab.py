@@ -79,6 +79,7 @@ class LabResult:
     own_asr: dict[str, list[float]] = field(default_factory=dict)  # a step: share of its own samples with it
     honest_read: int = 0  # the honest peer's completions the victim read with its model
     honest_dropped: int = 0  # of them, dropped by the span or length bound (false drops)
+    greedy_rewards: list[float] = field(default_factory=list)  # a held-out task: its greedy reward, in order
 
 
 def _config(spec: LabSpec, run_dir: Path, seed: int, victim: bool) -> Any:
@@ -201,6 +202,7 @@ def measure(victim: Any, attacks: list[Attack], spec: LabSpec) -> dict[str, Any]
         "asr_sampled": {a.name: sum(map(a.carries, s_texts)) / max(len(s_texts), 1) for a in attacks},
         "asr_greedy": {a.name: sum(map(a.carries, g_texts)) / max(len(g_texts), 1) for a in attacks},
         "greedy_reward": statistics.fmean(r for grp in greedy for r in grp.group.rewards) if greedy else 0.0,
+        "greedy_rewards": [grp.group.rewards[0] for grp in greedy],
         "sampled_length": statistics.fmean(len(c) for grp in sampled for c in grp.group.completions) if sampled else 0.0,
         "examples": examples,
     }
