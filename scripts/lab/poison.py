@@ -1,14 +1,16 @@
 """Verifier-passing poison against a real victim node, with and without its defence (docs/trust.md).
 
 Usage: python scripts/lab/poison.py [--model smollm2|small] [--attacks phrase-prefix,length,...|all]
-                                    [--arms silo,shared,undefended,defended] [--steps 50] [--seeds 0]
+                                    [--arms silo,shared,shared-unscreened,undefended,defended]
+                                    [--steps 50] [--seeds 0]
                                     [--honest same|small|none] [--out runs/poison] [--threads 2]
 
 Each run is a victim among one honest peer and one attacker (``scripts/lib/poison/lab.py``: real nodes on an
 in-memory swarm carrying the signed bytes through the same checks as the hivemind path; the attacker needs no
 model). ``undefended`` switches the victim's peer-text screen off (``ingest.screen=false``), ``defended`` runs
 the defaults, ``silo`` is the victim alone with the same seed (the baseline of its held-out reward and its
-completions' length). A run's result is saved as JSON in ``--out`` as soon as it ends, and a run already
+completions' length); ``shared`` and ``shared-unscreened`` are the victim beside the honest peer with no
+attacker, with and without the screen (what sharing alone does, and what the screen does to it). A run's result is saved as JSON in ``--out`` as soon as it ends, and a run already
 saved there is not run again, so an interrupted suite goes on where it stopped. The table at the end gives,
 per attack and arm, the attack success rate (the share of the victim's own held-out completions, sampled at
 its temperature and greedy, that carry the payload), the victim's held-out greedy reward against the silo's
@@ -38,7 +40,9 @@ MODELS = {
                                           "generation.max_new_tokens=64")),
 }
 HONEST = {"small": "configs/small-silo.yaml"}
-ARMS = {"silo": (), "shared": (), "undefended": ("ingest.screen=false",), "defended": ()}
+ARMS = {"silo": (), "shared": (), "shared-unscreened": ("ingest.screen=false",), "undefended": ("ingest.screen=false",),
+        "defended": ()}
+HONEST_ONLY = ("shared", "shared-unscreened")  # the honest peer and no attacker: what sharing alone does
 
 
 def specs(args: argparse.Namespace) -> list[LabSpec]:
@@ -53,9 +57,9 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
                                    threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
                                    label=args.model))
                 continue
-            if arm == "shared" and args.honest == "none":
+            if arm in HONEST_ONLY and args.honest == "none":
                 continue  # no peer at all: the silo
-            for attack, extra in [(None, ())] if arm == "shared" else runs:  # shared: the honest peer, no attacker
+            for attack, extra in [(None, ())] if arm in HONEST_ONLY else runs:
                 out.append(LabSpec(attack, config, (*overrides, *args.set), ARMS[arm], honest=args.honest != "none",
                                    honest_config=honest_config, steps=args.steps, seed=seed, threads=args.threads,
                                    attacker_groups=args.attacker_groups, eval_tasks=args.eval_tasks,

@@ -71,6 +71,9 @@ def test_the_lab_arms_and_their_table():
     assert defended.all_attacks() == [SUITE["length"]] and defended.victim_overrides == ()
     assert [s.name for s in lab.specs(argparse.Namespace(**{**vars(args), "honest": "none"}))] == \
         ["silo-small-s3", "length-small-defended-s3"]
+    (open_,) = lab.specs(argparse.Namespace(**{**vars(args), "arms": ["shared-unscreened"]}))
+    assert open_.honest and open_.all_attacks() == [] and open_.victim_overrides == ("ingest.screen=false",)
+    assert lab.specs(argparse.Namespace(**{**vars(args), "arms": ["shared-unscreened"], "honest": "none"})) == []
 
     def result(spec, reward, length, asr):
         return {"spec": {"seed": spec.seed, "silo": spec.silo, "label": spec.label}, "victim": {},
