@@ -10,8 +10,9 @@ in-memory swarm carrying the signed bytes through the same checks as the hivemin
 model). ``undefended`` switches the victim's peer-text screen off (``ingest.screen=false``), ``defended`` runs
 the defaults, ``silo`` is the victim alone with the same seed (the baseline of its held-out reward and its
 completions' length); ``shared`` and ``shared-unscreened`` are the victim beside the honest peer with no
-attacker, with and without the screen (what sharing alone does, and what the screen does to it). A run's result is saved as JSON in ``--out`` as soon as it ends, and a run already
-saved there is not run again, so an interrupted suite goes on where it stopped. The table at the end gives,
+attacker, with and without the screen (what sharing alone does, and what the screen does to it). A run's
+result is saved as JSON in ``--out`` as soon as it ends, and a run already saved there is not run again, so
+an interrupted suite goes on where it stopped. The table at the end gives,
 per attack and arm, the attack success rate (the share of the victim's own held-out completions, sampled at
 its temperature and greedy, that carry the payload), the victim's held-out greedy reward against the silo's
 (and their difference task by task, in points, with its 95% interval) and its mean completion length against
@@ -80,7 +81,8 @@ def paired(rewards: list[float], silo: list[float]) -> tuple[float, float] | Non
 def table(results: list[dict]) -> list[str]:
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
     lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo; less the silo's, points) | "
-             "length (silo) | payload log-prob before -> after | dropped / masked tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "length (silo) | payload log-prob before -> after | dropped / masked tokens |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         sp = r["spec"]
         if sp["silo"]:
