@@ -81,7 +81,7 @@ def paired(rewards: list[float], silo: list[float]) -> tuple[float, float] | Non
 def table(results: list[dict]) -> list[str]:
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
     lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo; less the silo's, points) | "
-             "length (silo) | payload log-prob before -> after | dropped / masked tokens |",
+             "length (silo) | payload log-prob before -> after | dropped / masked tokens (mean weight) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         sp = r["spec"]
@@ -95,15 +95,18 @@ def table(results: list[dict]) -> list[str]:
             diff = paired(r.get("greedy_rewards", []), base.get("greedy_rewards", []))
             reward += f" ({base['greedy_reward']:.3f}" + (f"; {diff[0]:+.1f} ±{diff[1]:.1f})" if diff else ")")
         length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
+        screened = f"{dropped} / {v.get('screen_tokens_masked', 0)}"
+        if v.get("screen_positive_weight") is not None:  # the mean weight of the peer tokens the loss pushed up
+            screened += f" ({v['screen_positive_weight']:.2f})"
         if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | "
-                         f"{dropped} / {v.get('screen_tokens_masked', 0)} |")
+                         f"{screened} |")
         for a in r["asr_sampled"]:
             before, after = r["payload_before"].get(a), r["payload_after"].get(a)
             lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
             lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
                          f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | "
-                         f"{dropped} / {v.get('screen_tokens_masked', 0)} |")
+                         f"{screened} |")
     return lines
 
 

@@ -143,7 +143,8 @@ def run(spec: LabSpec, work: Path | None = None) -> LabResult:
         measured["honest_read"], measured["honest_dropped"] = honest_read, honest_dropped
         victim_metrics = {k: record.get(k) for k in ("ingest_rejected", "ingest_screened", "ingest_groups_accepted",
                                                       "ingest_offences", "peers_banned", "n_peer_groups",
-                                                      "screen_rows", "screen_tokens", "screen_tokens_masked")
+                                                      "screen_rows", "screen_tokens", "screen_tokens_masked",
+                                                      "screen_positive_weight")
                           if k in record}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
                      victim=victim_metrics, own_asr=own_asr, **measured)
