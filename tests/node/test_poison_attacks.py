@@ -92,5 +92,8 @@ def test_the_lab_arms_and_their_table():
     assert rows[0].split(" | ")[5] == "0.750 (0.250; +50.0 ±56.6)"
     assert rows[1].split(" | ")[5] == "0.750 (0.250)"  # another count of tasks: no difference task by task
     # the mean weight of the peer tokens pushed up, where the victim's record has it
-    weighted = result(shared, 0.25, 12.0, {}) | {"victim": {"screen_tokens_masked": 3, "screen_positive_weight": 0.875}}
+    weighted = result(shared, 0.25, 12.0, {}) | {"victim": {"screen_rows": 9, "screen_tokens_masked": 3,
+                                                             "screen_positive_weight": 0.875}}
     assert lab.table([weighted])[2].endswith("| 0 / 3 (0.88) |")
+    unscreened = result(shared, 0.25, 12.0, {}) | {"victim": {"screen_rows": 0, "screen_positive_weight": 0.0}}
+    assert lab.table([unscreened])[2].endswith("| 0 / 0 |")  # no screen, no weight to show
