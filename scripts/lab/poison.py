@@ -96,8 +96,8 @@ def table(results: list[dict]) -> list[str]:
             reward += f" ({base['greedy_reward']:.3f}" + (f"; {diff[0]:+.1f} ±{diff[1]:.1f})" if diff else ")")
         length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
         screened = f"{dropped} / {v.get('screen_tokens_masked', 0)}"
-        if v.get("screen_rows") and v.get("screen_positive_weight") is not None:  # screened: the mean weight of
-            # the peer tokens its loss pushed up
+        # a screened victim's mean weight on the peer tokens its loss pushed up
+        if v.get("screen_rows") and v.get("screen_positive_weight") is not None:
             screened += f" ({v['screen_positive_weight']:.2f})"
         if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | "
