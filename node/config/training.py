@@ -165,6 +165,10 @@ class IngestConfig(Section):
         "weight) when that answer is the task's reference verbatim: the verifier has read them and the task, "
         "not the peer, chose them (smollm2, 100 steps: sharing +17.0% and +9.3% over the silo with it, +14.5% "
         "and +6.5% without; every attack held: docs/results/poison.md)")
+    screen_answer_working: bool = Field(
+        False, description="with screen_answer_full, the answer where the working states it right before the tag "
+        "(\"7 + 8 = 15.\" then <answer>15</answer>) counts fully too: the reference again, the result a peer "
+        "that has learned a step gets right where this node would not")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")
     screen_span_quantile: float = Field(

@@ -306,7 +306,8 @@ class Ingestor:
         group.rewards = rewards
         if self.screen.enabled and self.screen.answer_full and task.answer is not None:
             decode = lambda ids: str(self.policy.tokenizer.decode(ids, skip_special_tokens=True))  # noqa: E731
-            group.answer_spans = [answer_token_span(decode, ids, task.answer) if r > 0 else None
+            working = self.screen.answer_working
+            group.answer_spans = [answer_token_span(decode, ids, task.answer, working) if r > 0 else None
                                   for ids, r in zip(group.completions, rewards)]
             self.answers_verified += sum(span is not None for span in group.answer_spans)
         if len(set(rewards)) > 1 or self.anchor_flat_groups:

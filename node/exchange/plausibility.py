@@ -15,7 +15,9 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   its probability below;
 - the answer: with ``answer_full``, the tokens of a positive peer completion that spell its tagged final
   answer, when it is the task's reference verbatim (``answer_token_span``), escape the token floor and the
-  weight: the task chose them, not the peer;
+  weight: the task chose them, not the peer; with ``answer_working`` too, the answer where the working
+  states it right before the tag ("... = 14.\n<answer>14</answer>"), the step a peer that has learned
+  something gets right and this node does not;
 - length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
   the same dataset is dropped at ingestion (``too_long_for_us``): needlessly long but correct text is how an
   attacker makes a node verbose.
@@ -27,6 +29,7 @@ wait; the token floor holds from the first step. Pure: no torch.
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ class ScreenSettings:
     token_floor: float = -9.2  # log(1e-4)
     positive_floor: float | None = -1.2  # log(0.3)
     answer_full: bool = True
+    answer_working: bool = False
     window: int = 6
     span_quantile: float = 0.01
     span_margin: float = 1.0
@@ -55,13 +59,17 @@ class ScreenSettings:
     history: int = 1024
 
 
-def answer_token_span(decode: Callable[[list[int]], str], ids: Sequence[int], answer: str) -> tuple[int, int] | None:
+def answer_token_span(decode: Callable[[list[int]], str], ids: Sequence[int], answer: str,
+                      working: bool = False) -> tuple[int, int] | None:
     """``(lo, hi)``: the tokens ``ids[lo:hi]`` that spell a completion's tagged final answer, when that answer is
     ``answer`` (the task's reference) verbatim; None otherwise, or when those tokens would also carry text
     other than the answer, its tags and whitespace. ``decode`` turns ids into text (special tokens left out).
+    With ``working``, the span begins earlier when the text right before the opening tag states the same answer,
+    whole, with at most one punctuation mark and a little whitespace between (``working_answer_pattern``): the
+    working's last result, as in "7 + 8 = 15.\n<answer>15</answer>".
 
     What the verifier has read and the task fixes: the one part of a peer's positive completion it did not
-    choose."""
+    choose (the answer itself; where it stands and the mark before the tag are the peer's, and carry nothing)."""
     ids = list(ids)
     text = decode(ids)
     span = tagged_answer_span(text)
@@ -91,7 +99,21 @@ def answer_token_span(decode: Callable[[list[int]], str], ids: Sequence[int], an
         return None  # a tokenizer whose pieces do not decode to the whole's substrings
     if not "<answer>".endswith(head.strip().lower()) or not "</answer>".startswith(tail.strip().lower()):
         return None
+    if working:
+        opening = text[:start].rstrip()
+        stated = working_answer_pattern(answer.strip()).search(opening[: len(opening) - len("<answer>")])
+        if opening.lower().endswith("<answer>") and stated is not None:
+            at = first(stated.start() + 1, 1)
+            before = len(decode(ids[:at]))
+            if at < lo and not text[before : stated.start()].strip() and text.startswith(decode(ids[at:hi]), before):
+                lo = at
     return lo, hi
+
+
+def working_answer_pattern(answer: str) -> re.Pattern[str]:
+    """The answer, whole (no letter, digit, point or sign joined to it in front), at the end of the text or
+    followed by at most one of ``.,;:!`` and three whitespace characters each side of it."""
+    return re.compile(r"(?<![\w.\-])" + re.escape(answer) + r"\s{0,3}[.,;:!]?\s{0,3}\Z")
 
 
 def least_plausible_span(logprobs: Sequence[float], window: int) -> float:

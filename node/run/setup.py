@@ -234,4 +234,5 @@ def screen_settings(ic: IngestConfig) -> ScreenSettings:
                           span_quantile=ic.screen_span_quantile, span_margin=ic.screen_span_margin,
                           length_quantile=ic.screen_length_quantile, length_ratio=ic.screen_length_ratio,
                           min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window,
-                          positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full)
+                          positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full,
+                          answer_working=ic.screen_answer_working)

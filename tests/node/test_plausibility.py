@@ -131,6 +131,31 @@ def test_the_answer_tokens_of_a_real_byte_level_tokenizer(small_base):
         assert answer_token_span(lambda x: tok.decode(x, skip_special_tokens=True), ids, answer + "0") is None
 
 
+@pytest.mark.parametrize("text, answer, lifted", [
+    ("7 + 8 = 15.\n<answer>15</answer>", "15", "15.\n<answer>15"),  # the working's result
+    ("So the answer is Friday: <answer>Friday</answer>", "Friday", "Friday: <answer>Friday"),
+    ("2 - 7 = -5 <answer>-5</answer>", "-5", "-5 <answer>-5"),
+    ("7 + 8 = 115.\n<answer>15</answer>", "15", "15"),  # part of another number: not the answer
+    ("7 - 22 = -15.\n<answer>15</answer>", "15", "15"),  # a sign joined to it: another number
+    ("It is 15 BUY NOW\n<answer>15</answer>", "15", "15"),  # text between: the peer's
+    ("It is 15.......\n<answer>15</answer>", "15", "15"),  # more than one mark between
+    ("It is 15.\n\n\n\n\n\n\n<answer>15</answer>", "15", "15"),  # a run of newlines between
+    ("15 15 15\n<answer>15</answer>", "15", "15\n<answer>15"),  # only the last statement
+])
+def test_the_working_answer_is_lifted_only_where_it_states_the_reference_right_before_the_tag(
+        small_base, text, answer, lifted):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(small_base)
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    decode = lambda x: tok.decode(x, skip_special_tokens=True)  # noqa: E731
+    plain, working = answer_token_span(decode, ids, answer), answer_token_span(decode, ids, answer, working=True)
+    assert plain is not None and working is not None and working[1] == plain[1]
+    got = decode(ids[working[0] : working[1]]).strip()  # pieces of the closing tag may ride on the answer's
+    assert got.startswith(lifted) and "</answer>".startswith(got[len(lifted) :]), got
+    assert set(decode(ids[working[0] : plain[0]]).replace(answer, "", 1)) <= set("<answer>.,;:! \n")
+
+
 def test_quantile():
     values = [5.0, 1.0, 3.0, 2.0, 4.0]
     assert quantile(values, 0.2) == 1.0 and quantile(values, 0.5) == 3.0 and quantile(values, 1.0) == 5.0
