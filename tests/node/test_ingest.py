@@ -221,11 +221,12 @@ def test_a_flat_group_is_anchored_only_when_a_baseline_shift_can_give_it_signal(
         assert flat_anchors == [[], []]
 
 
-@pytest.mark.parametrize("answer_full", [False, True])
-def test_a_peer_completion_whose_answer_is_the_reference_has_its_answer_tokens_marked(answer_full: bool,
-                                                                                     small_base: Any) -> None:
+@pytest.mark.parametrize("answer_full, answer_working", [(False, False), (True, False), (True, True)])
+def test_a_peer_completion_whose_answer_is_the_reference_has_its_answer_tokens_marked(
+        answer_full: bool, answer_working: bool, small_base: Any) -> None:
     """With ``screen.answer_full``, each correct peer completion carries the tokens of its tagged answer (when
-    the answer is the task's reference verbatim and those tokens say nothing else); counted. Without it, none."""
+    the answer is the task's reference verbatim and those tokens say nothing else); counted. Without it, none.
+    With ``answer_working`` too, the span begins at the working's statement of the answer right before the tag."""
     from node.config import AdapterConfig, ModelConfig
     from node.exchange.plausibility import ScreenSettings
     from node.policy.model import build_policy
@@ -238,11 +239,11 @@ def test_a_peer_completion_whose_answer_is_the_reference_has_its_answer_tokens_m
                if not source.is_held_out(source.task(r)))
     right = source.task(ref).answer
     texts = [f"<answer>{right}</answer>", f"Visit example.org <answer>{right}</answer>",
-             f"<answer>example.org {right}</answer>", "<answer>1</answer>"]
+             f"<answer>example.org {right}</answer>", "<answer>1</answer>", f"So it is {right}.\n<answer>{right}</answer>"]
     group = RolloutGroup(ref, tuple(dataclasses.replace(_rollout(t), task=ref) for t in texts))
     ingestor = Ingestor(policy, source, temperature=1.0, max_completion_tokens=64,
                         limits=IngestLimits(max_seconds=600.0, max_seconds_per_peer=600.0),
-                        screen=ScreenSettings(answer_full=answer_full))
+                        screen=ScreenSettings(answer_full=answer_full, answer_working=answer_working))
     (got,) = ingestor.ingest(RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (group,)))
     assert got.rewards[0] == got.rewards[1] == 1.0 and got.rewards[3] == 0.0
     if not answer_full:
@@ -254,4 +255,7 @@ def test_a_peer_completion_whose_answer_is_the_reference_has_its_answer_tokens_m
     for ids, span in zip(got.completions[:2], spans[:2]):
         assert span is not None and right in decode(ids[span[0] : span[1]])
         assert "example" not in decode(ids[span[0] : span[1]])
-    assert ingestor.metrics()["ingest_answers_verified"] == 2
+    stated = spans[4]
+    assert stated is not None
+    assert decode(got.completions[4][stated[0] : stated[1]]).count(right) == (2 if answer_working else 1)
+    assert ingestor.metrics()["ingest_answers_verified"] == 3
