@@ -1,0 +1,94 @@
+"""Where the screen's weight on positive peer tokens falls in an honest peer's correct completions.
+
+    python scripts/lab/weight_deficit.py --peer RUN_DIR --peer-step 20 [--node-step 10] [--tasks 128]
+                                         [--datasets basic_arithmetic] [--floor -1.2]
+
+A peer (the run's checkpoint at ``--peer-step``) samples 4 completions for each of ``--tasks`` held-out tasks
+of its own evaluation, at its temperature; the receiver (the same run at ``--node-step``, or the base model
+with ``--node-step 0``) reads every correct one with its own model, as its training pass does, and weighs
+each token ``min(1, p / exp(floor))`` (``node.train.screen.positive_peer_weights``). What the weight holds
+back of a token is ``1 - weight``; the table sums it over three parts of each completion: the tagged answer
+(lifted by ``ingest.screen_answer_full``), the working's statement of the answer right before the tag
+(lifted by ``ingest.screen_answer_working`` too: ``answer_token_span``) and the rest, the peer's own text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from node.cli.evaluate import EvalPlan, build_tasks, model_policy
+from node.exchange.plausibility import answer_token_span
+from node.generation.backend import build_backend
+from node.generation.base import SamplingSettings
+from node.generation.rollouts import sample_groups
+from node.policy.logprobs import right_pad, shared_prompt_logprobs
+from node.run.saved import load_policy, open_run
+
+PARTS = ("tagged answer", "working's answer", "the rest")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peer", required=True, help="a run dir (the folder a node trained in)")
+    p.add_argument("--peer-step", type=int, required=True, help="the checkpoint the peer samples with")
+    p.add_argument("--node-step", type=int, default=0, help="the receiver's checkpoint of the same run; 0: the base")
+    p.add_argument("--tasks", type=int, default=128)
+    p.add_argument("--datasets", default=None, help="comma-separated; default the run's")
+    p.add_argument("--floor", type=float, default=-1.2, help="ingest.screen_positive_floor")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+
+    peer_run = open_run(args.peer, args.peer_step)
+    cfg, g = peer_run.cfg, peer_run.cfg.generation
+    plan = EvalPlan.of_run(cfg, datasets=args.datasets.split(",") if args.datasets else None, n=args.tasks,
+                           samples=1, sample_seed=0)
+    source, tasks = build_tasks(plan)
+    peer = load_policy(peer_run)
+    node = load_policy(open_run(args.peer, args.node_step)) if args.node_step else \
+        model_policy(cfg.model.name_or_path, dtype="float32", device="cpu")
+    backend = build_backend(peer, "hf", batch_size=32, dtype="float32", seed=0, hf=g.hf, vllm=g.vllm)
+    settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
+    groups = sample_groups(backend, peer, source, tasks, group_size=4, settings=settings,
+                           generator=torch.Generator().manual_seed(0))
+    tok = node.tokenizer
+
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode(ids, skip_special_tokens=True))
+
+    tokens, held = dict.fromkeys(PARTS, 0), dict.fromkeys(PARTS, 0.0)
+    positive = 0
+    for sampled in groups:
+        group = sampled.group
+        for ids, reward in zip(group.completions, group.rewards):
+            if reward <= 0:
+                continue
+            positive += 1
+            cid, cmask = right_pad([ids], tok.pad_token_id, torch.long)
+            with torch.no_grad():
+                lp = shared_prompt_logprobs(node.model, [group.prompt_ids], cid, cmask, pad_id=tok.pad_token_id,
+                                            temperature=g.temperature)[0]
+            answer = sampled.task.answer or ""
+            tagged = answer_token_span(decode, ids, answer) or (0, 0)
+            working = answer_token_span(decode, ids, answer, working=True) or tagged
+            for i in range(len(ids)):
+                part = PARTS[0] if tagged[0] <= i < tagged[1] else PARTS[1] if working[0] <= i < working[1] \
+                    else PARTS[2]
+                tokens[part] += 1
+                held[part] += 1.0 - min(1.0, math.exp(float(lp[i]) - args.floor))
+    total = sum(held.values()) or 1.0
+    print(f"{positive} correct completions of {sum(len(s.group.completions) for s in groups)}; node step "
+          f"{args.node_step or 'base'}, peer step {args.peer_step}, floor {args.floor}")
+    print("| part | tokens | held back (sum of 1 - weight) | share of it | mean weight |")
+    print("| --- | --- | --- | --- | --- |")
+    for part in PARTS:
+        mean = 1.0 - held[part] / tokens[part] if tokens[part] else float("nan")
+        print(f"| {part} | {tokens[part]} | {held[part]:.1f} | {100 * held[part] / total:.0f}% | {mean:.3f} |")
+    n = sum(tokens.values()) or 1
+    print(f"mean weight over every token of the correct completions: {1 - (held[PARTS[1]] + held[PARTS[2]]) / n:.4f} "
+          f"with the tagged answer lifted, {1 - held[PARTS[2]] / n:.4f} with the working's answer too")
+
+if __name__ == "__main__":
+    main()
