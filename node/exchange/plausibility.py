@@ -99,10 +99,10 @@ def answer_token_span(decode: Callable[[list[int]], str], ids: Sequence[int], an
         return None  # a tokenizer whose pieces do not decode to the whole's substrings
     if not "<answer>".endswith(head.strip().lower()) or not "</answer>".startswith(tail.strip().lower()):
         return None
-    if working:
-        opening = text[:start].rstrip()
-        stated = working_answer_pattern(answer.strip()).search(opening[: len(opening) - len("<answer>")])
-        if opening.lower().endswith("<answer>") and stated is not None:
+    opening = text[:start].rstrip()
+    if working and opening.lower().endswith("<answer>"):
+        stated = working_answer_pattern(answer.strip()).search(opening[: -len("<answer>")])
+        if stated is not None:  # the tokens from the stated answer's first character on
             at = first(stated.start() + 1, 1)
             before = len(decode(ids[:at]))
             if at < lo and not text[before : stated.start()].strip() and text.startswith(decode(ids[at:hi]), before):
