@@ -113,23 +113,24 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> Non
 def test_sigkill_after_a_checkpoint_resumes_at_that_step_and_finishes(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # 12 steps, killed once step 2's checkpoint is seen: tiny-base's steps are fast enough that a run of 6
-    # could finish between two polls of a busy machine.
-    proc = subprocess.Popen(_cli(run, "train.steps=12"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    # A run far longer than the wait, killed once step 2's checkpoint is seen: tiny-base's steps take
+    # milliseconds, so a run of a dozen could finish between two polls.
+    proc = subprocess.Popen(_cli(run, "train.steps=100000"), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     _wait_for(run / "checkpoints" / "step_000002" / "state.json", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     steps_done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
-    assert 2 <= max(steps_done) < 12
-    done = subprocess.run(_cli(run, "train.steps=12"), env=env, capture_output=True, text=True, timeout=300)
+    assert 2 <= max(steps_done) < 100000
+    last = max(steps_done) + 3  # past what the killed run reached, so resuming redoes and adds steps
+    done = subprocess.run(_cli(run, f"train.steps={last}"), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     latest = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert latest[-1] == "step_000012"
+    assert latest[-1] == f"step_{last:06d}"
     resumed_at = [ln for ln in done.stderr.splitlines() if "resumed from" in ln]
     assert resumed_at and "at step" in resumed_at[0]
     assert "Warning" not in done.stderr, done.stderr  # a normal run prints no library warning
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 13))
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, last + 1))
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path):
