@@ -15,7 +15,6 @@ back of a token is ``1 - weight``; the table sums it over three parts of each co
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
@@ -26,6 +25,7 @@ from node.generation.base import SamplingSettings
 from node.generation.rollouts import sample_groups
 from node.policy.logprobs import right_pad, shared_prompt_logprobs
 from node.run.saved import load_policy, open_run
+from node.train.screen import positive_peer_weights
 
 PARTS = ("tagged answer", "working's answer", "the rest")
 
@@ -70,14 +70,16 @@ def main() -> None:
             with torch.no_grad():
                 lp = shared_prompt_logprobs(node.model, [group.prompt_ids], cid, cmask, pad_id=tok.pad_token_id,
                                             temperature=g.temperature)[0]
+            # the training pass's own weights (node.train.screen), this row a positive peer row
+            weights = positive_peer_weights(lp[None], cmask, torch.tensor([True]), torch.tensor([1.0]), args.floor)[0]
             answer = sampled.task.answer or ""
             tagged = answer_token_span(decode, ids, answer) or (0, 0)
             working = answer_token_span(decode, ids, answer, working=True) or tagged
-            for i in range(len(ids)):
-                part = PARTS[0] if tagged[0] <= i < tagged[1] else PARTS[1] if working[0] <= i < working[1] \
-                    else PARTS[2]
+            spans = {PARTS[0]: range(*tagged), PARTS[1]: range(working[0], tagged[0])}
+            for i, w in enumerate(weights.tolist()):
+                part = next((name for name, span in spans.items() if i in span), PARTS[2])
                 tokens[part] += 1
-                held[part] += 1.0 - min(1.0, math.exp(float(lp[i]) - args.floor))
+                held[part] += 1.0 - w
     total = sum(held.values()) or 1.0
     print(f"{positive} correct completions of {sum(len(s.group.completions) for s in groups)}; node step "
           f"{args.node_step or 'base'}, peer step {args.peer_step}, floor {args.floor}")
@@ -89,6 +91,7 @@ def main() -> None:
     n = sum(tokens.values()) or 1
     print(f"mean weight over every token of the correct completions: {1 - (held[PARTS[1]] + held[PARTS[2]]) / n:.4f} "
           f"with the tagged answer lifted, {1 - held[PARTS[2]] / n:.4f} with the working's answer too")
+
 
 if __name__ == "__main__":
     main()
