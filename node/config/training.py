@@ -184,6 +184,11 @@ class IngestConfig(Section):
                                           "the length bound scales")
     screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "
                                        "quantile length of its dataset is dropped (needlessly long text)")
+    screen_length_all: bool = Field(
+        False, description="hold every peer completion to the length bound, not only those the loss pushes up "
+        "(reward above their group's mean): a long completion pushed down cannot make the node verbose, and "
+        "between honest nodes at different stages most long ones are a weaker peer's, truncated and wrong "
+        "(always on with train.external_shift > 0, where one below the mean can be pushed up)")
     screen_min_own: int = Field(64, ge=1, description="own completions seen (of the dataset, for length) before "
                                 "the span and length bounds apply")
     screen_ban_share: float = Field(0.9, gt=0, le=1, description="an author of whose last screen_ban_window "

@@ -18,9 +18,12 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   weight: the task chose them, not the peer; with ``answer_working`` too, the answer where the working
   states it right before the tag ("... = 14.\n<answer>14</answer>"), the step a peer that has learned
   something gets right and this node does not;
-- length: a peer completion longer than ``length_ratio`` times the node's own ``length_quantile`` length on
-  the same dataset is dropped at ingestion (``too_long_for_us``): needlessly long but correct text is how an
-  attacker makes a node verbose.
+- length: a peer completion the loss would push up (its reward above its group's mean) longer than
+  ``length_ratio`` times the node's own ``length_quantile`` length on the same dataset is dropped at ingestion
+  (``too_long_for_us``): needlessly long but correct text is how an attacker makes a node verbose. One the
+  loss pushes down (below the mean) cannot make the node longer, and is kept: between honest nodes at
+  different stages most long completions are a weaker peer's rambling, truncated and wrong; with
+  ``length_all`` every completion is held to the bound.
 
 Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
 wait; the token floor holds from the first step. Pure: no torch.
@@ -53,6 +56,7 @@ class ScreenSettings:
     span_margin: float = 1.0
     length_quantile: float = 0.95
     length_ratio: float = 2.0
+    length_all: bool = False
     min_own: int = 64
     ban_share: float = 0.9
     ban_window: int = 64

@@ -164,7 +164,8 @@ class SetupMixin(NodeState):
                              swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
                              max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
                              ingest_limits=limits, scorer=self._build_scorer(),
-                             anchor_flat_groups=self.cfg.train.external_shift != 0, screen=screen_settings(ic))
+                             anchor_flat_groups=self.cfg.train.external_shift != 0,
+                             screen=screen_settings(ic, self.cfg.train.external_shift))
 
     def _build_scorer(self) -> ScoringWorker | None:
         """A child process for peers' completions when the source's scorers may be slow (started lazily)."""
@@ -228,11 +229,14 @@ def _dump_yaml(cfg: NodeConfig) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def screen_settings(ic: IngestConfig) -> ScreenSettings:
-    """The ``ingest.screen*`` keys as the ingestor takes them."""
+def screen_settings(ic: IngestConfig, external_shift: float = 0.0) -> ScreenSettings:
+    """The ``ingest.screen*`` keys as the ingestor takes them. With a baseline shift on peer groups
+    (``train.external_shift``) a completion below its group's mean can be pushed up, so the length bound holds
+    every one."""
     return ScreenSettings(enabled=ic.screen, token_floor=ic.screen_token_floor, window=ic.screen_window,
                           span_quantile=ic.screen_span_quantile, span_margin=ic.screen_span_margin,
                           length_quantile=ic.screen_length_quantile, length_ratio=ic.screen_length_ratio,
+                          length_all=ic.screen_length_all or external_shift > 0,
                           min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window,
                           positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full,
                           answer_working=ic.screen_answer_working)

@@ -259,3 +259,35 @@ def test_a_peer_completion_whose_answer_is_the_reference_has_its_answer_tokens_m
     assert stated is not None
     assert decode(got.completions[4][stated[0] : stated[1]]).count(right) == (2 if answer_working else 1)
     assert ingestor.metrics()["ingest_answers_verified"] == 3
+
+
+@pytest.mark.parametrize("length_all", [False, True])
+def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_all: bool, small_base: Any) -> None:
+    """A peer completion longer than twice the node's own on the dataset is dropped when its reward is above its
+    group's mean (the loss would push it up: the length attack); a long one below the mean is kept (pushed
+    down, it cannot make the node verbose) unless ``length_all``. A baseline shift on peer groups holds all."""
+    from node.config import AdapterConfig, IngestConfig, ModelConfig
+    from node.exchange.plausibility import ScreenSettings
+    from node.policy.model import build_policy
+    from node.run.setup import screen_settings
+    from protocol.identity import Identity
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path=str(small_base), device="cpu"), AdapterConfig(), seed=0)
+    source = build_task_source("reasoning_gym", ["basic_arithmetic"], None, 0)
+    ref = next(r for r in (source.make_ref("basic_arithmetic", i) for i in range(40))
+               if not source.is_held_out(source.task(r)) and source.task(r).answer != "1")
+    right = source.task(ref).answer
+    filler = "Let me work this out slowly, one small step after another, and then check it twice over. " * 2
+    texts = [f"<answer>{right}</answer>", "<answer>1</answer>", f"{filler}<answer>{right}</answer>",
+             f"{filler}<answer>1</answer>"]
+    group = RolloutGroup(ref, tuple(dataclasses.replace(_rollout(t), task=ref) for t in texts))
+    ingestor = Ingestor(policy, source, temperature=1.0, max_completion_tokens=256,
+                        limits=IngestLimits(max_seconds=600.0, max_seconds_per_peer=600.0),
+                        screen=ScreenSettings(length_all=length_all, min_own=8))
+    ingestor.profile.observe("basic_arithmetic", [[-0.5] * 12] * 8)  # the node's own: 12 tokens, so 24 at most
+    (got,) = ingestor.ingest(RolloutBatch("s", Identity.generate().public_key, (), 0, 0, 0.0, (group,)))
+    assert len(got.completions[0]) <= 24 and all(len(ids) > 24 for ids in got.completions[2:])
+    assert got.rewards == ([1.0, 0.0] if length_all else [1.0, 0.0, 0.0])
+    assert ingestor.metrics()["ingest_rejected"]["too_long_for_us"] == (2 if length_all else 1)
+    assert not screen_settings(IngestConfig()).length_all and screen_settings(IngestConfig(), 0.1).length_all
