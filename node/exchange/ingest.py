@@ -335,8 +335,8 @@ class Ingestor:
         mean = sum(group.rewards) / len(group.rewards)
         held = [self.screen.length_all or r > mean for r in group.rewards]
         keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit or not held[i]]
-        self._judged(peer_id, len(group.completions), len(group.completions) - len(keep), "too_long_for_us",
-                     group.key)
+        # the author is judged on the completions held to the bound: a length attacker's are all dropped
+        self._judged(peer_id, sum(held), len(group.completions) - len(keep), "too_long_for_us", group.key)
         if self.verdicts.banned(peer_id):
             self._reject("implausible_text", group.key)
             return None, "implausible_text"

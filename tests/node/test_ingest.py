@@ -290,4 +290,6 @@ def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_a
     assert len(got.completions[0]) <= 24 and all(len(ids) > 24 for ids in got.completions[2:])
     assert got.rewards == ([1.0, 0.0] if length_all else [1.0, 0.0, 0.0])
     assert ingestor.metrics()["ingest_rejected"]["too_long_for_us"] == (2 if length_all else 1)
+    # the author is judged (toward a ban) on the completions held to the bound: the two correct ones
+    assert sum(ingestor.verdicts.judged.values()) == (4 if length_all else 2)
     assert not screen_settings(IngestConfig()).length_all and screen_settings(IngestConfig(), 0.1).length_all
