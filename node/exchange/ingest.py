@@ -327,15 +327,13 @@ class Ingestor:
         return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor) if s.enabled else None
 
     def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
-        """``group`` without the completions the loss would push up (reward above the group's mean; every one
-        with ``screen.length_all``) that are longer than the node's own on the dataset (the span and token
-        bounds are held in training, on the training pass's own log-probs); ``(None, offence)`` once the
-        author's text keeps failing."""
+        """``group`` without the completions the loss would push up (reward above the group's mean; all with
+        ``screen.length_all``) longer than the node's own on the dataset; the author is judged on those held to
+        the bound (a length attacker's all fail). The span and token bounds are held in training, on the
+        training pass's own log-probs. ``(None, offence)`` once the author's text keeps failing."""
         limit = self.profile.max_length(group.dataset) if self.screen.enabled else None
-        mean = sum(group.rewards) / len(group.rewards)
-        held = [self.screen.length_all or r > mean for r in group.rewards]
+        held = [self.screen.length_all or r > sum(group.rewards) / len(group.rewards) for r in group.rewards]
         keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit or not held[i]]
-        # the author is judged on the completions held to the bound: a length attacker's are all dropped
         self._judged(peer_id, sum(held), len(group.completions) - len(keep), "too_long_for_us", group.key)
         if self.verdicts.banned(peer_id):
             self._reject("implausible_text", group.key)
