@@ -9,7 +9,7 @@ a dataset is what the ingestor's ``OwnProfile`` gives from those own completions
 Of the other checkpoint's completions longer than that bound, the table splits those the loss would push up
 (reward above their group's mean: dropped by default) from those it would push down (kept unless
 ``ingest.screen_length_all``), and counts the truncated ones (no end-of-sequence). A snapshot: a running node's
-profile holds its last ``screen_history`` own completions of the dataset, from several steps.
+profile holds its last 1,024 own completions of the dataset, from several steps.
 """
 
 from __future__ import annotations
