@@ -332,7 +332,7 @@ class Ingestor:
         the bound (a length attacker's all fail). The span and token bounds are held in training, on the
         training pass's own log-probs. ``(None, offence)`` once the author's text keeps failing."""
         limit = self.profile.max_length(group.dataset) if self.screen.enabled else None
-        held = [self.screen.length_all or r > sum(group.rewards) / len(group.rewards) for r in group.rewards]
+        held = self.screen.held_to_length(group.rewards)
         keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit or not held[i]]
         self._judged(peer_id, sum(held), len(group.completions) - len(keep), "too_long_for_us", group.key)
         if self.verdicts.banned(peer_id):

@@ -62,6 +62,12 @@ class ScreenSettings:
     ban_window: int = 64
     history: int = 1024
 
+    def held_to_length(self, rewards: Sequence[float]) -> list[bool]:
+        """Which completions of a group the length bound holds: those the loss would push up (reward above the
+        group's mean), or all of them with ``length_all``."""
+        mean = sum(rewards) / len(rewards)
+        return [self.length_all or r > mean for r in rewards]
+
 
 def answer_token_span(decode: Callable[[list[int]], str], ids: Sequence[int], answer: str,
                       working: bool = False) -> tuple[int, int] | None:
@@ -140,6 +146,7 @@ def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank, lower side), ``values`` not empty."""
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
 
 
 class OwnProfile:

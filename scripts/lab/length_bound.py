@@ -19,14 +19,10 @@ from collections import defaultdict
 
 import torch
 
-from node.cli.evaluate import EvalPlan, build_tasks, model_policy
 from node.config import IngestConfig
 from node.exchange.plausibility import OwnProfile
-from node.generation.backend import build_backend
-from node.generation.base import SamplingSettings
-from node.generation.rollouts import SampledGroup, sample_groups
-from node.run.saved import load_policy, open_run
 from node.run.setup import screen_settings
+from scripts.lib.checkpoints import held_out_tasks, policy_at, sample
 
 
 def main() -> None:
@@ -38,19 +34,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     steps = [int(s) for s in args.steps.split(",")]
-    last = open_run(args.run, max(steps))
-    cfg, g = last.cfg, last.cfg.generation
-    plan = EvalPlan.of_run(cfg, datasets=args.datasets.split(",") if args.datasets else None, n=args.tasks,
-                           samples=1, sample_seed=0)
-    source, tasks = build_tasks(plan)
-    settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
-    sampled: dict[int, list[SampledGroup]] = {}
-    for step in steps:
-        policy = load_policy(open_run(args.run, step)) if step else \
-            model_policy(cfg.model.name_or_path, dtype="float32", device="cpu")
-        backend = build_backend(policy, "hf", batch_size=32, dtype="float32", seed=0, hf=g.hf, vllm=g.vllm)
-        sampled[step] = sample_groups(backend, policy, source, tasks, group_size=8, settings=settings,
-                                      generator=torch.Generator().manual_seed(step))
+    datasets = args.datasets.split(",") if args.datasets else None
+    cfg, source, tasks = held_out_tasks(args.run, max(steps), args.tasks, datasets)
+    g = cfg.generation
+    sampled = {step: sample(policy_at(args.run, step, cfg), cfg, source, tasks, group_size=8, seed=step)
+               for step in steps}
     screen = screen_settings(IngestConfig())
     print(f"{args.tasks} held-out tasks x 8 completions a checkpoint; bound = {screen.length_ratio} x the own "
           f"{screen.length_quantile} quantile length (tokens); max_new_tokens {g.max_new_tokens}")
@@ -66,13 +54,13 @@ def main() -> None:
             for s in sampled[peer]:
                 dataset, group = s.task.ref.dataset, s.group
                 limit = profile.max_length(dataset)
-                mean = sum(group.rewards) / len(group.rewards)
-                for ids, reward, finish in zip(group.completions, group.rewards, s.finish_reasons):
+                held = screen.held_to_length(group.rewards)
+                for ids, pushed_up, finish in zip(group.completions, held, s.finish_reasons):
                     row = rows[dataset]
                     row[0] += 1
                     if limit is not None and len(ids) > limit:
                         row[1] += 1
-                        row[2 if reward > mean else 3] += 1
+                        row[2 if pushed_up else 3] += 1
                         row[4] += finish != "eos"
             for dataset, (n, longer, up, down, cut) in rows.items():
                 print(f"| step {receiver} | step {peer} | {dataset} | {profile.max_length(dataset)} | {n} | "

@@ -18,14 +18,10 @@ import argparse
 
 import torch
 
-from node.cli.evaluate import EvalPlan, build_tasks, model_policy
 from node.exchange.plausibility import answer_token_span
-from node.generation.backend import build_backend
-from node.generation.base import SamplingSettings
-from node.generation.rollouts import sample_groups
 from node.policy.logprobs import right_pad, shared_prompt_logprobs
-from node.run.saved import load_policy, open_run
 from node.train.screen import positive_peer_weights
+from scripts.lib.checkpoints import held_out_tasks, policy_at, sample
 
 PARTS = ("tagged answer", "working's answer", "the rest")
 
@@ -41,18 +37,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    peer_run = open_run(args.peer, args.peer_step)
-    cfg, g = peer_run.cfg, peer_run.cfg.generation
-    plan = EvalPlan.of_run(cfg, datasets=args.datasets.split(",") if args.datasets else None, n=args.tasks,
-                           samples=1, sample_seed=0)
-    source, tasks = build_tasks(plan)
-    peer = load_policy(peer_run)
-    node = load_policy(open_run(args.peer, args.node_step)) if args.node_step else \
-        model_policy(cfg.model.name_or_path, dtype="float32", device="cpu")
-    backend = build_backend(peer, "hf", batch_size=32, dtype="float32", seed=0, hf=g.hf, vllm=g.vllm)
-    settings = SamplingSettings(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p)
-    groups = sample_groups(backend, peer, source, tasks, group_size=4, settings=settings,
-                           generator=torch.Generator().manual_seed(0))
+    datasets = args.datasets.split(",") if args.datasets else None
+    cfg, source, tasks = held_out_tasks(args.peer, args.peer_step, args.tasks, datasets)
+    g = cfg.generation
+    peer, node = policy_at(args.peer, args.peer_step, cfg), policy_at(args.peer, args.node_step, cfg)
+    groups = sample(peer, cfg, source, tasks, group_size=4, seed=0)
     tok = node.tokenizer
 
     def decode(ids: list[int]) -> str:
