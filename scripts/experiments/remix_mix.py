@@ -46,14 +46,14 @@ import argparse
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 from typing import Any
+
+from scripts.lib.side_by_side import run_side_by_side
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "smollm2-silo.yaml"
@@ -114,16 +114,6 @@ def pack(out: Path, names: list[str], dest: Path) -> None:
     tmp.replace(dest)
 
 
-def gpu_use() -> str:
-    """``, gpu 87% 41200 MiB`` from nvidia-smi where it answers, else nothing."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout.split(",")
-        return f", gpu {int(out[0])}% {int(out[1])} MiB"
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return ""
-
-
 def last_step(run_dir: Path) -> int:
     rows = read_rows(run_dir)
     return max((int(r["step"]) for r in rows if "step" in r), default=0)
@@ -133,47 +123,19 @@ def grid(args: argparse.Namespace) -> int:
     specs = grid_specs(args.runs, args.seeds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    names = [run_name(*spec) for spec in specs]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = []
-    for (arm, lr, seed), name in zip(specs, names, strict=True):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "run", arm, "--lr", repr(lr), "--seed", str(seed),
-               "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--threads", str(args.threads),
-               "--out", str(out), "--config", str(args.config), "--extra", *args.extra]
-        logs.append(open(out / f"{name}.log", "ab"))  # noqa: SIM115 - held open for the child's life, closed below
-        procs[name] = subprocess.Popen(cmd, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    start = time.monotonic()
-    print(f"remix_mix grid: {len(procs)} runs of {args.steps} steps: {' '.join(names)}", flush=True)
-    while True:
-        done = all(p.poll() is not None for p in procs.values())
-        late = args.deadline and time.monotonic() - start > args.deadline
-        steps = " ".join(f"{n}:{last_step(out / n)}" for n in names)
-        print(f"[{time.monotonic() - start:5.0f} s, load {os.getloadavg()[0]:.1f}{gpu_use()}] {steps}", flush=True)
-        if args.pack:
-            pack(out, names, Path(args.pack))
-        if done or late:
-            break
-        time.sleep(args.every)
-    stopped = [n for n, p in procs.items() if p.poll() is None]
-    for name in stopped:
-        os.killpg(procs[name].pid, signal.SIGTERM)
-    for name in stopped:
-        try:
-            procs[name].wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(procs[name].pid, signal.SIGKILL)
-            procs[name].wait()
-    for log in logs:
-        log.close()
+    commands = {run_name(arm, lr, seed): [
+        sys.executable, str(Path(__file__).resolve()), "run", arm, "--lr", repr(lr), "--seed", str(seed),
+        "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--threads", str(args.threads),
+        "--out", str(out), "--config", str(args.config), "--extra", *args.extra] for arm, lr, seed in specs}
+    names = list(commands)
+    print(f"remix_mix grid: {len(names)} runs of {args.steps} steps: {' '.join(names)}", flush=True)
+    outcome = run_side_by_side(commands, out, cwd=ROOT, deadline=args.deadline, every=args.every,
+                               state=lambda name: f"step {last_step(out / name)}",
+                               tick=(lambda: pack(out, names, Path(args.pack))) if args.pack else (lambda: None),
+                               label="remix_mix grid")
     if args.pack:
         pack(out, names, Path(args.pack))
-    failed = [n for n, p in procs.items() if n not in stopped and p.returncode != 0]
-    for name in failed:
-        print(f"remix_mix grid: {name} exited {procs[name].returncode} (its log: {out / name}.log)", flush=True)
-    if stopped:
-        print(f"remix_mix grid: stopped at the deadline ({args.deadline:g} s): "
-              + ", ".join(f"{n} at step {last_step(out / n)}" for n in stopped), flush=True)
-    return 1 if failed else 3 if stopped else 0
+    return 1 if outcome.failed else 3 if outcome.stopped else 0
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:

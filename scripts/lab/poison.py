@@ -4,6 +4,7 @@ Usage: python scripts/lab/poison.py [--model smollm2|small] [--attacks phrase-pr
                                     [--arms silo,shared,shared-unscreened,undefended,defended]
                                     [--steps 50] [--seeds 0]
                                     [--honest same|small|none] [--out runs/poison] [--threads 2]
+                                    [--only NAME,...] [--jobs 1] [--deadline 0]
 
 Each run is a victim among one honest peer and one attacker (``scripts/lib/poison/lab.py``: real nodes on an
 in-memory swarm carrying the signed bytes through the same checks as the hivemind path; the attacker needs no
@@ -12,7 +13,9 @@ the defaults, ``silo`` is the victim alone with the same seed (the baseline of i
 completions' length); ``shared`` and ``shared-unscreened`` are the victim beside the honest peer with no
 attacker, with and without the screen (what sharing alone does, and what the screen does to it). A run's
 result is saved as JSON in ``--out`` as soon as it ends, and a run already saved there is not run again, so
-an interrupted suite goes on where it stopped. The table at the end gives,
+an interrupted suite goes on where it stopped. With ``--jobs N`` the runs go side by side, N at a time, each
+its own process logging to ``--out`` (on a GPU they share the card), with a progress line every ``--every``
+seconds and the runs still going at ``--deadline`` stopped. The table at the end gives,
 per attack and arm, the attack success rate (the share of the victim's own held-out completions, sampled at
 its temperature and greedy, that carry the payload), the victim's held-out greedy reward against the silo's
 (and their difference task by task, in points, with its 95% interval) and its mean completion length against
@@ -25,12 +28,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from scripts.lib.poison.attacks import SUITE, together
-from scripts.lib.poison.lab import LabSpec, run
+from scripts.lib.poison.lab import ROOT, LabSpec, run
+from scripts.lib.side_by_side import run_side_by_side
 
 MODELS = {
     # the issue's victim: configs/smollm2-swarm.yaml on one dataset, 8 own + up to 8 peer groups a step
@@ -111,7 +116,7 @@ def table(results: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=list(MODELS), default="smollm2")
     p.add_argument("--attacks", default="all", help=f"comma-separated of {list(SUITE)}, or all")
@@ -127,8 +132,15 @@ def main() -> int:
     p.add_argument("--out", default="runs/poison")
     p.add_argument("--together", action="store_true", help="every attack against one victim at once, each from "
                    "its own attacker with a payload of its own (one run an arm instead of one an attack)")
+    p.add_argument("--only", default="", help="comma-separated run names, as saved (silo-smollm2-s0, "
+                   "length-smollm2-defended-s1): run only these of the grid")
+    p.add_argument("--jobs", type=int, default=1, help="runs side by side, each its own process (on a GPU they "
+                   "share the card)")
+    p.add_argument("--deadline", type=float, default=0, help="with --jobs: stop the runs still going after S "
+                   "seconds (exit 3; what finished is saved)")
+    p.add_argument("--every", type=float, default=30, help="with --jobs: seconds between progress lines")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (every node)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.attacks = list(SUITE) if args.attacks == "all" else args.attacks.split(",")
     unknown = [a for a in args.attacks if a not in SUITE]
     if unknown:
@@ -137,18 +149,34 @@ def main() -> int:
     if any(a not in ARMS for a in args.arms):
         p.error(f"--arms: choose from {list(ARMS)}")
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    if args.jobs < 1:
+        p.error("--jobs: at least 1")
+    grid = specs(args)
+    if args.only:
+        only = args.only.split(",")
+        missing = sorted(set(only) - {s.name for s in grid})
+        if missing:
+            p.error(f"--only: {missing} are not runs of this grid; its runs: {[s.name for s in grid]}")
+        grid = [s for s in grid if s.name in only]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    code = 0
+    todo = [s for s in grid if not (out / f"{s.name}.json").exists()]
+    if args.jobs > 1 and len(todo) > 1:
+        code = side_by_side(args, argv if argv is not None else sys.argv[1:], todo, out)
+        todo = []
     results = []
-    for spec in specs(args):
+    for spec in grid:
         path = out / f"{spec.name}.json"
         if path.exists():
             results.append(json.loads(path.read_text()))
             continue
+        if spec not in todo:
+            continue  # stopped at the deadline or failed: named above
         load = os.getloadavg()[0]
         print(f"poison: {spec.name} ({spec.steps} steps, load {load:.1f}) ...", flush=True)
         started = time.perf_counter()
-        result = asdict(run(spec))
+        result = asdict(run(spec, progress=lambda what, n=spec.name: print(f"poison: {n}: {what}", flush=True)))
         result["load"] = [load, os.getloadavg()[0]]
         path.write_text(json.dumps(result, indent=1))
         results.append(result)
@@ -161,7 +189,27 @@ def main() -> int:
     print("\n".join(table(results)))
     mean_load = statistics.fmean(x for r in results for x in r.get("load", [])) if results else 0.0
     print(f"mean load average {mean_load:.1f}")
-    return 0
+    return code
+
+
+def side_by_side(args: argparse.Namespace, argv: list[str], todo: list[LabSpec], out: Path) -> int:
+    """Run ``todo`` at most ``--jobs`` at once, each this script in its own process with ``--only`` its name;
+    1 when one failed, 3 when the deadline stopped some, else 0."""
+    me = [sys.executable, str(Path(__file__).resolve()), *argv]
+    commands = {s.name: [*me, "--only", s.name, "--jobs", "1"] for s in todo}
+
+    def state(name: str) -> str:  # the last progress line of the run's log
+        if (out / f"{name}.json").exists():
+            return "done"
+        log = out / f"{name}.log"
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.startswith(f"poison: {name}: ")] \
+            if log.exists() else []
+        return lines[-1].split(": ", 2)[2] if lines else "starting"
+
+    print(f"poison: {len(todo)} runs, {args.jobs} at a time: {' '.join(commands)}", flush=True)
+    outcome = run_side_by_side(commands, out, cwd=ROOT, jobs=args.jobs, deadline=args.deadline, every=args.every,
+                               state=state, label="poison")
+    return 1 if outcome.failed else 3 if outcome.stopped else 0
 
 
 if __name__ == "__main__":

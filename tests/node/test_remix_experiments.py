@@ -84,11 +84,11 @@ def test_grid_runs_side_by_side_packs_as_it_goes_and_stops_at_its_deadline(tmp_p
         rows = [json.loads(line) for line in tar.extractfile("remix-lr0.001-s0/metrics.jsonl").read().splitlines()]
     assert {"remix-lr0.001-s0/config.yaml", "lora16-lr0.001-s0/metrics.jsonl", "lora16-lr0.001-s0/run.log"} <= names
     assert rows[-1]["step"] == 1 and "routing_usage" in rows[-1]
-    assert "remix-lr0.001-s0:1 lora16-lr0.001-s0:1" in capsys.readouterr().out
+    assert "remix-lr0.001-s0:step 1 lora16-lr0.001-s0:step 1" in capsys.readouterr().out
     # A run far longer than its deadline: stopped (exit 3), named, and its process group gone.
     assert mix.main(["grid", "--runs", "lora16=0.002", "--steps", "100000", "--deadline", "2", "--out", str(out),
                      "--pack", str(packed), *common]) == 3
-    assert "stopped at the deadline (2 s): lora16-lr0.002-s0 at step" in capsys.readouterr().out
+    assert "stopped at the deadline (2 s): lora16-lr0.002-s0 (step " in capsys.readouterr().out
     with tarfile.open(packed) as tar:
         assert "lora16-lr0.002-s0/run.log" in tar.getnames()
     assert not [cmd for cmd in map(_cmdline, Path("/proc").glob("[0-9]*/cmdline")) if "lora16-lr0.002-s0" in cmd]

@@ -18,6 +18,7 @@ import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,9 @@ def _config(spec: LabSpec, run_dir: Path, seed: int, victim: bool) -> Any:
     return load_config(ROOT / (spec.config if victim else spec.honest_config or spec.config), overrides)
 
 
-def run(spec: LabSpec, work: Path | None = None) -> LabResult:
-    """Run ``spec`` (in ``work``, or a temporary folder) and measure the victim."""
+def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None] | None = None) -> LabResult:
+    """Run ``spec`` (in ``work``, or a temporary folder) and measure the victim; ``progress`` is told each tenth
+    of the steps taken (``step 20/50, 31 s``) and the measuring."""
     from transformers.utils import logging as hf_logging
 
     from node.run.node import Node
@@ -124,13 +126,17 @@ def run(spec: LabSpec, work: Path | None = None) -> LabResult:
         own_asr: dict[str, list[float]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
             _track(victim.exchange, attacks, own_asr)
-        for _ in range(spec.steps):
+        for i in range(1, spec.steps + 1):
             for attacker in attackers:
                 attacker.step()
             for peer in peers:
                 peer.train_step()
             record = victim.train_step()
             hub.epoch += 1
+            if progress and (i % max(spec.steps // 10, 1) == 0 or i == spec.steps):
+                progress(f"step {i}/{spec.steps}, {time.perf_counter() - started:.0f} s")
+        if progress:
+            progress("measuring")
         measured = measure(victim, attacks, spec)
         measured["payload_before"] = before
         measured["payload_after"] = {a.name: payload_logprob(victim, a, spec) for a in attacks}
