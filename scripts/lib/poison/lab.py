@@ -29,6 +29,7 @@ from scripts.lib.poison.attacker import AttackerNode
 from scripts.lib.poison.attacks import SUITE, Attack
 
 ROOT = Path(__file__).resolve().parents[3]
+PAYLOAD_ROWS = 32  # held-out tasks a pass when measuring a payload's log-prob
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,13 @@ def payload_logprob(victim: Any, attack: Attack, spec: LabSpec) -> float | None:
     prompts = [encode_prompt(victim.policy, victim.source.format_prompt(t, tok)) for t in tasks]
     comps = [list(tok(poisoned_text(attack, str(t.answer), room), add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
              for t in tasks]
-    ids, mask = right_pad(comps, tok.pad_token_id, torch.long)
-    dev = victim.policy.device
-    with torch.no_grad():
-        lps = shared_prompt_logprobs(victim.policy.model, prompts, ids.to(dev), mask.to(dev), pad_id=tok.pad_token_id)
-    lps, mask = lps.float().cpu(), mask.bool()
-    return float(torch.where(mask, lps, 0.0).sum() / mask.sum())  # padding is a special token: -inf, not 0
+    dev, total, count = victim.policy.device, 0.0, 0
+    for i in range(0, len(tasks), PAYLOAD_ROWS):  # in slices: a long payload's logits for every task at once
+        ids, mask = right_pad(comps[i:i + PAYLOAD_ROWS], tok.pad_token_id, torch.long)  # outgrow a capped card
+        with torch.no_grad():
+            lps = shared_prompt_logprobs(victim.policy.model, prompts[i:i + PAYLOAD_ROWS], ids.to(dev), mask.to(dev),
+                                         pad_id=tok.pad_token_id)
+        lps, mask = lps.float().cpu(), mask.bool()
+        total += float(torch.where(mask, lps, 0.0).sum())  # padding is a special token: -inf, not 0
+        count += int(mask.sum())
+    return total / count
