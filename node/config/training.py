@@ -180,6 +180,10 @@ class IngestConfig(Section):
         "that samples as the node does")
     screen_span_margin: float = Field(1.0, ge=0, description="nats below the own quantile before a peer's span "
                                       "counts as implausible")
+    screen_span_all: bool = Field(
+        False, description="hold every peer completion to the span bound, not only those the loss pushes up "
+        "(advantage above 0, so the baseline shift is counted): one pushed down cannot teach the node its text, "
+        "and between honest nodes at different stages most implausible ones are a weaker peer's wrong answers")
     screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "
                                           "the length bound scales")
     screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "

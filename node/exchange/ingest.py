@@ -324,7 +324,8 @@ class Ingestor:
     def screen_bounds(self) -> PeerScreen | None:
         """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
         s = self.screen
-        return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor) if s.enabled else None
+        return (PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all)
+                if s.enabled else None)
 
     def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
         """``group`` without the completions the loss would push up (reward above the group's mean; all with
@@ -347,12 +348,12 @@ class Ingestor:
 
     def record_screened(self, by_peer: dict[str, list[float]]) -> None:
         """What a training step kept out of peers' text (``Trainer.screened``: per author rows, rows dropped,
-        tokens, tokens masked, tokens pushed up, their weights): counted, and an author whose text keeps failing
-        is banned."""
-        for peer_id, (rows, dropped, tokens, masked, pushed, weight) in by_peer.items():
+        tokens, tokens masked, tokens pushed up, their weights, rows the span bound held): counted, and an author
+        whose text keeps failing is banned (judged on the rows the span bound held)."""
+        for peer_id, (rows, dropped, tokens, masked, pushed, weight, held) in by_peer.items():
             self._peer = peer_id
             try:
-                self._judged(peer_id, int(rows), int(dropped), "implausible", "trained rows")
+                self._judged(peer_id, int(held), int(dropped), "implausible", "trained rows")
             finally:
                 self._peer = None
             for i, v in enumerate((rows, tokens, masked, pushed)):

@@ -23,7 +23,8 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   (``too_long_for_us``): needlessly long but correct text is how an attacker makes a node verbose. One the
   loss pushes down (below the mean) cannot make the node longer, and is kept: between honest nodes at
   different stages most long completions are a weaker peer's rambling, truncated and wrong; with
-  ``length_all`` every completion is held to the bound.
+  ``length_all`` every completion is held to the bound. The span bound likewise holds the rows the loss pushes
+  up (their advantage above 0, in training), or every one with ``span_all``.
 
 Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
 wait; the token floor holds from the first step. Pure: no torch.
@@ -57,6 +58,7 @@ class ScreenSettings:
     length_quantile: float = 0.95
     length_ratio: float = 2.0
     length_all: bool = False
+    span_all: bool = False
     min_own: int = 64
     ban_share: float = 0.9
     ban_window: int = 64

@@ -5,8 +5,10 @@ Read from the training pass's own log-probs (detached, at the sampling temperatu
 and the policy the loss is about to move is the one that judges. For the rows of peers' completions:
 
 - a token whose log-prob is below ``token_floor`` is masked out of the loss (it stays in the context);
-- a row whose least plausible span (the lowest mean log-prob of ``window`` consecutive tokens; the mean of
-  all when it is shorter) is below ``span_floor`` is dropped whole (every token masked).
+- a row the loss pushes up (advantage above 0; every row with ``span_all``) whose least plausible span (the
+  lowest mean log-prob of ``window`` consecutive tokens; the mean of all when it is shorter) is below
+  ``span_floor`` is dropped whole (every token masked). A row pushed down cannot teach the node its text, and
+  between honest nodes at different stages most implausible rows are a weaker peer's wrong answers.
 
 Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
 """
@@ -25,12 +27,14 @@ __all__ = ["PeerScreen", "least_plausible_spans", "positive_peer_weights", "scre
 @dataclass(frozen=True)
 class PeerScreen:
     """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it,
-    ``positive_floor`` None for no weight on positive peer tokens."""
+    ``positive_floor`` None for no weight on positive peer tokens; ``span_all`` holds every peer row to the span
+    bound, not only those the loss pushes up."""
 
     token_floor: float
     window: int
     span_floor: float | None = None
     positive_floor: float | None = None
+    span_all: bool = False
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
@@ -52,10 +56,11 @@ def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor
 
 
 def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: PeerScreen,
-                       verified: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       verified: Tensor | None = None, advantages: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(keep [B, T], dropped [B])``: the tokens the loss may use (own rows: all of theirs) and the peer rows
     dropped by the span bound. ``verified`` (``[B, T]``, optional): tokens of a verified answer, which the
-    token floor spares (the span bound still drops their row)."""
+    token floor spares (the span bound still drops their row). ``advantages`` (``[B]``): the span bound holds
+    the rows above 0 (all rows without them, or with ``screen.span_all``)."""
     valid = mask.bool()
     lp = logprobs.detach().float()
     peer_tokens = peer[:, None] & valid
@@ -66,6 +71,8 @@ def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: Pee
     if screen.span_floor is not None:
         spans = least_plausible_spans(lp, valid, screen.window)
         dropped = peer & valid.any(-1) & (spans < screen.span_floor)
+        if advantages is not None and not screen.span_all:
+            dropped = dropped & (advantages > 0)
         keep = keep & ~dropped[:, None]
     return keep, dropped
 

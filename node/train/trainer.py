@@ -140,7 +140,8 @@ class Trainer:
         """Train on every completion of ``groups`` (advantages already assigned): one optimizer step, or
         ``optimizer_steps`` on parts of them. With ``screen``, peers' tokens and rows this node's model finds
         implausible are kept out of the loss (``node.train.screen``); ``self.screened`` then holds, per
-        author, ``[rows, rows dropped, tokens, tokens masked]`` of the step.
+        author, ``[rows, rows dropped, tokens, tokens masked, tokens pushed up, their weights, rows held to the
+        span bound]`` of the step.
 
         With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
         sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
@@ -278,7 +279,7 @@ class Trainer:
         if self._screen is None or all(r[4] for r in rows):
             return mask, None
         verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
-        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen, verified)
+        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen, verified, advantages)
         weights = None
         if self._screen.positive_floor is not None:
             weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor,
@@ -287,15 +288,16 @@ class Trainer:
         valid, peer_rows = mask[:n].bool(), peer[:n]
         pushed_up = (valid & keep[:n]) & (peer_rows & (advantages[:n] > 0))[:, None]
         weight_sum = torch.where(pushed_up, weights[:n], 0.0).sum(-1) if weights is not None else pushed_up.sum(-1)
+        held = peer_rows if self._screen.span_all else peer_rows & (advantages[:n] > 0)  # rows the span bound holds
         counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
                               (valid & ~keep[:n] & peer_rows[:, None]).sum(-1).float(), pushed_up.sum(-1).float(),
-                              weight_sum.float()])
+                              weight_sum.float(), held.float()])
         self._screen_counts.append(([r[5] for r in rows[:n]], counts))
         return mask & keep, weights
 
     def _screen_totals(self) -> dict[str, list[float]]:
-        """Per author, over the step: rows, rows dropped, tokens, tokens masked, tokens pushed up, and the sum of those
-        tokens' weights."""
+        """Per author, over the step: rows, rows dropped, tokens, tokens masked, tokens pushed up, the sum of those
+        tokens' weights, and the rows the span bound held."""
         totals: dict[str, list[float]] = {}
         if not self._screen_counts:
             return totals
@@ -304,7 +306,7 @@ class Trainer:
             columns = torch.cat([counts for _, counts in self._screen_counts], dim=1).T.tolist()
         for author, column in zip(authors, columns):
             if author:
-                total = totals.setdefault(author, [0.0] * 6)
+                total = totals.setdefault(author, [0.0] * 7)
                 for i, v in enumerate(column):
                     total[i] += v
         self._screen_counts = []

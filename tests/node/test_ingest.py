@@ -293,3 +293,20 @@ def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_a
     # the author is judged (toward a ban) on the completions held to the bound: the two correct ones
     assert sum(ingestor.verdicts.judged.values()) == (4 if length_all else 2)
     assert not screen_settings(IngestConfig()).length_all and screen_settings(IngestConfig(), 0.1).length_all
+
+
+@pytest.mark.parametrize("held, banned", [(8, True), (20, False)])
+def test_an_author_is_judged_by_the_span_bound_on_the_rows_it_held(char_tok: Any, held: int, banned: bool) -> None:
+    """A training step's screen reports, per author, the rows the span bound held (those the loss pushed up):
+    an author all 8 of whose held rows were dropped is banned, however many rows it had pushed down; counted
+    over every row (the old rule) the same 8 drops among 20 are no ban."""
+    from node.exchange.plausibility import ScreenSettings
+
+    policy = SimpleNamespace(tokenizer=char_tok, tokenizer_fingerprint=tokenizer_fingerprint(char_tok),
+                             context_length=None)
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,  # type: ignore[arg-type]
+                        screen=ScreenSettings(ban_window=8, ban_share=0.9))
+    ingestor.record_screened({"a": [20, 8, 200, 80, 40, 30.0, held]})
+    assert ingestor.verdicts.judged["a"] == held and ingestor.verdicts.banned("a") == banned
+    assert ingestor.metrics()["ingest_rejected"]["implausible"] == 8
+    assert ("implausible_text" in ingestor.metrics()["ingest_offences"]) == banned

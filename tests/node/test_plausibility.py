@@ -51,6 +51,19 @@ def test_the_screen_masks_low_peer_tokens_and_drops_implausible_peer_rows_only()
     assert dropped.tolist() == [False, True, False] and not keep[1].any() and keep[0, :3].all()
 
 
+@pytest.mark.parametrize("advantage, span_all, dropped_row", [(1.0, False, True), (-1.0, False, False),
+                                                               (0.0, False, False), (-1.0, True, True)])
+def test_the_span_bound_holds_the_peer_rows_the_loss_pushes_up(advantage, span_all, dropped_row):
+    """An implausible peer row is dropped when its advantage is above 0 (or with span_all); pushed down or not
+    moved, it is kept, and the token floor still masks its low tokens."""
+    values, mask = right_pad([[-1.0, -12.0, -1.0], [-1.0, -1.0, -1.0]], 0.0, torch.float32)
+    peer, advantages = torch.tensor([True, True]), torch.tensor([advantage, 1.0])
+    screen = PeerScreen(token_floor=-9.2, window=2, span_floor=-6.2, span_all=span_all)
+    keep, dropped = screen_peer_tokens(values, mask, peer, screen, advantages=advantages)
+    assert dropped.tolist() == [dropped_row, False]
+    assert keep[0].tolist() == ([False] * 3 if dropped_row else [True, False, True]) and keep[1].all()
+
+
 def test_positive_peer_tokens_weigh_their_probability_over_the_floors():
     """log(0.1) floor: a token of p = 0.01 weighs 0.1, one of p >= 0.1 weighs 1; own rows, negative peer rows and
     padding weigh 1."""
