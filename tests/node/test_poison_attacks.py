@@ -97,3 +97,22 @@ def test_the_lab_arms_and_their_table():
     assert lab.table([weighted])[2].endswith("| 0 / 3 (0.88) |")
     unscreened = result(shared, 0.25, 12.0, {}) | {"victim": {"screen_rows": 0, "screen_positive_weight": 0.0}}
     assert lab.table([unscreened])[2].endswith("| 0 / 0 |")  # no screen, no weight to show
+
+
+def test_the_lab_runs_side_by_side_each_in_its_own_process(tmp_path, capsys):
+    """``--jobs 2``: the two runs each in a process of their own, with progress lines and a log each, their
+    results saved and tabled; a name ``--only`` gives that is no run of the grid is refused with exit 2."""
+    import json
+
+    lab = load_script("lab/poison")
+    common = ["--model", "small", "--attacks", "length", "--arms", "silo,defended", "--steps", "2", "--eval-tasks",
+              "4", "--samples", "1", "--threads", "1", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as stop:
+        lab.main([*common, "--only", "silo-small-s9"])
+    assert stop.value.code == 2 and "--only" in capsys.readouterr().err
+    assert lab.main([*common, "--jobs", "2", "--every", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "poison: 2 runs, 2 at a time: silo-small-s0 length-small-defended-s0" in out
+    assert "silo-small-s0:done" in out and "| length | defended | 0 |" in out
+    assert json.loads((tmp_path / "length-small-defended-s0.json").read_text())["steps"] == 2
+    assert "step 2/2" in (tmp_path / "length-small-defended-s0.log").read_text()
