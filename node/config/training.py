@@ -181,9 +181,11 @@ class IngestConfig(Section):
     screen_span_margin: float = Field(1.0, ge=0, description="nats below the own quantile before a peer's span "
                                       "counts as implausible")
     screen_span_all: bool = Field(
-        False, description="hold every peer completion to the span bound, not only those the loss pushes up "
-        "(advantage above 0, so the baseline shift is counted): one pushed down cannot teach the node its text, "
-        "and between honest nodes at different stages most implausible ones are a weaker peer's wrong answers")
+        True, description="hold every peer completion to the span bound; false: only those the loss pushes up "
+        "(advantage above 0). Off, honest nodes at different stages lost 1.3% of their peers' completions instead "
+        "of 4.2% (smollm2, seed 1), but a group whose pushed-up rows the bound drops then trains its pushed-down "
+        "rows alone: against three attacker identities a smollm2 victim stopped answering (held-out greedy 0.002 "
+        "against its silo's 0.521; docs/results/poison-length-bound.md)")
     screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "
                                           "the length bound scales")
     screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "

@@ -5,10 +5,11 @@ Read from the training pass's own log-probs (detached, at the sampling temperatu
 and the policy the loss is about to move is the one that judges. For the rows of peers' completions:
 
 - a token whose log-prob is below ``token_floor`` is masked out of the loss (it stays in the context);
-- a row the loss pushes up (advantage above 0; every row with ``span_all``) whose least plausible span (the
-  lowest mean log-prob of ``window`` consecutive tokens; the mean of all when it is shorter) is below
-  ``span_floor`` is dropped whole (every token masked). A row pushed down cannot teach the node its text, and
-  between honest nodes at different stages most implausible rows are a weaker peer's wrong answers.
+- a row whose least plausible span (the lowest mean log-prob of ``window`` consecutive tokens; the mean of
+  all when it is shorter) is below ``span_floor`` is dropped whole (every token masked); without ``span_all``
+  only a row the loss pushes up (advantage above 0) is. A row pushed down cannot teach the node its text, but
+  the drops come after the group's advantages were set: a group whose positives are dropped trains its
+  negatives alone, a push away from whatever they share with the node's own answers (their format, their end).
 
 Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
 """
@@ -28,13 +29,13 @@ __all__ = ["PeerScreen", "least_plausible_spans", "positive_peer_weights", "scre
 class PeerScreen:
     """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it,
     ``positive_floor`` None for no weight on positive peer tokens; ``span_all`` holds every peer row to the span
-    bound, not only those the loss pushes up."""
+    bound (False: only those the loss pushes up)."""
 
     token_floor: float
     window: int
     span_floor: float | None = None
     positive_floor: float | None = None
-    span_all: bool = False
+    span_all: bool = True
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
@@ -60,7 +61,7 @@ def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: Pee
     """``(keep [B, T], dropped [B])``: the tokens the loss may use (own rows: all of theirs) and the peer rows
     dropped by the span bound. ``verified`` (``[B, T]``, optional): tokens of a verified answer, which the
     token floor spares (the span bound still drops their row). ``advantages`` (``[B]``): the span bound holds
-    the rows above 0 (all rows without them, or with ``screen.span_all``)."""
+    the rows above 0 when ``screen.span_all`` is off (all rows without them)."""
     valid = mask.bool()
     lp = logprobs.detach().float()
     peer_tokens = peer[:, None] & valid
