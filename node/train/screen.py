@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PeerScreen", "least_plausible_spans", "positive_peer_weights", "screen_peer_tokens"]
+__all__ = ["PeerScreen", "held_to_span", "least_plausible_spans", "positive_peer_weights", "screen_peer_tokens"]
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,15 @@ def screen_peer_tokens(logprobs: Tensor, mask: Tensor, peer: Tensor, screen: Pee
     dropped = torch.zeros_like(peer, dtype=torch.bool)
     if screen.span_floor is not None:
         spans = least_plausible_spans(lp, valid, screen.window)
-        dropped = peer & valid.any(-1) & (spans < screen.span_floor)
-        if advantages is not None and not screen.span_all:
-            dropped = dropped & (advantages > 0)
+        dropped = held_to_span(peer, screen, advantages) & valid.any(-1) & (spans < screen.span_floor)
         keep = keep & ~dropped[:, None]
     return keep, dropped
+
+
+def held_to_span(peer: Tensor, screen: PeerScreen, advantages: Tensor | None = None) -> Tensor:
+    """``[B]``: the peer rows the span bound holds: every one with ``screen.span_all`` (or without
+    ``advantages``), else those whose advantage is above 0."""
+    return peer if advantages is None or screen.span_all else peer & (advantages > 0)
 
 
 def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantages: Tensor,

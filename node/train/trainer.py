@@ -32,7 +32,7 @@ from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
 from node.train.peer_value import cosine
-from node.train.screen import PeerScreen, positive_peer_weights, screen_peer_tokens
+from node.train.screen import PeerScreen, held_to_span, positive_peer_weights, screen_peer_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class Trainer:
         valid, peer_rows = mask[:n].bool(), peer[:n]
         pushed_up = (valid & keep[:n]) & (peer_rows & (advantages[:n] > 0))[:, None]
         weight_sum = torch.where(pushed_up, weights[:n], 0.0).sum(-1) if weights is not None else pushed_up.sum(-1)
-        held = peer_rows if self._screen.span_all else peer_rows & (advantages[:n] > 0)  # rows the span bound holds
+        held = held_to_span(peer_rows, self._screen, advantages[:n])
         counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
                               (valid & ~keep[:n] & peer_rows[:, None]).sum(-1).float(), pushed_up.sum(-1).float(),
                               weight_sum.float(), held.float()])

@@ -41,7 +41,8 @@ def run_side_by_side(commands: dict[str, list[str]], logs: Path, *, cwd: Path, j
                      tick: Callable[[], None] = lambda: None, label: str = "side_by_side") -> Outcome:
     """Run ``commands`` (name -> argv), at most ``jobs`` at once (0: all), each logging to ``logs/NAME.log``.
     Every ``every`` seconds print one line: elapsed time, load, the card's use, and ``state(name)`` of each
-    run started (``exit N`` for one that failed); then call ``tick``. Stop what is still going after ``deadline`` seconds (0: never)."""
+    run started (``exit N`` for one that failed); then call ``tick``. Stop what is still going after ``deadline``
+    seconds (0: never)."""
     logs.mkdir(parents=True, exist_ok=True)
     waiting = list(commands)
     procs: dict[str, subprocess.Popen[bytes]] = {}
