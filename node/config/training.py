@@ -186,6 +186,11 @@ class IngestConfig(Section):
         "of 4.2% (smollm2, seed 1), but a group whose pushed-up rows the bound drops then trains its pushed-down "
         "rows alone: against three attacker identities a smollm2 victim stopped answering (held-out greedy 0.002 "
         "against its silo's 0.521; docs/results/poison-length-bound.md)")
+    screen_share_dropped: bool = Field(
+        True, description="a peer completion the span bound drops takes its advantage out of its group: the "
+        "group's kept completions share it out (each moved toward 0, never across), so a group whose pushed-up "
+        "completions were dropped does not train its pushed-down ones alone, which pushes the node away from "
+        "what they share with its own answers (their format); false: the dropped advantage is lost")
     screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "
                                           "the length bound scales")
     screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "

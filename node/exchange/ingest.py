@@ -324,8 +324,8 @@ class Ingestor:
     def screen_bounds(self) -> PeerScreen | None:
         """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
         s = self.screen
-        return (PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all)
-                if s.enabled else None)
+        return (PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all,
+                           s.share_dropped) if s.enabled else None)
 
     def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
         """``group`` without the completions the loss would push up (reward above the group's mean; all with

@@ -60,6 +60,7 @@ class ScreenSettings:
     length_ratio: float = 2.0
     length_all: bool = False
     span_all: bool = True
+    share_dropped: bool = True
     min_own: int = 64
     ban_share: float = 0.9
     ban_window: int = 64

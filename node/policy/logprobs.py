@@ -54,23 +54,35 @@ much again, which its budget's default allows for)."""
 
 
 def logit_micro_batches(completion_lengths: Sequence[int], vocab_size: int, budget_bytes: int,
-                        max_rows: int) -> list[range]:
+                        max_rows: int, groups: Sequence[int] | None = None) -> list[range]:
     """Split rows, in order, into micro-batches whose log-prob pass keeps its logits within ``budget_bytes``:
     rows x (longest completion + 1) x ``vocab_size`` x ``LOGIT_BYTES``, and at most ``max_rows`` rows. A row
     that alone exceeds the budget goes alone. With a 49,152-token vocabulary a 64-token completion's logits
-    take 39 MB, so the row count, not only ``max_rows``, is what bounds memory."""
+    take 39 MB, so the row count, not only ``max_rows``, is what bounds memory.
+
+    ``groups`` (a label a row, a group's rows next to each other): a cut that would split a group moves back to
+    the group's first row, unless the group starts the micro-batch (a group over the limits alone is split)."""
     batches: list[range] = []
     start, widest = 0, 0
-    for i, length in enumerate(completion_lengths):
-        wider = max(widest, length + 1)
+    i = 0
+    while i < len(completion_lengths):
+        wider = max(widest, completion_lengths[i] + 1)
         if i > start and (i - start >= max_rows or (i - start + 1) * wider * vocab_size * LOGIT_BYTES > budget_bytes):
-            batches.append(range(start, i))
-            start, wider = i, length + 1
+            cut = i
+            if groups is not None:
+                first = i
+                while first > start and groups[first - 1] == groups[i]:
+                    first -= 1
+                cut = first if first > start else i
+            batches.append(range(start, cut))
+            start, i = cut, cut
+            widest = 0
+            continue
         widest = wider
+        i += 1
     if start < len(completion_lengths):
         batches.append(range(start, len(completion_lengths)))
     return batches
-
 
 
 def sequence_logprobs(

@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 
 class PeerDecider:
     """Decides, step by step, whether a node takes peers' groups, from the alignments it has observed.
@@ -133,3 +135,22 @@ def cosine(dot: float, norm_a: float, norm_b: float) -> float | None:
     if norm_a <= 0.0 or norm_b <= 0.0:
         return None
     return dot / (norm_a * norm_b)
+
+
+def part_cosine(own_grads: list[torch.Tensor | None], params: list[torch.nn.Parameter]) -> float | None:
+    """The cosine between the own part's gradient (``own_grads``, as it was once the own sequences were
+    accumulated) and the peers' part (the parameters' gradient now, less the own part); None when either
+    part has no gradient or a value that is not finite."""
+    dot = own_sq = peer_sq = 0.0
+    for own, param in zip(own_grads, params):
+        if param.grad is None:
+            continue
+        total = param.grad.detach().double()
+        mine = torch.zeros_like(total) if own is None else own.double()
+        theirs = total - mine
+        dot += float((mine * theirs).sum())
+        own_sq += float((mine * mine).sum())
+        peer_sq += float((theirs * theirs).sum())
+    if not all(math.isfinite(v) for v in (dot, own_sq, peer_sq)):
+        return None
+    return cosine(dot, math.sqrt(own_sq), math.sqrt(peer_sq))

@@ -7,9 +7,11 @@ and the policy the loss is about to move is the one that judges. For the rows of
 - a token whose log-prob is below ``token_floor`` is masked out of the loss (it stays in the context);
 - a row whose least plausible span (the lowest mean log-prob of ``window`` consecutive tokens; the mean of
   all when it is shorter) is below ``span_floor`` is dropped whole (every token masked); without ``span_all``
-  only a row the loss pushes up (advantage above 0) is. A row pushed down cannot teach the node its text, but
-  the drops come after the group's advantages were set: a group whose positives are dropped trains its
-  negatives alone, a push away from whatever they share with the node's own answers (their format, their end).
+  only a row the loss pushes up (advantage above 0) is. A row pushed down cannot teach the node its text;
+- a dropped row takes its advantage out of its group: the group's kept rows share it out
+  (``share_dropped_advantages``), so the group keeps the advantage sum its estimator gave it. The drops come
+  after the advantages were set, and without this a group whose positives were dropped would train its
+  negatives alone: a push away from whatever they share with the node's own answers (their format, their end).
 
 Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
 """
@@ -22,20 +24,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PeerScreen", "held_to_span", "least_plausible_spans", "positive_peer_weights", "screen_peer_tokens"]
+__all__ = ["PeerScreen", "held_to_span", "least_plausible_spans", "positive_peer_weights", "screen_peer_tokens",
+           "share_dropped_advantages"]
 
 
 @dataclass(frozen=True)
 class PeerScreen:
     """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it,
     ``positive_floor`` None for no weight on positive peer tokens; ``span_all`` holds every peer row to the span
-    bound (False: only those the loss pushes up)."""
+    bound (False: only those the loss pushes up); ``share_dropped``: a dropped row's advantage is shared out
+    among its group's kept rows (False: it is lost, and the group's other rows keep theirs)."""
 
     token_floor: float
     window: int
     span_floor: float | None = None
     positive_floor: float | None = None
     span_all: bool = True
+    share_dropped: bool = True
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
@@ -93,3 +98,22 @@ def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantag
     if verified is not None:
         pushed_up = pushed_up & ~verified
     return torch.where(pushed_up, weights, torch.ones_like(weights))
+
+
+def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor) -> Tensor:
+    """``[B]``: ``advantages`` with each group's dropped rows' sum shared equally among its kept rows (``group``:
+    ``[B]`` integer labels, rows of one group in this batch), so each group's sum is what it was. A kept row moves
+    toward 0 and stops there, never across it: a dropped positive cannot make a negative row pushed up. A group
+    whose rows are all dropped, or that has no drop, is left as it was.
+
+    With binary rewards and a mean (or leave-one-out) baseline this is the group's advantages recomputed without
+    the dropped rows, up to a factor near 1: every positive of a group dropped leaves its negatives at 0."""
+    adv = advantages.float()
+    labels = torch.unique(group, return_inverse=True)[1]
+    n = int(labels.max()) + 1 if labels.numel() else 0
+    lost = torch.zeros(n, device=adv.device).index_add_(0, labels, torch.where(dropped, adv, 0.0))
+    kept = torch.zeros(n, device=adv.device).index_add_(0, labels, (~dropped).float())
+    share = (lost / kept.clamp(min=1.0))[labels]
+    moved = adv + share
+    moved = torch.where(adv > 0, moved.clamp(min=0.0), torch.where(adv < 0, moved.clamp(max=0.0), adv))
+    return torch.where(dropped, adv, moved).to(advantages.dtype)

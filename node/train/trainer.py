@@ -31,14 +31,21 @@ from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
 from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
-from node.train.peer_value import cosine
-from node.train.screen import PeerScreen, held_to_span, positive_peer_weights, screen_peer_tokens
+from node.train.peer_value import cosine, part_cosine
+from node.train.screen import (
+    PeerScreen,
+    held_to_span,
+    positive_peer_weights,
+    screen_peer_tokens,
+    share_dropped_advantages,
+)
 
 logger = logging.getLogger(__name__)
 
 
 # prompt, completion, anchors, advantage, own sample, author ("" for the node's own), its verified answer's tokens
-_Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None]
+_Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None, int]
+"""prompt ids, completion ids, anchor log-probs, advantage, own, author, verified answer span, group index"""
 
 
 class Trainer:
@@ -152,8 +159,8 @@ class Trainer:
         self._screen_counts = []  # per micro-batch: the rows' authors and their [4, B] counts
         self.screened = {}
         rows: list[_Row] = [
-            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id, span)
-            for g in groups
+            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id, span, index)
+            for index, g in enumerate(groups)
             if g.advantages is not None
             for ids, lps, a, span in zip(g.completions, g.anchor_logprobs, g.advantages.tolist(),
                                          g.answer_spans or [None] * len(g.completions))
@@ -212,7 +219,8 @@ class Trainer:
             lengths = [len(r[1]) for r in segment]
             # ReMix runs each sequence once a routing: M rows of a forward pass, in memory as in the budget.
             for batch in logit_micro_batches(lengths, vocab * self.routings_per_row, self.logits_budget_bytes,
-                                             max(1, self.micro_batch_size // self.routings_per_row)):
+                                             max(1, self.micro_batch_size // self.routings_per_row),
+                                             [r[7] for r in segment]):
                 chunk = segment[batch.start : batch.stop]
                 stats = self._micro_step(chunk, weight=len(chunk) / denominator)
                 for k, v in stats.items():
@@ -220,7 +228,7 @@ class Trainer:
             if measure and not own_grads:  # the own part's gradient, before the peers' is added to it
                 own_grads = [None if p.grad is None else p.grad.detach().clone() for p in self._params()]
         if measure:
-            alignment = _part_cosine(own_grads, self._params())
+            alignment = part_cosine(own_grads, self._params())
             if alignment is not None:
                 self._alignments.append(alignment)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params(), self.max_grad_norm)
@@ -247,7 +255,8 @@ class Trainer:
             logprobs = shared_prompt_logprobs(self.policy.model, [r[0] for r in rows], completion_ids,
                                               completion_mask, pad_id=pad_id, temperature=self.temperature)
             own = torch.tensor([r[4] for r in rows], device=device)
-            loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, ~own, advantages)
+            loss_mask, peer_weights, advantages = self._screened_mask(rows, logprobs, completion_mask, ~own,
+                                                                      advantages)
             gap = logprob_gap(logprobs, anchor, completion_mask & own[:, None])
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
             if self._keep:
@@ -273,13 +282,20 @@ class Trainer:
 
     def _screened_mask(self, rows: list[_Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
                        advantages: torch.Tensor, count_rows: int | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The loss mask (``mask`` less the peer tokens and rows the screen keeps out) and the weights of positive
-        peer tokens (None without them); their counts kept on the device (read once, at the end of the step)."""
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The loss mask (``mask`` less the peer tokens and rows the screen keeps out), the weights of positive
+        peer tokens (None without them) and the advantages, the dropped rows' shared out among their groups'
+        kept rows (``share_dropped_advantages``; ReMix's rows, one a routing, grouped by routing too); the
+        counts kept on the device (read once, at the end of the step)."""
         if self._screen is None or all(r[4] for r in rows):
-            return mask, None
+            return mask, None, advantages
         verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
         keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen, verified, advantages)
+        if self._screen.share_dropped and self._screen.span_floor is not None:
+            labels = torch.tensor([r[7] for r in rows], device=advantages.device)
+            reps = advantages.shape[0] // len(rows)
+            labels = torch.cat([labels + k * (int(labels.max()) + 1) for k in range(reps)])
+            advantages = share_dropped_advantages(advantages, dropped, labels)
         weights = None
         if self._screen.positive_floor is not None:
             weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor,
@@ -293,7 +309,7 @@ class Trainer:
                               (valid & ~keep[:n] & peer_rows[:, None]).sum(-1).float(), pushed_up.sum(-1).float(),
                               weight_sum.float(), held.float()])
         self._screen_counts.append(([r[5] for r in rows[:n]], counts))
-        return mask & keep, weights
+        return mask & keep, weights, advantages
 
     def _screen_totals(self) -> dict[str, list[float]]:
         """Per author, over the step: rows, rows dropped, tokens, tokens masked, tokens pushed up, the sum of those
@@ -326,14 +342,14 @@ class Trainer:
         own_grads: list[torch.Tensor] = []
         for segment in ([own, peer] if measure else [rows]):
             for batch in logit_micro_batches([len(r[1]) for r in segment], vocab, self.logits_budget_bytes,
-                                             self.micro_batch_size):
+                                             self.micro_batch_size, [r[7] for r in segment]):
                 chunk = segment[batch.start : batch.stop]
                 sums += self._micro_step_fused(chunk, weight=len(chunk) / denominator, share=len(chunk) / total)
             if measure and not own_grads:
                 own_grads = [g.masked_grad().clone() for g in self.flat_groups]
         grads = [g.masked_grad() for g in self.flat_groups]
         extra = []
-        if measure:  # as _part_cosine: the own part against the rest, before clipping
+        if measure:  # as part_cosine: the own part against the rest, before clipping
             pairs = [(mine.double(), (grad.double() - mine.double())) for mine, grad in zip(own_grads, grads)]
             extra = [torch.stack([(m * t).sum() for m, t in pairs]).sum(),
                      torch.stack([(m * m).sum() for m, _ in pairs]).sum(),
@@ -384,7 +400,7 @@ class Trainer:
         logprobs = self.fused.logprobs([r[0] for r in rows], [r[1] for r in rows],
                                        pad_id=self.policy.tokenizer.pad_token_id, temperature=self.temperature)
         own_tokens = completion_mask & own[:, None]
-        loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, ~own, advantages)
+        loss_mask, peer_weights, advantages = self._screened_mask(rows, logprobs, completion_mask, ~own, advantages)
         gap = logprob_gap_terms(logprobs, anchor, own_tokens)
         if self._keep:
             self._pending.setdefault("advantages", []).append(advantages.detach().float())
@@ -428,8 +444,8 @@ class Trainer:
                                                for t in (completion_mask, anchor, advantages))
         loss_mask, peer_weights = completion_mask, None
         if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
-            loss_mask, peer_weights = self._screened_mask(rows, logprobs, completion_mask, peer.repeat(reps),
-                                                          advantages, count_rows=b)
+            loss_mask, peer_weights, advantages = self._screened_mask(rows, logprobs, completion_mask,
+                                                                      peer.repeat(reps), advantages, count_rows=b)
         if not self.off_policy_correction:
             anchor = logprobs.detach()
         loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
@@ -460,25 +476,6 @@ def _verified_tokens(rows: list[_Row], mask: torch.Tensor) -> torch.Tensor:
 def _times(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     """The product of two optional token-weight tensors (None for all ones)."""
     return b if a is None else a if b is None else a * b
-
-
-def _part_cosine(own_grads: list[torch.Tensor | None], params: list[torch.nn.Parameter]) -> float | None:
-    """The cosine between the own part's gradient (``own_grads``, as it was once the own sequences were
-    accumulated) and the peers' part (the parameters' gradient now, less the own part); None when either
-    part has no gradient or a value that is not finite."""
-    dot = own_sq = peer_sq = 0.0
-    for own, param in zip(own_grads, params):
-        if param.grad is None:
-            continue
-        total = param.grad.detach().double()
-        mine = torch.zeros_like(total) if own is None else own.double()
-        theirs = total - mine
-        dot += float((mine * theirs).sum())
-        own_sq += float((mine * mine).sum())
-        peer_sq += float((theirs * theirs).sum())
-    if not all(math.isfinite(v) for v in (dot, own_sq, peer_sq)):
-        return None
-    return cosine(dot, math.sqrt(own_sq), math.sqrt(peer_sq))
 
 
 def _adamw(groups: list[dict[str, Any]], weight_decay: float) -> torch.optim.Optimizer:

@@ -232,6 +232,21 @@ def test_logit_micro_batches_keep_the_logits_within_the_budget() -> None:
             assert len(b) == 1 or len(b) * width * 100 * LOGIT_BYTES <= budget
 
 
+def test_logit_micro_batches_keep_a_groups_rows_together_where_they_fit() -> None:
+    lengths = [3] * 10
+    groups = [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+    # four rows a batch: the cut at row 4 would split group 1, so it moves back to row 3
+    assert logit_micro_batches(lengths, 100, 10**9, 4, groups) == [range(0, 3), range(3, 7), range(7, 10)]
+    assert logit_micro_batches(lengths, 100, 10**9, 4) == [range(0, 4), range(4, 8), range(8, 10)]
+    # a group larger than a batch, at a batch's start, is split where the limit falls
+    assert logit_micro_batches(lengths, 100, 10**9, 2, groups) == [range(0, 2), range(2, 3), range(3, 5),
+                                                                    range(5, 7), range(7, 9), range(9, 10)]
+    for rows in (1, 2, 3, 5, 7):
+        batches = logit_micro_batches(lengths, 100, 10**9, rows, groups)
+        assert [i for b in batches for i in b] == list(range(10))
+        assert all(len(b) <= rows for b in batches)
+
+
 def _lora_model(model):
     """A copy of ``model`` with rank-4 LoRA adapters whose B is not zero, so the adapters change its output."""
     import copy

@@ -18,7 +18,13 @@ from node.exchange.plausibility import (
 )
 from node.policy.logprobs import right_pad
 from node.tasks.prompting import extract_answer, tagged_answer_span
-from node.train.screen import PeerScreen, least_plausible_spans, positive_peer_weights, screen_peer_tokens
+from node.train.screen import (
+    PeerScreen,
+    least_plausible_spans,
+    positive_peer_weights,
+    screen_peer_tokens,
+    share_dropped_advantages,
+)
 
 
 def test_least_plausible_span_is_the_lowest_window_mean():
@@ -62,6 +68,29 @@ def test_the_span_bound_holds_the_peer_rows_the_loss_pushes_up(advantage, span_a
     keep, dropped = screen_peer_tokens(values, mask, peer, screen, advantages=advantages)
     assert dropped.tolist() == [dropped_row, False]
     assert keep[0].tolist() == ([False] * 3 if dropped_row else [True, False, True]) and keep[1].all()
+
+
+def test_a_dropped_rows_advantage_is_shared_among_its_groups_kept_rows():
+    # group 0: leave-one-out advantages of rewards [1, 1, 0, 0] (2/3 each way). Both positives dropped: the
+    # negatives go to 0, as recomputing the group without them gives. Group 1 ([1, 0, 0, 0]: 1, -1/3 x 3), one
+    # negative dropped: the other two negatives -1/3 - 1/9 = -4/9, the positive 1 - 1/9 = 8/9; its sum stays 0.
+    adv = torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3, 1.0, -1 / 3, -1 / 3, -1 / 3])
+    group = torch.tensor([0, 0, 0, 0, 7, 7, 7, 7])
+    dropped = torch.tensor([True, True, False, False, False, True, False, False])
+    got = share_dropped_advantages(adv, dropped, group)
+    assert torch.allclose(got, torch.tensor([2 / 3, 2 / 3, 0.0, 0.0, 8 / 9, -1 / 3, -4 / 9, -4 / 9]))
+    assert float(got[4:][~dropped[4:]].sum()) == pytest.approx(float(adv[4:].sum()), abs=1e-6)
+    # one positive of group 0 dropped: the others share 2/3: 2/3 + 2/9 and -2/3 + 2/9 (the exact recomputation
+    # over three rows gives 1 and -1/2: the same signs, a factor 8/9 apart)
+    one = share_dropped_advantages(adv[:4], torch.tensor([True, False, False, False]), group[:4])
+    assert torch.allclose(one, torch.tensor([2 / 3, 8 / 9, -4 / 9, -4 / 9]))
+    # a kept row moves toward 0 and stops there; a group with every row dropped, or none, is left as it was
+    clamp = share_dropped_advantages(torch.tensor([1.0, -0.2, -0.8, 0.3, -0.3]),
+                                     torch.tensor([True, False, False, True, True]), torch.tensor([0, 0, 0, 1, 1]))
+    assert torch.allclose(clamp, torch.tensor([1.0, 0.0, -0.3, 0.3, -0.3]))
+    untouched = torch.tensor([0.5, -0.5])
+    assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([3, 3])),
+                       untouched)
 
 
 def test_positive_peer_tokens_weigh_their_probability_over_the_floors():

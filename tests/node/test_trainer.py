@@ -280,9 +280,9 @@ def test_the_alignment_of_own_and_peer_gradients_is_their_cosine_and_leaves_the_
     assert "peer_alignment" not in trainer.step(own_only)  # one part: nothing to compare
 
 
-def _screened_group(keep=(0, 1)) -> TrainGroup:
+def _screened_group(keep=(0, 1), advantages=(1.0, 0.5)) -> TrainGroup:
     """A peer group of two completions with given advantages."""
-    completions, advantages = [[6, 7, 2], [8, 9, 2]], [1.0, 0.5]
+    completions = [[6, 7, 2], [8, 9, 2]]
     g = TrainGroup(key="k", peer_id="p", epoch=0, prompt_ids=[1, 4, 5], completions=[completions[i] for i in keep],
                    anchor_logprobs=[[-1.0] * 3 for _ in keep], rewards=[0.0] * len(keep))
     g.advantages = torch.tensor([advantages[i] for i in keep])
@@ -300,7 +300,8 @@ def _row_logprobs(policy, group: TrainGroup) -> torch.Tensor:
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(fused):
     """A peer completion whose least plausible span is below the floor contributes no gradient: the step is the
-    one on the other completion alone; the trainer reports the drop for the author."""
+    one on the other completion alone, which takes the dropped one's advantage too (0.5 + 1.0, its group's sum
+    kept); the trainer reports the drop for the author."""
     from node.policy.logprobs import right_pad
     from node.train.screen import PeerScreen, least_plausible_spans
 
@@ -313,7 +314,7 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
         pytest.skip("tiny-base reads row 1 as the more plausible one")
     stats = screened.step([_screened_group()], screen=PeerScreen(token_floor=-1e9, window=2, span_floor=floor))
     _, alone, alone_grads = _lever_trainer(fused=fused)
-    alone.step([_screened_group(keep=(0,))])
+    alone.step([_screened_group(keep=(0,), advantages=(1.5,))])
     assert alone_grads[0] and len(alone_grads[0]) == len(screened_grads[0])
     for a, b in zip(alone_grads[0], screened_grads[0], strict=True):  # up to the rounding of a padded batch
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
@@ -324,6 +325,30 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
     plain.step([_screened_group()])
     assert plain.screened == {} and any(not torch.allclose(a, b, atol=1e-6, rtol=1e-2)
                                         for a, b in zip(alone_grads[0], plain_grads[0]))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_group_whose_positive_row_is_dropped_does_not_train_its_negative_alone(fused):
+    """A peer group of one pushed-up row and one pushed-down row (+1, -1): the span bound drops the pushed-up
+    one, its advantage is shared out, and the pushed-down one is left at 0, so the group moves nothing. Without
+    the sharing (``share_dropped`` off) the pushed-down row trains alone."""
+    from node.policy.logprobs import right_pad
+    from node.train.screen import PeerScreen, least_plausible_spans
+
+    policy, screened, grads = _lever_trainer(fused=fused)
+    lps = _row_logprobs(policy, _screened_group())
+    spans = least_plausible_spans(lps, right_pad(_screened_group().completions, 0, torch.long)[1], 2).tolist()
+    assert spans[0] != spans[1]
+    low = 0 if spans[0] < spans[1] else 1  # the less plausible row is the pushed-up one
+    advantages = (1.0, -1.0) if low == 0 else (-1.0, 1.0)
+    screen = PeerScreen(token_floor=-1e9, window=2, span_floor=sum(spans) / 2)
+    screened.step([_screened_group(advantages=advantages)], screen=screen)
+    assert screened.screened["p"][:2] == [2, 1]
+    assert grads[0] and all(float(g.abs().max()) == 0.0 for g in grads[0])
+    _, lost, lost_grads = _lever_trainer(fused=fused)
+    lost.step([_screened_group(advantages=advantages)], screen=PeerScreen(
+        token_floor=-1e9, window=2, span_floor=sum(spans) / 2, share_dropped=False))
+    assert any(float(g.abs().max()) > 0.0 for g in lost_grads[0])
 
 
 @pytest.mark.parametrize("fused", [True, False])
