@@ -108,6 +108,10 @@ def table(results: list[dict]) -> list[str]:
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | "
                          f"{screened} |")
         for a in r["asr_sampled"]:
+            if r.get("published", {}).get(a) == 0:  # e.g. text after the answer: the verifier scores it 0
+                lines.append(f"| {a} | {arm} | {sp['seed']} | none sent: no poisoned completion passed the "
+                             f"verifier | | {reward} | {length} | - | {screened} |")
+                continue
             before, after = r["payload_before"].get(a), r["payload_after"].get(a)
             lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
             lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "

@@ -12,8 +12,8 @@ import argparse
 
 import pytest
 
-from scripts.lib.poison.attacks import SUITE, together
-from scripts.lib.poison.lab import LabSpec, run
+from scripts.lib.poison.attacks import SUITE, together, wrong_text
+from scripts.lib.poison.lab import LabSpec, _attacker, _config, run
 from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
@@ -38,12 +38,21 @@ def defended():
     return _run(())
 
 
-@pytest.mark.parametrize("name", list(SUITE))
+@pytest.mark.parametrize("name", [n for n in SUITE if n != "phrase-suffix"])
 def test_each_attack_poisons_the_undefended_node_and_not_the_defended_one(undefended, defended, name):
+    assert undefended.published[name] > 0 and defended.published[name] > 0
     moved = undefended.payload_after[name] - undefended.payload_before[name]
     assert moved >= POISONED, f"{name}: the undefended victim moved only {moved:.2f} nats a token"
     held = defended.payload_after[name] - defended.payload_before[name]
     assert held <= HELD, f"{name}: the defended victim moved {held:.2f} nats a token toward the payload"
+
+
+def test_text_after_the_answer_fails_the_verifier_so_the_suffix_attack_sends_nothing(undefended):
+    """The verifier scores a completion with anything after its answer's closing tag 0: the suffix attacker
+    finds no task whose poisoned completion passes, so it publishes nothing (and what moves its payload's
+    log-prob in the other tests is the other attacks' training, not its own)."""
+    assert undefended.published["phrase-suffix"] == 0
+    assert all(n > 0 for name, n in undefended.published.items() if name != "phrase-suffix")
 
 
 def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefended, defended):
@@ -51,11 +60,69 @@ def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefend
     assert v["peers_banned"] >= len(ATTACKS)  # every attacker identity but a late one: they keep failing
     assert v["ingest_offences"].get("implausible_text", 0) >= len(ATTACKS)
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
+    assert undefended.echoed > 0 and defended.echoed > 0  # the echo attacker sent the victim's own text back
     assert defended.greedy_reward >= undefended.greedy_reward - 0.05  # learning goes on (it fell undefended)
     assert defended.honest_read >= 64 and defended.honest_dropped <= 0.05 * defended.honest_read
     # each held-out task's greedy reward, in order, for the lab's difference from the silo task by task
     assert len(defended.greedy_rewards) == 8
     assert sum(defended.greedy_rewards) / 8 == pytest.approx(defended.greedy_reward)
+
+
+def test_the_echo_attacker_sends_back_the_victims_own_wrong_completions(tmp_path):
+    """Before the victim has published, the echo attacker crafts its wrong completions; once it has, through
+    nothing but its transport, its groups hold the victim's own wrong completions (their token ids, tokenizer
+    fingerprint and behaviour log-probs; scored below 1) beside poisoned ones scored 1, each group one of the
+    victim's tasks with the victim's prompt."""
+    from node.run.node import Node
+    from protocol.identity import Identity
+    from swarm.memory import InMemoryHub
+
+    spec = LabSpec("echo", overrides=VICTIM, steps=1)
+    echo = SUITE["echo"]
+    hub = InMemoryHub()
+    victim = Node(_config(spec, tmp_path, 0, True), show_progress=False, transport=hub.join)
+    victim.setup()
+    attacker = _attacker(echo, victim, hub, spec, 0)
+    bystander = hub.join(victim.cfg.swarm, Identity.generate())  # reads what the others publish
+    try:
+        source = attacker.source
+        attacker.step()
+        (crafted,) = bystander.collect()
+        assert attacker.echoed == 0
+        for group in crafted.groups:
+            answer = str(source.task(group.task).answer)
+            assert [r.completion for r in group.rollouts if not echo.carries(r.completion)] == [wrong_text(answer)] * 4
+
+        victim.train_step()  # ingests the crafted groups and publishes its own
+        (published,) = bystander.collect()
+        wrong, prompts = {}, {}
+        for group in published.groups:
+            task = source.task(group.task)
+            rows = [r for r in group.rollouts if source.score(task, r.completion) < 1.0]
+            if rows:
+                wrong[group.task] = {(r.completion_ids, r.tokenizer_fingerprint, r.behavior_logprobs) for r in rows}
+                prompts[group.task] = group.rollouts[0].prompt
+        assert wrong, "small-base answered every task right: nothing to echo"
+
+        attacker.step()
+        (sent,) = bystander.collect()
+        echoed = [g for g in sent.groups if g.task in wrong]
+        assert len(echoed) == min(len(wrong), spec.attacker_groups)
+        for group in echoed:
+            task = source.task(group.task)
+            poisoned = [r for r in group.rollouts if echo.carries(r.completion)]
+            back = [r for r in group.rollouts if not echo.carries(r.completion)]
+            assert len(poisoned) == echo.poisoned and len(group.rollouts) == victim.cfg.generation.group_size
+            assert all(source.score(task, r.completion) == 1.0 for r in poisoned)
+            assert all(source.score(task, r.completion) < 1.0 for r in back)
+            assert all((r.completion_ids, r.tokenizer_fingerprint, r.behavior_logprobs) in wrong[group.task]
+                       for r in back)
+            assert {r.task for r in group.rollouts} == {group.task}
+            assert {r.prompt for r in group.rollouts} == {prompts[group.task]}
+        assert attacker.echoed == sum(len(g.rollouts) - echo.poisoned for g in echoed)
+    finally:
+        attacker.close()
+        victim.close()
 
 
 def test_the_lab_arms_and_their_table():

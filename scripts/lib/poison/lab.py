@@ -82,6 +82,8 @@ class LabResult:
     honest_read: int = 0  # the honest peer's completions the victim read with its model
     honest_dropped: int = 0  # of them, dropped by the span or length bound (false drops)
     greedy_rewards: list[float] = field(default_factory=list)  # a held-out task: its greedy reward, in order
+    echoed: int = 0  # the victim's own completions the echo attackers sent back to it
+    published: dict[str, int] = field(default_factory=dict)  # an attack: the groups its attacker sent, all steps
 
 
 def _config(spec: LabSpec, run_dir: Path, seed: int, victim: bool) -> Any:
@@ -153,8 +155,10 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
                                                       "screen_rows", "screen_tokens", "screen_tokens_masked",
                                                       "screen_positive_weight")
                           if k in record}
+        echoed = sum(a.echoed for a in attackers)
+        published = {node.attack.name: node.published for node in attackers}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
-                     victim=victim_metrics, own_asr=own_asr, **measured)
+                     victim=victim_metrics, own_asr=own_asr, echoed=echoed, published=published, **measured)
 
 
 def _track(exchange: Any, attacks: list[Attack], out: dict[str, list[float]]) -> None:
@@ -185,9 +189,11 @@ def _attacker(attack: Attack, victim: Any, hub: Any, spec: LabSpec, index: int) 
         return str(tok.decode(encode_prompt(victim.policy, victim.source.format_prompt(task, tok)),
                               skip_special_tokens=True))
 
+    # the victim's public key: the author every batch it signs names (whose completions an echo attacker sends back)
+    target = victim.exchange.identity.public_key if victim.exchange is not None else None
     return AttackerNode(attack, hub.join, cfg.swarm, source, tok, victim.policy.tokenizer_fingerprint, prompt_of,
                         group_size=cfg.generation.group_size, groups=spec.attacker_groups,
-                        max_tokens=cfg.generation.max_new_tokens, seed=spec.seed * 100 + index)
+                        max_tokens=cfg.generation.max_new_tokens, seed=spec.seed * 100 + index, target=target)
 
 
 def measure(victim: Any, attacks: list[Attack], spec: LabSpec) -> dict[str, Any]:
