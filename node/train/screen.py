@@ -102,18 +102,17 @@ def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantag
 
 def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor) -> Tensor:
     """``[B]``: ``advantages`` with each group's dropped rows' sum shared equally among its kept rows (``group``:
-    ``[B]`` integer labels, rows of one group in this batch), so each group's sum is what it was. A kept row moves
+    ``[B]`` integer labels in ``[0, B)``, rows of one group in this batch), so each group's sum is what it was. A kept row moves
     toward 0 and stops there, never across it: a dropped positive cannot make a negative row pushed up. A group
     whose rows are all dropped, or that has no drop, is left as it was.
 
     With binary rewards and a mean (or leave-one-out) baseline this is the group's advantages recomputed without
     the dropped rows, up to a factor near 1: every positive of a group dropped leaves its negatives at 0."""
     adv = advantages.float()
-    labels = torch.unique(group, return_inverse=True)[1]
-    n = int(labels.max()) + 1 if labels.numel() else 0
-    lost = torch.zeros(n, device=adv.device).index_add_(0, labels, torch.where(dropped, adv, 0.0))
-    kept = torch.zeros(n, device=adv.device).index_add_(0, labels, (~dropped).float())
-    share = (lost / kept.clamp(min=1.0))[labels]
+    n = adv.shape[0]  # bins enough for any labels in [0, B): no read of the labels on the host
+    lost = torch.zeros(n, device=adv.device).index_add_(0, group, torch.where(dropped, adv, 0.0))
+    kept = torch.zeros(n, device=adv.device).index_add_(0, group, (~dropped).float())
+    share = (lost / kept.clamp(min=1.0))[group]
     moved = adv + share
     moved = torch.where(adv > 0, moved.clamp(min=0.0), torch.where(adv < 0, moved.clamp(max=0.0), adv))
     return torch.where(dropped, adv, moved).to(advantages.dtype)

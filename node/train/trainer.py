@@ -292,10 +292,10 @@ class Trainer:
         verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
         keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen, verified, advantages)
         if self._screen.share_dropped and self._screen.span_floor is not None:
-            labels = torch.tensor([r[7] for r in rows], device=advantages.device)
+            rank = {g: i for i, g in enumerate(dict.fromkeys(r[7] for r in rows))}  # labels 0.. on the host
             reps = advantages.shape[0] // len(rows)
-            labels = torch.cat([labels + k * (int(labels.max()) + 1) for k in range(reps)])
-            advantages = share_dropped_advantages(advantages, dropped, labels)
+            labels = [rank[r[7]] + k * len(rank) for k in range(reps) for r in rows]
+            advantages = share_dropped_advantages(advantages, dropped, torch.tensor(labels, device=advantages.device))
         weights = None
         if self._screen.positive_floor is not None:
             weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor,

@@ -75,7 +75,7 @@ def test_a_dropped_rows_advantage_is_shared_among_its_groups_kept_rows():
     # negatives go to 0, as recomputing the group without them gives. Group 1 ([1, 0, 0, 0]: 1, -1/3 x 3), one
     # negative dropped: the other two negatives -1/3 - 1/9 = -4/9, the positive 1 - 1/9 = 8/9; its sum stays 0.
     adv = torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3, 1.0, -1 / 3, -1 / 3, -1 / 3])
-    group = torch.tensor([0, 0, 0, 0, 7, 7, 7, 7])
+    group = torch.tensor([0, 0, 0, 0, 6, 6, 6, 6])
     dropped = torch.tensor([True, True, False, False, False, True, False, False])
     got = share_dropped_advantages(adv, dropped, group)
     assert torch.allclose(got, torch.tensor([2 / 3, 2 / 3, 0.0, 0.0, 8 / 9, -1 / 3, -4 / 9, -4 / 9]))
@@ -89,7 +89,7 @@ def test_a_dropped_rows_advantage_is_shared_among_its_groups_kept_rows():
                                      torch.tensor([True, False, False, True, True]), torch.tensor([0, 0, 0, 1, 1]))
     assert torch.allclose(clamp, torch.tensor([1.0, 0.0, -0.3, 0.3, -0.3]))
     untouched = torch.tensor([0.5, -0.5])
-    assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([3, 3])),
+    assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([1, 1])),
                        untouched)
 
 
