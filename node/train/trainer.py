@@ -43,9 +43,9 @@ from node.train.screen import (
 logger = logging.getLogger(__name__)
 
 
-# prompt, completion, anchors, advantage, own sample, author ("" for the node's own), its verified answer's tokens
+# prompt, completion, anchors, advantage, own sample, author ("" for the node's own), its verified answer's tokens,
+# its group's index in the step
 _Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None, int]
-"""prompt ids, completion ids, anchor log-probs, advantage, own, author, verified answer span, group index"""
 
 
 class Trainer:
