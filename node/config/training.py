@@ -181,11 +181,12 @@ class IngestConfig(Section):
     screen_span_margin: float = Field(1.0, ge=0, description="nats below the own quantile before a peer's span "
                                       "counts as implausible")
     screen_span_all: bool = Field(
-        True, description="hold every peer completion to the span bound; false: only those the loss pushes up "
-        "(advantage above 0). Off, honest nodes at different stages lost 1.3% of their peers' completions instead "
-        "of 4.2% (smollm2, seed 1), but a group whose pushed-up rows the bound drops then trains its pushed-down "
-        "rows alone: against three attacker identities a smollm2 victim stopped answering (held-out greedy 0.002 "
-        "against its silo's 0.521; docs/results/poison-length-bound.md)")
+        False, description="hold every peer completion to the span bound, not only those the loss pushes up "
+        "(advantage above 0): a completion pushed down cannot teach the node its text, and between honest nodes "
+        "at different stages holding every one dropped 4.2% of the peers' completions instead of 1.3% (smollm2, "
+        "seed 1). Holding only the pushed-up ones is safe with screen_share_dropped: without it, a smollm2 victim "
+        "of three attacker identities stopped answering (held-out greedy 0.002 against its silo's 0.521; with "
+        "it 0.546; docs/results/poison-share-dropped.md)")
     screen_share_dropped: bool = Field(
         True, description="a peer completion the span bound drops takes its advantage out of its group: the "
         "group's kept completions share it out (each moved toward 0, never across), so a group whose pushed-up "

@@ -23,9 +23,10 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   (``too_long_for_us``): needlessly long but correct text is how an attacker makes a node verbose. One the
   loss pushes down (below the mean) cannot make the node longer, and is kept: between honest nodes at
   different stages most long completions are a weaker peer's rambling, truncated and wrong; with
-  ``length_all`` every completion is held to the bound. The span bound holds every row with ``span_all`` (the
-  default), else only those the loss pushes up (their advantage above 0, in training): the bound's drops are
-  made after the advantages, so a group whose positives it drops would train its negatives alone.
+  ``length_all`` every completion is held to the bound. The span bound likewise holds only the rows the loss
+  pushes up (their advantage above 0, in training), every row with ``span_all``; its drops are made after the
+  advantages, so a dropped row's advantage is shared out among its group's kept rows (``share_dropped``), or a
+  group whose positives it drops would train its negatives alone.
 
 Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
 wait; the token floor holds from the first step. Pure: no torch.
@@ -59,7 +60,7 @@ class ScreenSettings:
     length_quantile: float = 0.95
     length_ratio: float = 2.0
     length_all: bool = False
-    span_all: bool = True
+    span_all: bool = False
     share_dropped: bool = True
     min_own: int = 64
     ban_share: float = 0.9

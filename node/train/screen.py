@@ -5,9 +5,9 @@ Read from the training pass's own log-probs (detached, at the sampling temperatu
 and the policy the loss is about to move is the one that judges. For the rows of peers' completions:
 
 - a token whose log-prob is below ``token_floor`` is masked out of the loss (it stays in the context);
-- a row whose least plausible span (the lowest mean log-prob of ``window`` consecutive tokens; the mean of
-  all when it is shorter) is below ``span_floor`` is dropped whole (every token masked); without ``span_all``
-  only a row the loss pushes up (advantage above 0) is. A row pushed down cannot teach the node its text;
+- a row the loss pushes up (advantage above 0; every row with ``span_all``) whose least plausible span (the
+  lowest mean log-prob of ``window`` consecutive tokens; the mean of all when it is shorter) is below
+  ``span_floor`` is dropped whole (every token masked). A row pushed down cannot teach the node its text;
 - a dropped row takes its advantage out of its group: the group's kept rows share it out
   (``share_dropped_advantages``), so the group keeps the advantage sum its estimator gave it. The drops come
   after the advantages were set, and without this a group whose positives were dropped would train its
@@ -32,14 +32,14 @@ __all__ = ["PeerScreen", "held_to_span", "least_plausible_spans", "positive_peer
 class PeerScreen:
     """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it,
     ``positive_floor`` None for no weight on positive peer tokens; ``span_all`` holds every peer row to the span
-    bound (False: only those the loss pushes up); ``share_dropped``: a dropped row's advantage is shared out
+    bound (False, the default: only those the loss pushes up); ``share_dropped``: a dropped row's advantage is shared out
     among its group's kept rows (False: it is lost, and the group's other rows keep theirs)."""
 
     token_floor: float
     window: int
     span_floor: float | None = None
     positive_floor: float | None = None
-    span_all: bool = True
+    span_all: bool = False
     share_dropped: bool = True
 
 

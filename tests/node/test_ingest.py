@@ -297,8 +297,8 @@ def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_a
 
 @pytest.mark.parametrize("held, banned", [(8, True), (20, False)])
 def test_an_author_is_judged_by_the_span_bound_on_the_rows_it_held(char_tok: Any, held: int, banned: bool) -> None:
-    """A training step's screen reports, per author, the rows the span bound held (every row by default; with
-    ``screen_span_all`` off, those the loss pushed up): an author all 8 of whose held rows were dropped is
+    """A training step's screen reports, per author, the rows the span bound held (those the loss pushed up by
+    default; every row with ``screen_span_all``): an author all 8 of whose held rows were dropped is
     banned, however many rows it had that the bound did not hold; 8 drops among 20 held are no ban."""
     from node.exchange.plausibility import ScreenSettings
 

@@ -319,7 +319,7 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
     for a, b in zip(alone_grads[0], screened_grads[0], strict=True):  # up to the rounding of a padded batch
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
     # rows, rows dropped, tokens, tokens masked, tokens pushed up (the kept row's 3), their weights (no floor: 1),
-    # rows the span bound held (both: every peer row with span_all, the default)
+    # rows the span bound held (both: both are pushed up)
     assert screened.screened == {"p": [2, 1, 6, 3, 3, 3.0, 2]} and stats["n_sequences"] == 2.0
     _, plain, plain_grads = _lever_trainer(fused=fused)
     plain.step([_screened_group()])
