@@ -189,7 +189,7 @@ class IngestConfig(Section):
         "it 0.546; docs/results/poison-share-dropped.md)")
     screen_share_dropped: bool = Field(
         True, description="a peer completion the span bound drops takes its advantage out of its group: the "
-        "group's kept completions share it out (each moved toward 0, never across), so a group whose pushed-up "
+        "group's kept completions share it out (none changing sign), so a group whose pushed-up "
         "completions were dropped does not train its pushed-down ones alone, which pushes the node away from "
         "what they share with its own answers (their format); false: the dropped advantage is lost")
     screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "

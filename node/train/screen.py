@@ -103,8 +103,9 @@ def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantag
 def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor) -> Tensor:
     """``[B]``: ``advantages`` with each group's dropped rows' sum shared equally among its kept rows (``group``:
     ``[B]`` integer labels in ``[0, B)``, rows of one group in this batch), so each group's sum is what it was.
-    A kept row moves toward 0 and stops there, never across it: a dropped positive cannot make a negative row
-    pushed up. A group whose rows are all dropped, or that has no drop, is left as it was.
+    A kept row's advantage never changes sign (it stops at 0): a dropped positive cannot make a negative row
+    pushed up. Kept rows of the dropped rows' sign gain (a recomputed baseline gives them more too). A group
+    whose rows are all dropped, or that has no drop, is left as it was.
 
     With binary rewards and a mean (or leave-one-out) baseline this is the group's advantages recomputed without
     the dropped rows, up to a factor near 1: every positive of a group dropped leaves its negatives at 0."""
