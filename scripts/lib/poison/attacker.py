@@ -112,8 +112,7 @@ class AttackerNode:
             answer = str(task.answer)
             poisoned = poisoned_text(a, answer, 0)
             right = [poisoned] * a.poisoned + [plain_text(answer)] * a.plain
-            if float(self.source.score(task, poisoned)) < 1.0 or \
-                    any(float(self.source.score(task, r.completion)) >= 1.0 for r in wrong):
+            if float(self.source.score(task, poisoned)) < 1.0:  # ``wrong`` was scored below 1 as it was heard
                 self.skipped_tasks += 1
                 continue
             prompt = self.prompt_of(task)
