@@ -189,9 +189,15 @@ class IngestConfig(Section):
         "it 0.546; docs/results/poison-share-dropped.md)")
     screen_share_dropped: bool = Field(
         True, description="a peer completion the span bound drops takes its advantage out of its group: the "
-        "group's kept completions share it out (none changing sign), so a group whose pushed-up "
+        "group's kept completions take it up (screen_share_to; none changing sign), so a group whose pushed-up "
         "completions were dropped does not train its pushed-down ones alone, which pushes the node away from "
         "what they share with its own answers (their format); false: the dropped advantage is lost")
+    screen_share_to: Literal["other_sign", "kept"] = Field(
+        "other_sign", description="which kept completions of the group take a dropped completion's advantage up: "
+        "other_sign, those of the other sign, each toward 0 in proportion to its own (a dropped positive's by the "
+        "negatives), so the group's kept positives are pushed up no harder than before; kept, every kept one "
+        "equally, so kept completions of the dropped one's sign gain (of an attacker's four poisoned completions, "
+        "the two kept beside two dropped were pushed up 0.76 instead of 0.57)")
     screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "
                                           "the length bound scales")
     screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "

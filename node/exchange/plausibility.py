@@ -25,8 +25,8 @@ completions look like (``OwnProfile``, fed with their behaviour log-probs every 
   different stages most long completions are a weaker peer's rambling, truncated and wrong; with
   ``length_all`` every completion is held to the bound. The span bound likewise holds only the rows the loss
   pushes up (their advantage above 0, in training), every row with ``span_all``; its drops are made after the
-  advantages, so a dropped row's advantage is shared out among its group's kept rows (``share_dropped``), or a
-  group whose positives it drops would train its negatives alone.
+  advantages, so a dropped row's advantage is taken up by its group's kept rows of the other sign
+  (``share_dropped``), or a group whose positives it drops would train its negatives alone.
 
 Until ``min_own`` own completions (of the dataset, for length) have been seen, the span and length bounds
 wait; the token floor holds from the first step. Pure: no torch.
@@ -61,7 +61,7 @@ class ScreenSettings:
     length_ratio: float = 2.0
     length_all: bool = False
     span_all: bool = False
-    share_dropped: bool = True
+    share_dropped: str | None = "other_sign"  # which kept rows take a dropped row's advantage; None: lost
     min_own: int = 64
     ban_share: float = 0.9
     ban_window: int = 64

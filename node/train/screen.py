@@ -8,8 +8,8 @@ and the policy the loss is about to move is the one that judges. For the rows of
 - a row the loss pushes up (advantage above 0; every row with ``span_all``) whose least plausible span (the
   lowest mean log-prob of ``window`` consecutive tokens; the mean of all when it is shorter) is below
   ``span_floor`` is dropped whole (every token masked). A row pushed down cannot teach the node its text;
-- a dropped row takes its advantage out of its group: the group's kept rows share it out
-  (``share_dropped_advantages``), so the group keeps the advantage sum its estimator gave it. The drops come
+- a dropped row takes its advantage out of its group: the group's kept rows of the other sign take it up, each
+  toward 0 (``share_dropped_advantages``), so the group keeps the advantage sum its estimator gave it. The drops come
   after the advantages were set, and without this a group whose positives were dropped would train its
   negatives alone: a push away from whatever they share with the node's own answers (their format, their end).
 
@@ -32,15 +32,16 @@ __all__ = ["PeerScreen", "held_to_span", "least_plausible_spans", "positive_peer
 class PeerScreen:
     """The bounds of one step: ``span_floor`` None while the node has too few own completions to set it,
     ``positive_floor`` None for no weight on positive peer tokens; ``span_all`` holds every peer row to the span
-    bound (False, the default: only those the loss pushes up); ``share_dropped``: a dropped row's advantage is shared out
-    among its group's kept rows (False: it is lost, and the group's other rows keep theirs)."""
+    bound (False, the default: only those the loss pushes up); ``share_dropped``: which of a dropped row's
+    group's kept rows take its advantage up (``share_dropped_advantages``'s ``to``; None: it is lost, and the
+    other rows keep theirs)."""
 
     token_floor: float
     window: int
     span_floor: float | None = None
     positive_floor: float | None = None
     span_all: bool = False
-    share_dropped: bool = True
+    share_dropped: str | None = "other_sign"
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
@@ -100,20 +101,37 @@ def positive_peer_weights(logprobs: Tensor, mask: Tensor, peer: Tensor, advantag
     return torch.where(pushed_up, weights, torch.ones_like(weights))
 
 
-def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor) -> Tensor:
-    """``[B]``: ``advantages`` with each group's dropped rows' sum shared equally among its kept rows (``group``:
-    ``[B]`` integer labels in ``[0, B)``, rows of one group in this batch), so each group's sum is what it was.
-    A kept row's advantage never changes sign (it stops at 0): a dropped positive cannot make a negative row
-    pushed up. Kept rows of the dropped rows' sign gain (a recomputed baseline gives them more too). A group
-    whose rows are all dropped, or that has no drop, is left as it was.
+def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor, to: str = "other_sign") -> Tensor:
+    """``[B]``: ``advantages`` with each group's dropped rows' advantage taken up by its kept rows (``group``:
+    ``[B]`` integer labels in ``[0, B)``, rows of one group in this batch), so each group's sum is what it was
+    where its kept rows can hold it. No kept row changes sign (it stops at 0). A group whose rows are all
+    dropped, or that has no drop, is left as it was.
 
-    With binary rewards and a mean (or leave-one-out) baseline this is the group's advantages recomputed without
-    the dropped rows, up to a factor near 1: every positive of a group dropped leaves its negatives at 0."""
+    ``to="other_sign"`` (the default): a dropped positive's advantage is taken up by the kept negatives, each
+    moved toward 0 in proportion to its own (a dropped negative's by the kept positives): kept rows of the
+    dropped rows' sign keep theirs, so a dropped poisoned completion cannot push its kept siblings up harder.
+    ``to="kept"``: shared equally among every kept row, so kept rows of the dropped rows' sign gain.
+
+    With binary rewards and a mean (or leave-one-out) baseline either is the group's advantages recomputed
+    without the dropped rows, up to a factor near 1; every positive of a group dropped leaves its negatives
+    at 0."""
     adv = advantages.float()
     n = adv.shape[0]  # bins enough for any labels in [0, B): no read of the labels on the host
-    lost = torch.zeros(n, device=adv.device).index_add_(0, group, torch.where(dropped, adv, 0.0))
-    kept = torch.zeros(n, device=adv.device).index_add_(0, group, (~dropped).float())
-    share = (lost / kept.clamp(min=1.0))[group]
-    moved = adv + share
-    moved = torch.where(adv > 0, moved.clamp(min=0.0), torch.where(adv < 0, moved.clamp(max=0.0), adv))
+
+    def per_group(values: Tensor) -> Tensor:
+        return torch.zeros(n, device=adv.device).index_add_(0, group, values)
+
+    if to == "kept":
+        lost = per_group(torch.where(dropped, adv, 0.0))
+        moved = adv + (lost / per_group((~dropped).float()).clamp(min=1.0))[group]
+        moved = torch.where(adv > 0, moved.clamp(min=0.0), torch.where(adv < 0, moved.clamp(max=0.0), adv))
+    else:
+        kept, tiny = ~dropped, torch.finfo(torch.float32).tiny
+        lost_up, lost_down = per_group(torch.where(dropped, adv.clamp(min=0.0), 0.0)), \
+            per_group(torch.where(dropped, adv.clamp(max=0.0), 0.0))
+        held_up, held_down = per_group(torch.where(kept, adv.clamp(min=0.0), 0.0)), \
+            per_group(torch.where(kept, adv.clamp(max=0.0), 0.0))
+        up_scale = (1.0 - (-lost_down) / held_up.clamp(min=tiny)).clamp(min=0.0)  # a dropped negative's share
+        down_scale = (1.0 - lost_up / (-held_down).clamp(min=tiny)).clamp(min=0.0)
+        moved = adv * torch.where(adv > 0, up_scale[group], down_scale[group])
     return torch.where(dropped, adv, moved).to(advantages.dtype)

@@ -295,7 +295,8 @@ class Trainer:
             rank = {g: i for i, g in enumerate(dict.fromkeys(r[7] for r in rows))}  # labels 0.. on the host
             reps = advantages.shape[0] // len(rows)
             labels = [rank[r[7]] + k * len(rank) for k in range(reps) for r in rows]
-            advantages = share_dropped_advantages(advantages, dropped, torch.tensor(labels, device=advantages.device))
+            advantages = share_dropped_advantages(advantages, dropped, torch.tensor(labels, device=advantages.device),
+                                                  self._screen.share_dropped)
         weights = None
         if self._screen.positive_floor is not None:
             weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor,

@@ -293,6 +293,9 @@ def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_a
     # the author is judged (toward a ban) on the completions held to the bound: the two correct ones
     assert sum(ingestor.verdicts.judged.values()) == (4 if length_all else 2)
     assert not screen_settings(IngestConfig()).length_all and screen_settings(IngestConfig(), 0.1).length_all
+    # which kept rows take a dropped row's advantage up: the other sign's by default, every kept one, or none
+    assert [screen_settings(IngestConfig(**kw)).share_dropped for kw in (
+        {}, {"screen_share_to": "kept"}, {"screen_share_dropped": False})] == ["other_sign", "kept", None]
 
 
 @pytest.mark.parametrize("held, banned", [(8, True), (20, False)])

@@ -70,26 +70,57 @@ def test_the_span_bound_holds_the_peer_rows_the_loss_pushes_up(advantage, span_a
     assert keep[0].tolist() == ([False] * 3 if dropped_row else [True, False, True]) and keep[1].all()
 
 
-def test_a_dropped_rows_advantage_is_shared_among_its_groups_kept_rows():
+def test_a_dropped_rows_advantage_is_taken_up_by_its_groups_kept_rows_of_the_other_sign():
+    # group 0: leave-one-out advantages of rewards [1, 1, 0, 0] (2/3 each way). Both positives dropped: the
+    # negatives go to 0, as recomputing the group without them gives. One dropped: the negatives give up half of
+    # theirs (-1/3 each), the kept positive keeps 2/3 (recomputing over three rows gives 1, -1/2, -1/2).
+    adv = torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3, 1.0, -1 / 3, -1 / 3, -1 / 3])
+    group = torch.tensor([0, 0, 0, 0, 6, 6, 6, 6])
+    both = share_dropped_advantages(adv[:4], torch.tensor([True, True, False, False]), group[:4])
+    assert torch.allclose(both, torch.tensor([2 / 3, 2 / 3, 0.0, 0.0]))
+    one = share_dropped_advantages(adv[:4], torch.tensor([True, False, False, False]), group[:4])
+    assert torch.allclose(one, torch.tensor([2 / 3, 2 / 3, -1 / 3, -1 / 3]))
+    # group 1 ([1, 0, 0, 0]), one negative dropped: the positive gives up 1/3, the other negatives keep theirs
+    neg = share_dropped_advantages(adv, torch.tensor([False] * 5 + [True, False, False]), group)
+    assert torch.allclose(neg, torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3]))
+    # in proportion: a dropped 0.5 beside negatives -0.2 and -0.6 takes 5/8 of each; the kept 0.1 keeps its own,
+    # and the group's sum (-0.2) is what it was
+    prop = share_dropped_advantages(torch.tensor([0.5, 0.1, -0.2, -0.6]), torch.tensor([True, False, False, False]),
+                                    torch.tensor([2, 2, 2, 2]))
+    assert torch.allclose(prop, torch.tensor([0.5, 0.1, -0.075, -0.225]))
+    assert float(prop[1:].sum()) == pytest.approx(-0.2, abs=1e-6)
+    # more dropped than the other sign holds: it stops at 0; a group with every row dropped, or none, or no row
+    # of the other sign, is left as it was
+    clamp = share_dropped_advantages(torch.tensor([1.0, -0.2, -0.3, 0.3, -0.3, 0.4, 0.2]),
+                                     torch.tensor([True, False, False, True, True, True, False]),
+                                     torch.tensor([0, 0, 0, 1, 1, 5, 5]))
+    assert torch.allclose(clamp, torch.tensor([1.0, 0.0, 0.0, 0.3, -0.3, 0.4, 0.2]))
+    untouched = torch.tensor([0.5, -0.5])
+    assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([1, 1])),
+                       untouched)
+
+
+def test_a_dropped_rows_advantage_can_be_shared_among_all_its_groups_kept_rows():
     # group 0: leave-one-out advantages of rewards [1, 1, 0, 0] (2/3 each way). Both positives dropped: the
     # negatives go to 0, as recomputing the group without them gives. Group 1 ([1, 0, 0, 0]: 1, -1/3 x 3), one
     # negative dropped: the other two negatives -1/3 - 1/9 = -4/9, the positive 1 - 1/9 = 8/9; its sum stays 0.
     adv = torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3, 1.0, -1 / 3, -1 / 3, -1 / 3])
     group = torch.tensor([0, 0, 0, 0, 6, 6, 6, 6])
     dropped = torch.tensor([True, True, False, False, False, True, False, False])
-    got = share_dropped_advantages(adv, dropped, group)
+    got = share_dropped_advantages(adv, dropped, group, to="kept")
     assert torch.allclose(got, torch.tensor([2 / 3, 2 / 3, 0.0, 0.0, 8 / 9, -1 / 3, -4 / 9, -4 / 9]))
     assert float(got[4:][~dropped[4:]].sum()) == pytest.approx(float(adv[4:].sum()), abs=1e-6)
     # one positive of group 0 dropped: the others share 2/3: 2/3 + 2/9 and -2/3 + 2/9 (the exact recomputation
     # over three rows gives 1 and -1/2: the same signs, a factor 8/9 apart)
-    one = share_dropped_advantages(adv[:4], torch.tensor([True, False, False, False]), group[:4])
+    one = share_dropped_advantages(adv[:4], torch.tensor([True, False, False, False]), group[:4], "kept")
     assert torch.allclose(one, torch.tensor([2 / 3, 8 / 9, -4 / 9, -4 / 9]))
     # a kept row moves toward 0 and stops there; a group with every row dropped, or none, is left as it was
     clamp = share_dropped_advantages(torch.tensor([1.0, -0.2, -0.8, 0.3, -0.3]),
-                                     torch.tensor([True, False, False, True, True]), torch.tensor([0, 0, 0, 1, 1]))
+                                     torch.tensor([True, False, False, True, True]), torch.tensor([0, 0, 0, 1, 1]),
+                                     "kept")
     assert torch.allclose(clamp, torch.tensor([1.0, 0.0, -0.3, 0.3, -0.3]))
     untouched = torch.tensor([0.5, -0.5])
-    assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([1, 1])),
+    assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([1, 1]), "kept"),
                        untouched)
 
 

@@ -300,8 +300,9 @@ def _row_logprobs(policy, group: TrainGroup) -> torch.Tensor:
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(fused):
     """A peer completion whose least plausible span is below the floor contributes no gradient: the step is the
-    one on the other completion alone, which takes the dropped one's advantage too (0.5 + 1.0, its group's sum
-    kept); the trainer reports the drop for the author."""
+    one on the other completion alone, at its own advantage (1.0: both are pushed up, and no row of the other
+    sign takes the dropped one's up); shared among every kept row, it takes the dropped one's too (1.0 + 0.5,
+    its group's sum kept). The trainer reports the drop for the author."""
     from node.policy.logprobs import right_pad
     from node.train.screen import PeerScreen, least_plausible_spans
 
@@ -313,11 +314,15 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
     if floor is None:  # the second row must be the less plausible one for this test: swap roles
         pytest.skip("tiny-base reads row 1 as the more plausible one")
     stats = screened.step([_screened_group()], screen=PeerScreen(token_floor=-1e9, window=2, span_floor=floor))
-    _, alone, alone_grads = _lever_trainer(fused=fused)
-    alone.step([_screened_group(keep=(0,), advantages=(1.5,))])
-    assert alone_grads[0] and len(alone_grads[0]) == len(screened_grads[0])
-    for a, b in zip(alone_grads[0], screened_grads[0], strict=True):  # up to the rounding of a padded batch
-        assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
+    _, kept, kept_grads = _lever_trainer(fused=fused)
+    kept.step([_screened_group()], screen=PeerScreen(token_floor=-1e9, window=2, span_floor=floor,
+                                                     share_dropped="kept"))
+    for advantage, grads in ((1.0, screened_grads), (1.5, kept_grads)):
+        _, alone, alone_grads = _lever_trainer(fused=fused)
+        alone.step([_screened_group(keep=(0,), advantages=(advantage,))])
+        assert alone_grads[0] and len(alone_grads[0]) == len(grads[0])
+        for a, b in zip(alone_grads[0], grads[0], strict=True):  # up to the rounding of a padded batch
+            assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
     # rows, rows dropped, tokens, tokens masked, tokens pushed up (the kept row's 3), their weights (no floor: 1),
     # rows the span bound held (both: both are pushed up)
     assert screened.screened == {"p": [2, 1, 6, 3, 3, 3.0, 2]} and stats["n_sequences"] == 2.0
@@ -347,7 +352,7 @@ def test_a_group_whose_positive_row_is_dropped_does_not_train_its_negative_alone
     assert grads[0] and all(float(g.abs().max()) == 0.0 for g in grads[0])
     _, lost, lost_grads = _lever_trainer(fused=fused)
     lost.step([_screened_group(advantages=advantages)], screen=PeerScreen(
-        token_floor=-1e9, window=2, span_floor=sum(spans) / 2, share_dropped=False))
+        token_floor=-1e9, window=2, span_floor=sum(spans) / 2, share_dropped=None))
     assert any(float(g.abs().max()) > 0.0 for g in lost_grads[0])
 
 
