@@ -196,8 +196,9 @@ class IngestConfig(Section):
         "other_sign", description="which kept completions of the group take a dropped completion's advantage up: "
         "other_sign, those of the other sign, each toward 0 in proportion to its own (a dropped positive's by the "
         "negatives), so the group's kept positives are pushed up no harder than before; kept, every kept one "
-        "equally, so kept completions of the dropped one's sign gain (of an attacker's four poisoned completions, "
-        "the two kept beside two dropped were pushed up 0.76 instead of 0.57)")
+        "equally, so kept completions of the dropped one's sign gain (a smollm2 victim of the echo attack: the "
+        "payload's log-prob rose 0.59 nats a token with kept, 0.25 with other_sign; false drops between honest "
+        "nodes 1.6% with other_sign; docs/results/poison-share-dropped.md)")
     screen_length_quantile: float = Field(0.95, gt=0, le=1, description="the own completion length (per dataset) "
                                           "the length bound scales")
     screen_length_ratio: float = Field(2.0, ge=1, description="a peer completion longer than this times the own "
