@@ -9,9 +9,10 @@ and the policy the loss is about to move is the one that judges. For the rows of
   lowest mean log-prob of ``window`` consecutive tokens; the mean of all when it is shorter) is below
   ``span_floor`` is dropped whole (every token masked). A row pushed down cannot teach the node its text;
 - a dropped row takes its advantage out of its group: the group's kept rows of the other sign take it up, each
-  toward 0 (``share_dropped_advantages``), so the group keeps the advantage sum its estimator gave it. The drops come
-  after the advantages were set, and without this a group whose positives were dropped would train its
-  negatives alone: a push away from whatever they share with the node's own answers (their format, their end).
+  toward 0 (``share_dropped_advantages``), so the group keeps the advantage sum its estimator gave it. The
+  drops come after the advantages were set, and without this a group whose positives were dropped would train
+  its negatives alone: a push away from whatever they share with the node's own answers (their format, their
+  end).
 
 Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
 """
@@ -112,9 +113,10 @@ def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor,
     dropped rows' sign keep theirs, so a dropped poisoned completion cannot push its kept siblings up harder.
     ``to="kept"``: shared equally among every kept row, so kept rows of the dropped rows' sign gain.
 
-    With binary rewards and a mean (or leave-one-out) baseline either is the group's advantages recomputed
-    without the dropped rows, up to a factor near 1; every positive of a group dropped leaves its negatives
-    at 0."""
+    With binary rewards and a mean baseline, ``kept`` gives exactly the group's advantages recomputed without
+    its ``d`` dropped rows of ``n``, and ``other_sign`` gives them times ``(n - d) / n``: the group weighs what
+    the rows it kept weigh (a leave-one-out baseline: a factor a little below each). Every positive of a group
+    dropped leaves its negatives at 0."""
     adv = advantages.float()
     n = adv.shape[0]  # bins enough for any labels in [0, B): no read of the labels on the host
 

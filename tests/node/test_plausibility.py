@@ -83,6 +83,11 @@ def test_a_dropped_rows_advantage_is_taken_up_by_its_groups_kept_rows_of_the_oth
     # group 1 ([1, 0, 0, 0]), one negative dropped: the positive gives up 1/3, the other negatives keep theirs
     neg = share_dropped_advantages(adv, torch.tensor([False] * 5 + [True, False, False]), group)
     assert torch.allclose(neg, torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3, 2 / 3, -1 / 3, -1 / 3, -1 / 3]))
+    # mean baseline, rewards [1, 1, 1, 0, 0], one positive dropped: the advantages recomputed over the four left
+    # ([1, 1, 0, 0]: 0.5 each way) times the share of the rows kept, 4/5
+    mean = share_dropped_advantages(torch.tensor([0.4, 0.4, 0.4, -0.6, -0.6]),
+                                    torch.tensor([True, False, False, False, False]), torch.zeros(5, dtype=torch.long))
+    assert torch.allclose(mean, torch.tensor([0.4, 0.4, 0.4, -0.4, -0.4]))
     # in proportion: a dropped 0.5 beside negatives -0.2 and -0.6 takes 5/8 of each; the kept 0.1 keeps its own,
     # and the group's sum (-0.2) is what it was
     prop = share_dropped_advantages(torch.tensor([0.5, 0.1, -0.2, -0.6]), torch.tensor([True, False, False, False]),
@@ -119,6 +124,11 @@ def test_a_dropped_rows_advantage_can_be_shared_among_all_its_groups_kept_rows()
                                      torch.tensor([True, False, False, True, True]), torch.tensor([0, 0, 0, 1, 1]),
                                      "kept")
     assert torch.allclose(clamp, torch.tensor([1.0, 0.0, -0.3, 0.3, -0.3]))
+    # mean baseline as above: exactly the advantages recomputed over the four rows left
+    mean = share_dropped_advantages(torch.tensor([0.4, 0.4, 0.4, -0.6, -0.6]),
+                                    torch.tensor([True, False, False, False, False]), torch.zeros(5, dtype=torch.long),
+                                    "kept")
+    assert torch.allclose(mean, torch.tensor([0.4, 0.5, 0.5, -0.5, -0.5]))
     untouched = torch.tensor([0.5, -0.5])
     assert torch.equal(share_dropped_advantages(untouched, torch.tensor([False, False]), torch.tensor([1, 1]), "kept"),
                        untouched)
