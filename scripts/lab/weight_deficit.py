@@ -1,10 +1,12 @@
 """Where the screen's weight on positive peer tokens falls in an honest peer's correct completions.
 
-    python scripts/lab/weight_deficit.py --peer RUN_DIR --peer-step 20 [--node-step 10] [--tasks 128]
-                                         [--datasets basic_arithmetic] [--floor -1.2]
+    python scripts/lab/weight_deficit.py --peer RUN_DIR --peer-step 20 [--node RUN_DIR] [--node-step 10]
+                                         [--tasks 128] [--datasets basic_arithmetic] [--floor -1.2]
 
 A peer (the run's checkpoint at ``--peer-step``) samples 4 completions for each of ``--tasks`` held-out tasks
-of its own evaluation, at its temperature; the receiver (the same run at ``--node-step``, or the base model
+of its own evaluation, at its temperature; the receiver (the checkpoint at ``--node-step`` of ``--node``, the
+peer's own run by default: another node of a sharing run at the same step, say, whose checkpoints
+``bench_sapo.py --checkpoint-every`` keeps under ``OUT/work/<run>/node<i>`` while it runs; or the base model
 with ``--node-step 0``) reads every correct one with its own model, as its training pass does, and weighs
 each token ``min(1, p / exp(floor))`` (``node.train.screen.positive_peer_weights``). What the weight holds
 back of a token is ``1 - weight``; the table sums it over three parts of each completion: the tagged answer
@@ -30,7 +32,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peer", required=True, help="a run dir (the folder a node trained in)")
     p.add_argument("--peer-step", type=int, required=True, help="the checkpoint the peer samples with")
-    p.add_argument("--node-step", type=int, default=0, help="the receiver's checkpoint of the same run; 0: the base")
+    p.add_argument("--node", default=None, help="the receiver's run dir (default: the peer's)")
+    p.add_argument("--node-step", type=int, default=0, help="the receiver's checkpoint; 0: the base")
     p.add_argument("--tasks", type=int, default=128)
     p.add_argument("--datasets", default=None, help="comma-separated; default the run's")
     p.add_argument("--floor", type=float, default=-1.2, help="ingest.screen_positive_floor")
@@ -40,7 +43,7 @@ def main() -> None:
     datasets = args.datasets.split(",") if args.datasets else None
     cfg, source, tasks = held_out_tasks(args.peer, args.peer_step, args.tasks, datasets)
     g = cfg.generation
-    peer, node = policy_at(args.peer, args.peer_step, cfg), policy_at(args.peer, args.node_step, cfg)
+    peer, node = policy_at(args.peer, args.peer_step, cfg), policy_at(args.node or args.peer, args.node_step, cfg)
     groups = sample(peer, cfg, source, tasks, group_size=4, seed=0)
     tok = node.tokenizer
 
@@ -70,8 +73,9 @@ def main() -> None:
                 tokens[part] += 1
                 held[part] += 1.0 - w
     total = sum(held.values()) or 1.0
-    print(f"{positive} correct completions of {sum(len(s.group.completions) for s in groups)}; node step "
-          f"{args.node_step or 'base'}, peer step {args.peer_step}, floor {args.floor}")
+    print(f"{positive} correct completions of {sum(len(s.group.completions) for s in groups)}; node "
+          f"{args.node + ' ' if args.node else ''}step {args.node_step or 'base'}, peer step {args.peer_step}, "
+          f"floor {args.floor}")
     print("| part | tokens | held back (sum of 1 - weight) | share of it | mean weight |")
     print("| --- | --- | --- | --- | --- |")
     for part in PARTS:
