@@ -168,10 +168,9 @@ class IngestConfig(Section):
     screen_answer_working: bool = Field(
         False, description="with screen_answer_full, the answer where the working states it right before the tag "
         "(\"7 + 8 = 15.\" then <answer>15</answer>) counts fully too: the reference again, the result a peer "
-        "that has learned a step gets right where this node would not (off: on smollm2 seed 1 it gave back half of "
-        "what the weight holds of honest text, but held-out reward moved within the runs' spread, -4.6 points in "
-        "mean against -8.1, and the false-statement payload rose where the defaults hold it down: "
-        "docs/results/poison-working-answer.md)")
+        "that has learned a step gets right where this node would not (off: on smollm2 seed 1 it gave 100-step "
+        "sharing +13.6% over the silo against +8.1% without it, one run, but in both 50-step attack runs with it "
+        "the false-statement payload rose where the defaults hold it down: docs/results/poison-working-answer.md)")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")
     screen_span_quantile: float = Field(
