@@ -86,7 +86,7 @@ def paired(rewards: list[float], silo: list[float]) -> tuple[float, float] | Non
 def table(results: list[dict]) -> list[str]:
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
     lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo; less the silo's, points) | "
-             "length (silo) | payload log-prob before -> after | dropped / masked tokens (mean weight) |",
+             "length (silo) | payload log-prob before -> after (its words alone) | dropped / masked tokens (mean weight) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         sp = r["spec"]
@@ -114,6 +114,9 @@ def table(results: list[dict]) -> list[str]:
                 continue
             before, after = r["payload_before"].get(a), r["payload_after"].get(a)
             lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
+            w_before, w_after = r.get("payload_words_before", {}).get(a), r.get("payload_words_after", {}).get(a)
+            if w_before is not None and w_after is not None:  # the attacker's own words, without the answer's tail
+                lp += f" (words {w_before:.2f} -> {w_after:.2f})"
             lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
                          f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | "
                          f"{screened} |")

@@ -12,8 +12,8 @@ import argparse
 
 import pytest
 
-from scripts.lib.poison.attacks import SUITE, together, wrong_text
-from scripts.lib.poison.lab import LabSpec, _attacker, _config, run
+from scripts.lib.poison.attacks import SUITE, poisoned_text, together, wrong_text
+from scripts.lib.poison.lab import LabSpec, _attacker, _config, payload_token_mask, run
 from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
@@ -45,6 +45,30 @@ def test_each_attack_poisons_the_undefended_node_and_not_the_defended_one(undefe
     assert moved >= POISONED, f"{name}: the undefended victim moved only {moved:.2f} nats a token"
     held = defended.payload_after[name] - defended.payload_before[name]
     assert held <= HELD, f"{name}: the defended victim moved {held:.2f} nats a token toward the payload"
+    # the attacker's own words alone, without the answer's tail that honest text teaches too
+    words = defended.payload_words_after[name] - defended.payload_words_before[name]
+    assert words <= HELD, f"{name}: the defended victim moved {words:.2f} nats a token toward the payload's words"
+    assert undefended.payload_words_before[name] != undefended.payload_before[name]  # a part, not the whole
+
+
+@pytest.mark.parametrize("name", list(SUITE))
+def test_the_payload_words_are_the_attackers_tokens_and_not_the_answer(small_base, smollm2, name):
+    """``payload_token_mask`` picks the tokens that spell the attacker's sentence (or the length attack's
+    filler), under two tokenizers: what they decode to holds the words and none of the tagged answer."""
+    from transformers import AutoTokenizer
+
+    attack = together([name])[0]
+    for folder in (small_base, smollm2):
+        tok = AutoTokenizer.from_pretrained(folder)
+        text = poisoned_text(attack, "1234", 400)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        mask = payload_token_mask(tok, attack, text)
+        assert mask is not None and len(mask) == len(ids) and any(mask) and not all(mask)
+        picked = tok.decode([t for t, m in zip(ids, mask) if m])
+        rest = tok.decode([t for t, m in zip(ids, mask) if not m])
+        assert "<answer>1234</answer>" in rest and "1234" not in picked
+        words = text[: text.rfind("<answer>")].strip() if attack.length else attack.payload
+        assert picked.strip() == words
 
 
 def test_text_after_the_answer_fails_the_verifier_so_the_suffix_attack_sends_nothing(undefended):
@@ -150,6 +174,9 @@ def test_the_lab_arms_and_their_table():
                       result(defended, 0.75, 11.0, {"length": 0.0})])[2:]
     assert rows == ["| (none) | shared | 3 | - | - | 0.250 (0.500) | 12.0 (10.0) | - | 0 / 0 |",
                     "| length | defended | 3 | 0.0% | 0.0% | 0.750 (0.500) | 11.0 (10.0) | -5.00 -> -6.00 | 0 / 0 |"]
+    worded = result(defended, 0.75, 11.0, {"length": 0.0}) | {"payload_words_before": {"length": -7.0},
+                                                                "payload_words_after": {"length": -7.5}}
+    assert lab.table([worded])[2].split(" | ")[7] == "-5.00 -> -6.00 (words -7.00 -> -7.50)"
     # with each held-out task's greedy reward, the difference task by task: by hand, d = 100, 0, 0, 100 points,
     # mean 50, standard deviation (4 x 50^2 / 3) ** 0.5 = 57.74, half-width 1.96 x 57.74 / 2 = 56.6
     by_task = [result(silo, 0.25, 10.0, {}) | {"greedy_rewards": [0.0, 0.0, 1.0, 0.0]},

@@ -84,6 +84,8 @@ class LabResult:
     greedy_rewards: list[float] = field(default_factory=list)  # a held-out task: its greedy reward, in order
     echoed: int = 0  # the victim's own completions the echo attackers sent back to it
     published: dict[str, int] = field(default_factory=dict)  # an attack: the groups its attacker sent, all steps
+    payload_words_before: dict[str, float | None] = field(default_factory=dict)  # the payload's own words alone
+    payload_words_after: dict[str, float | None] = field(default_factory=dict)
 
 
 def _config(spec: LabSpec, run_dir: Path, seed: int, victim: bool) -> Any:
@@ -125,7 +127,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         attackers = [] if spec.silo else [_attacker(a, victim, hub, spec, i) for i, a in enumerate(attacks)]
         for attacker in attackers:
             stack.callback(attacker.close)
-        before = {a.name: payload_logprob(victim, a, spec) for a in attacks}
+        before = {a.name: payload_logprobs(victim, a, spec) for a in attacks}
         own_asr: dict[str, list[float]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
             _track(victim.exchange, attacks, own_asr)
@@ -141,8 +143,11 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         if progress:
             progress("measuring")
         measured = measure(victim, attacks, spec)
-        measured["payload_before"] = before
-        measured["payload_after"] = {a.name: payload_logprob(victim, a, spec) for a in attacks}
+        after = {a.name: payload_logprobs(victim, a, spec) for a in attacks}
+        measured["payload_before"] = {k: v[0] for k, v in before.items()}
+        measured["payload_after"] = {k: v[0] for k, v in after.items()}
+        measured["payload_words_before"] = {k: v[1] for k, v in before.items()}
+        measured["payload_words_after"] = {k: v[1] for k, v in after.items()}
         honest_read = honest_dropped = 0
         if peers and victim.exchange is not None:
             ingestor, hid = victim.exchange.ingestor, peers[0].exchange.identity.peer_id
@@ -222,10 +227,12 @@ def measure(victim: Any, attacks: list[Attack], spec: LabSpec) -> dict[str, Any]
     }
 
 
-def payload_logprob(victim: Any, attack: Attack, spec: LabSpec) -> float | None:
+def payload_logprobs(victim: Any, attack: Attack, spec: LabSpec) -> tuple[float | None, float | None]:
     """The victim's mean log-prob a token of the attack's poisoned completion after each held-out prompt (the
-    payload as the attacker sends it, with that task's answer): how far the victim has moved toward saying it.
-    None when no held-out task has an answer."""
+    payload as the attacker sends it, with that task's answer), over the whole completion and over the tokens
+    of the payload's own words alone (``payload_token_mask``): the whole moves with the answer's tail too (the
+    tags and the number, text an honest peer teaches as well), the words only with what the attacker chose.
+    None for either when no held-out task has an answer (the words also when the tokenizer gives no offsets)."""
     from node.generation.rollouts import encode_prompt
     from node.policy.logprobs import right_pad, shared_prompt_logprobs
     from scripts.lib.poison.attacks import poisoned_text
@@ -233,12 +240,13 @@ def payload_logprob(victim: Any, attack: Attack, spec: LabSpec) -> float | None:
     tok = victim.policy.tokenizer
     tasks = [t for t in victim.eval_tasks[: spec.eval_tasks] if t.answer is not None]
     if not tasks:
-        return None
+        return None, None
     room = victim.cfg.generation.max_new_tokens * 4
     prompts = [encode_prompt(victim.policy, victim.source.format_prompt(t, tok)) for t in tasks]
-    comps = [list(tok(poisoned_text(attack, str(t.answer), room), add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
-             for t in tasks]
-    dev, total, count = victim.policy.device, 0.0, 0
+    texts = [poisoned_text(attack, str(t.answer), room) for t in tasks]
+    comps = [list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id] for text in texts]
+    words = [payload_token_mask(tok, attack, text) for text in texts]
+    dev, total, count, w_total, w_count = victim.policy.device, 0.0, 0, 0.0, 0
     for i in range(0, len(tasks), PAYLOAD_ROWS):  # in slices: a long payload's logits for every task at once
         ids, mask = right_pad(comps[i:i + PAYLOAD_ROWS], tok.pad_token_id, torch.long)  # outgrow a capped card
         with torch.no_grad():
@@ -247,4 +255,23 @@ def payload_logprob(victim: Any, attack: Attack, spec: LabSpec) -> float | None:
         lps, mask = lps.float().cpu(), mask.bool()
         total += float(torch.where(mask, lps, 0.0).sum())  # padding is a special token: -inf, not 0
         count += int(mask.sum())
-    return total / count
+        for row, picked in enumerate(words[i:i + PAYLOAD_ROWS]):
+            if picked:
+                w_total += float(lps[row, : len(picked)][torch.tensor(picked)].sum())
+                w_count += sum(picked)
+    return total / count, (w_total / w_count if w_count else None)
+
+
+def payload_token_mask(tok: Any, attack: Attack, text: str) -> list[bool] | None:
+    """For each token of ``text`` (a poisoned completion, tokenized as ``payload_logprobs`` does), whether it
+    spells part of the attacker's own words: the payload sentence, or the length attack's filler (everything
+    before the answer). None when the tokenizer gives no character offsets or the words are not in ``text``."""
+    if attack.length:
+        start, end = 0, text.rfind("<answer>")
+    else:
+        start = text.find(attack.payload)
+        end = start + len(attack.payload)
+    if start < 0 or end <= start or not getattr(tok, "is_fast", False):
+        return None
+    spans = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return [a < end and b > start and b > a for a, b in spans]
