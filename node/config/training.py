@@ -166,11 +166,12 @@ class IngestConfig(Section):
         "not the peer, chose them (smollm2, 100 steps: sharing +17.0% and +9.3% over the silo with it, +14.5% "
         "and +6.5% without; every attack held: docs/results/poison.md)")
     screen_answer_working: bool = Field(
-        False, description="with screen_answer_full, the answer where the working states it right before the tag "
+        True, description="with screen_answer_full, the answer where the working states it right before the tag "
         "(\"7 + 8 = 15.\" then <answer>15</answer>) counts fully too: the reference again, the result a peer "
-        "that has learned a step gets right where this node would not (off: on smollm2 seed 1 it gave 100-step "
-        "sharing +13.6% over the silo against +8.1% without it, one run, but in both 50-step attack runs with it "
-        "the false-statement payload rose where the defaults hold it down: docs/results/poison-working-answer.md)")
+        "that has learned a step gets right where this node would not, and most of what the weight holds back "
+        "of honest text (smollm2, 100 steps: sharing +13.6% over the silo on seed 1 with it, +8.1% without, "
+        "+16.1% on seed 0 against +14.3%; all nine attacks still held on two seeds, each payload's own words down: "
+        "docs/results/poison-working-answer.md)")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")
     screen_span_quantile: float = Field(

@@ -53,7 +53,7 @@ class ScreenSettings:
     token_floor: float = -9.2  # log(1e-4)
     positive_floor: float | None = -1.2  # log(0.3)
     answer_full: bool = True
-    answer_working: bool = False
+    answer_working: bool = True
     window: int = 6
     span_quantile: float = 0.01
     span_margin: float = 1.0
