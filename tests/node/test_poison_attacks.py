@@ -13,7 +13,7 @@ import argparse
 import pytest
 
 from scripts.lib.poison.attacks import SUITE, poisoned_text, together, wrong_text
-from scripts.lib.poison.lab import LabSpec, _attacker, _config, payload_token_mask, run
+from scripts.lib.poison.lab import LabSpec, _attacker, _config, payload_tokens, run
 from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
@@ -53,7 +53,7 @@ def test_each_attack_poisons_the_undefended_node_and_not_the_defended_one(undefe
 
 @pytest.mark.parametrize("name", list(SUITE))
 def test_the_payload_words_are_the_attackers_tokens_and_not_the_answer(small_base, smollm2, name):
-    """``payload_token_mask`` picks the tokens that spell the attacker's sentence (or the length attack's
+    """``payload_tokens`` picks the tokens that spell the attacker's sentence (or the length attack's
     filler), under two tokenizers: what they decode to holds the words and none of the tagged answer."""
     from transformers import AutoTokenizer
 
@@ -61,8 +61,8 @@ def test_the_payload_words_are_the_attackers_tokens_and_not_the_answer(small_bas
     for folder in (small_base, smollm2):
         tok = AutoTokenizer.from_pretrained(folder)
         text = poisoned_text(attack, "1234", 400)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        mask = payload_token_mask(tok, attack, text)
+        ids, mask = payload_tokens(tok, attack, text)
+        assert ids == tok(text, add_special_tokens=False)["input_ids"]  # the ids a plain call gives
         assert mask is not None and len(mask) == len(ids) and any(mask) and not all(mask)
         picked = tok.decode([t for t, m in zip(ids, mask) if m])
         rest = tok.decode([t for t, m in zip(ids, mask) if not m])

@@ -230,7 +230,7 @@ def measure(victim: Any, attacks: list[Attack], spec: LabSpec) -> dict[str, Any]
 def payload_logprobs(victim: Any, attack: Attack, spec: LabSpec) -> tuple[float | None, float | None]:
     """The victim's mean log-prob a token of the attack's poisoned completion after each held-out prompt (the
     payload as the attacker sends it, with that task's answer), over the whole completion and over the tokens
-    of the payload's own words alone (``payload_token_mask``): the whole moves with the answer's tail too (the
+    of the payload's own words alone (``payload_tokens``): the whole moves with the answer's tail too (the
     tags and the number, text an honest peer teaches as well), the words only with what the attacker chose.
     None for either when no held-out task has an answer (the words also when the tokenizer gives no offsets)."""
     from node.generation.rollouts import encode_prompt
@@ -244,8 +244,9 @@ def payload_logprobs(victim: Any, attack: Attack, spec: LabSpec) -> tuple[float 
     room = victim.cfg.generation.max_new_tokens * 4
     prompts = [encode_prompt(victim.policy, victim.source.format_prompt(t, tok)) for t in tasks]
     texts = [poisoned_text(attack, str(t.answer), room) for t in tasks]
-    comps = [list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id] for text in texts]
-    words = [payload_token_mask(tok, attack, text) for text in texts]
+    encoded = [payload_tokens(tok, attack, text) for text in texts]
+    comps = [ids + [tok.eos_token_id] for ids, _ in encoded]
+    words = [picked for _, picked in encoded]
     dev, total, count, w_total, w_count = victim.policy.device, 0.0, 0, 0.0, 0
     for i in range(0, len(tasks), PAYLOAD_ROWS):  # in slices: a long payload's logits for every task at once
         ids, mask = right_pad(comps[i:i + PAYLOAD_ROWS], tok.pad_token_id, torch.long)  # outgrow a capped card
@@ -262,16 +263,19 @@ def payload_logprobs(victim: Any, attack: Attack, spec: LabSpec) -> tuple[float 
     return total / count, (w_total / w_count if w_count else None)
 
 
-def payload_token_mask(tok: Any, attack: Attack, text: str) -> list[bool] | None:
-    """For each token of ``text`` (a poisoned completion, tokenized as ``payload_logprobs`` does), whether it
-    spells part of the attacker's own words: the payload sentence, or the length attack's filler (everything
-    before the answer). None when the tokenizer gives no character offsets or the words are not in ``text``."""
+def payload_tokens(tok: Any, attack: Attack, text: str) -> tuple[list[int], list[bool] | None]:
+    """``text`` (a poisoned completion) tokenized once: its token ids, and for each token whether it spells
+    part of the attacker's own words: the payload sentence, or the length attack's filler (everything before
+    the answer). The mask is None when the tokenizer gives no character offsets or the words are not in
+    ``text``."""
     if attack.length:
         start, end = 0, text.rfind("<answer>")
     else:
         start = text.find(attack.payload)
         end = start + len(attack.payload)
-    if start < 0 or end <= start or not getattr(tok, "is_fast", False):
-        return None
-    spans = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    return [a < end and b > start and b > a for a, b in spans]
+    fast = bool(getattr(tok, "is_fast", False))
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=fast)
+    ids = list(enc["input_ids"])
+    if start < 0 or end <= start or not fast:
+        return ids, None
+    return ids, [a < end and b > start and b > a for a, b in enc["offset_mapping"]]
