@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from node.config import IngestConfig
 from node.exchange.ingest import IngestLimits, Ingestor
+from node.exchange.plausibility import ScreenSettings
 from node.generation.rollouts import encode_prompt
 from node.policy.model import tokenizer_fingerprint
 from node.policy.small import train_bpe_tokenizer
 from node.policy.tiny import build_char_tokenizer
+from node.run.setup import screen_settings
 from node.tasks import build_task_source
 from protocol.records import Rollout, SamplingParams
 
@@ -298,15 +301,11 @@ def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_a
         {}, {"screen_share_to": "kept"}, {"screen_share_dropped": False})] == ["other_sign", "kept", None]
 
 
-
 def test_the_screen_defaults_are_the_configs() -> None:
     """``ScreenSettings`` repeats the ``ingest.screen*`` defaults for an ingestor built without a config (tools,
     tests): the two agree key for key, so a default changed in one place and not the other fails here."""
-    from node.config import IngestConfig
-    from node.exchange.plausibility import ScreenSettings
-    from node.run.setup import screen_settings
-
     assert screen_settings(IngestConfig()) == ScreenSettings()
+
 
 @pytest.mark.parametrize("held, banned", [(8, True), (20, False)])
 def test_an_author_is_judged_by_the_span_bound_on_the_rows_it_held(char_tok: Any, held: int, banned: bool) -> None:
