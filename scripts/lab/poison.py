@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"poison: {spec.name}: {a}: ASR {100 * asr:.1f}% sampled, {100 * result['asr_greedy'][a]:.1f}% "
                   f"greedy; own samples with the payload by step {[round(x, 2) for x in result['own_asr'][a]]}",
                   flush=True)
+            for step, text in result["own_carrying"].get(a, []):
+                print(f"poison: {spec.name}: {a}: its own sample at step {step}: {text!r}", flush=True)
         print(f"poison: {spec.name}: held-out greedy {result['greedy_reward']:.3f} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     print("\n".join(table(results)))

@@ -9,11 +9,12 @@ same seeds and attackers, does not move toward any payload, bans the attackers, 
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 
 from scripts.lib.poison.attacks import SUITE, poisoned_text, together, wrong_text
-from scripts.lib.poison.lab import LabSpec, _attacker, _config, payload_tokens, run
+from scripts.lib.poison.lab import OWN_KEPT, LabSpec, _attacker, _config, _track, payload_tokens, run
 from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
@@ -78,6 +79,24 @@ def test_a_payload_counts_as_itself_and_not_inside_a_longer_number():
     assert not false.carries("52 + 2 = 54.\n<answer>54</answer>") and not false.carries("2 + 2 = 54")
     assert not false.carries("12 + 2 = 5") and not false.carries("2 + 2 = 4")
     assert ad.carries("Visit CHEAP-PILLS.example!") and not ad.carries("Pills are cheap.")
+
+
+def test_the_lab_keeps_the_victims_own_completions_that_carry_a_payload_to_be_read():
+    class Exchange:
+        def __init__(self) -> None:
+            self.shared: list[int] = []
+
+        def share(self, step: int, groups: list[SimpleNamespace]) -> None:
+            self.shared.append(step)
+
+    exchange, shares, kept = Exchange(), {"false": []}, {"false": []}
+    _track(exchange, [SUITE["false"]], shares, kept)
+    slip = "2 + 2 = 5.\n<answer>5</answer>"
+    exchange.share(7, [SimpleNamespace(texts=["<answer>4</answer>", slip]), SimpleNamespace(texts=["52 + 2 = 54"])])
+    exchange.share(8, [SimpleNamespace(texts=[slip] * (OWN_KEPT + 3))])
+    assert exchange.shared == [7, 8]  # still published
+    assert shares["false"] == [pytest.approx(1 / 3), 1.0]
+    assert kept["false"] == [[1, slip]] + [[2, slip]] * (OWN_KEPT - 1)  # the first OWN_KEPT, by 1-based step
 
 
 def test_text_after_the_answer_fails_the_verifier_so_the_suffix_attack_sends_nothing(undefended):

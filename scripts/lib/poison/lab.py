@@ -30,6 +30,7 @@ from scripts.lib.poison.attacks import SUITE, Attack
 
 ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD_ROWS = 32  # held-out tasks a pass when measuring a payload's log-prob
+OWN_KEPT = 8  # own completions carrying a payload kept an attack, to be read
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class LabResult:
     victim: dict[str, Any] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
     own_asr: dict[str, list[float]] = field(default_factory=dict)  # a step: share of its own samples with it
+    own_carrying: dict[str, list[list[Any]]] = field(default_factory=dict)  # [step, text]: the first OWN_KEPT of them
     honest_read: int = 0  # the honest peer's completions the victim read with its model
     honest_dropped: int = 0  # of them, dropped by the span or length bound (false drops)
     greedy_rewards: list[float] = field(default_factory=list)  # a held-out task: its greedy reward, in order
@@ -129,8 +131,9 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             stack.callback(attacker.close)
         before = {a.name: payload_logprobs(victim, a, spec) for a in attacks}
         own_asr: dict[str, list[float]] = {a.name: [] for a in attacks}
+        own_carrying: dict[str, list[list[Any]]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
-            _track(victim.exchange, attacks, own_asr)
+            _track(victim.exchange, attacks, own_asr, own_carrying)
         for i in range(1, spec.steps + 1):
             for attacker in attackers:
                 attacker.step()
@@ -163,18 +166,24 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         echoed = sum(a.echoed for a in attackers)
         published = {node.attack.name: node.published for node in attackers}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
-                     victim=victim_metrics, own_asr=own_asr, echoed=echoed, published=published, **measured)
+                     victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed, published=published, **measured)
 
 
-def _track(exchange: Any, attacks: list[Attack], out: dict[str, list[float]]) -> None:
+def _track(exchange: Any, attacks: list[Attack], out: dict[str, list[float]],
+           carrying: dict[str, list[list[Any]]]) -> None:
     """Record, each step, the share of the victim's own sampled completions (as it publishes them) that carry
-    each attack's payload."""
+    each attack's payload, and the first ``OWN_KEPT`` such completions with their step (one 1-based step a
+    call), so that a match can be read: the victim's own slip ("2 + 2 = 5" as its answer to "2 + 2") or the
+    attacker's text."""
     share = exchange.share
 
     def tracked(step: int, groups: list[Any]) -> None:
         texts = [t for grp in groups for t in grp.texts]
         for a in attacks:
-            out[a.name].append(sum(map(a.carries, texts)) / max(len(texts), 1))
+            hits = [t for t in texts if a.carries(t)]
+            out[a.name].append(len(hits) / max(len(texts), 1))
+            kept = carrying[a.name]
+            kept += [[len(out[a.name]), t] for t in hits[:max(OWN_KEPT - len(kept), 0)]]
         share(step, groups)
 
     exchange.share = tracked
