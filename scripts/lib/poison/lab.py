@@ -166,7 +166,8 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         echoed = sum(a.echoed for a in attackers)
         published = {node.attack.name: node.published for node in attackers}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
-                     victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed, published=published, **measured)
+                     victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed,
+                     published=published, **measured)
 
 
 def _track(exchange: Any, attacks: list[Attack], out: dict[str, list[float]],
