@@ -99,15 +99,41 @@ def _cli(run_dir: Path, *overrides: str) -> list[str]:
             "--no-progress", *FAST, *overrides]
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited early: {proc.stderr.read() if proc.stderr else ''}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{path} did not appear")
-        time.sleep(0.1)
+class _Child:
+    """``swarm-node silo`` in a subprocess whose stdout and stderr go to files (a pipe read only at exit can fill
+    and stall the child), with Python's fault handler on so that a stalled child can be made to print where."""
+
+    def __init__(self, run: Path, *overrides: str):
+        self.out_path, self.err_path = run.parent / "child.out", run.parent / "child.err"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(_cli(run, *overrides), env=env, stdout=out, stderr=err, text=True)
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait_for(self, path: Path, stall: float = 180.0, cap: float = 900.0) -> None:
+        """Return once ``path`` exists. Waits as long as the child keeps logging (up to ``cap`` s in all) and
+        fails once it has logged nothing for ``stall`` s, with the stacks it was stuck in and its log's tail."""
+        start = last_change = time.monotonic()
+        size = -1
+        while not path.exists():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"process exited early ({self.proc.returncode}): {self.stderr()[-3000:]}")
+            now = time.monotonic()
+            if self.err_path.stat().st_size != size:
+                size, last_change = self.err_path.stat().st_size, now
+            if now - last_change > stall or now - start > cap:
+                self.proc.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
+                self.proc.send_signal(signal.SIGCONT)  # in case it was stopped
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=30)
+                raise AssertionError(f"{path} did not appear after {now - start:.0f} s, the child's log silent for "
+                                     f"{now - last_change:.0f} s; its stderr's tail:\n{self.stderr()[-6000:]}")
+            time.sleep(0.1)
 
 
 def test_sigkill_after_a_checkpoint_resumes_at_that_step_and_finishes(tmp_path):
@@ -115,11 +141,10 @@ def test_sigkill_after_a_checkpoint_resumes_at_that_step_and_finishes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # A run far longer than the wait, killed once step 2's checkpoint is seen: tiny-base's steps take
     # milliseconds, so a run of a dozen could finish between two polls.
-    proc = subprocess.Popen(_cli(run, "train.steps=100000"), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    _wait_for(run / "checkpoints" / "step_000002" / "state.json", proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    child = _Child(run, "train.steps=100000")
+    child.wait_for(run / "checkpoints" / "step_000002" / "state.json")
+    child.proc.send_signal(signal.SIGKILL)
+    child.proc.wait(timeout=30)
     steps_done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
     assert 2 <= max(steps_done) < 100000
     last = max(steps_done) + 3  # past what the killed run reached, so resuming redoes and adds steps
@@ -135,19 +160,34 @@ def test_sigkill_after_a_checkpoint_resumes_at_that_step_and_finishes(tmp_path):
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(_cli(run, "train.steps=1000", "train.checkpoint_every=1000"), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(run / "metrics.jsonl", proc)
+    child = _Child(run, "train.steps=1000", "train.checkpoint_every=1000")
+    child.wait_for(run / "metrics.jsonl")
     while not read_metrics(run / "metrics.jsonl"):
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    child.proc.send_signal(signal.SIGTERM)
+    child.proc.wait(timeout=120)
+    assert child.proc.returncode == 0, child.stderr()[-2000:]
     steps = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
     ckpts = sorted((run / "checkpoints").iterdir())
     assert ckpts and ckpts[-1].name == f"step_{steps[-1]:06d}"
-    assert "stopped at step" in out
+    assert "stopped at step" in child.out_path.read_text()
+
+
+def test_a_child_that_stalls_is_reported_with_its_stacks(tmp_path):
+    """The wait above fails on a stalled child with where it is stuck, not a bare timeout."""
+    run = tmp_path / "run"
+    child = _Child(run, "train.steps=100000")
+    try:
+        child.wait_for(run / "metrics.jsonl")  # running, its fault handler on
+        child.proc.send_signal(signal.SIGSTOP)  # stopped: it logs nothing more
+        with pytest.raises(AssertionError, match="did not appear") as failed:
+            child.wait_for(tmp_path / "never", stall=2.0, cap=60.0)
+        assert "Fatal Python error: Aborted" in str(failed.value) and "most recent call first" in str(failed.value)
+        assert child.proc.returncode is not None
+    finally:
+        if child.proc.poll() is None:
+            child.proc.kill()
+            child.proc.wait(timeout=30)
 
 
 def _trained_remix_node(run_dir, *, spread: bool) -> Node:
