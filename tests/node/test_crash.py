@@ -169,8 +169,9 @@ def test_kill_at_random_moments(tmp_path: Path) -> None:
 
 def test_killed_p2pd_is_restarted_while_training_goes_on(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen(node_cmd(run, "train.steps=100000", "train.checkpoint_every=100000"), env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "node.err", "w") as err:  # a file, not a pipe that nothing reads until the end
+        proc = subprocess.Popen(node_cmd(run, "train.steps=100000", "train.checkpoint_every=100000"), env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
         deadline = time.monotonic() + 240
         while not p2pd_children(proc.pid) and time.monotonic() < deadline:
@@ -201,7 +202,7 @@ def test_killed_p2pd_is_restarted_while_training_goes_on(tmp_path: Path) -> None
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert rc == 0
+    assert rc == 0, (tmp_path / "node.err").read_text()[-3000:]
     assert no_p2pd_of(children)
 
 
