@@ -171,7 +171,7 @@ def test_killed_p2pd_is_restarted_while_training_goes_on(tmp_path: Path) -> None
     run = tmp_path / "run"
     with open(tmp_path / "node.err", "w") as err:  # a file, not a pipe that nothing reads until the end
         proc = subprocess.Popen(node_cmd(run, "train.steps=100000", "train.checkpoint_every=100000"), env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+                                stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 240
         while not p2pd_children(proc.pid) and time.monotonic() < deadline:

@@ -107,7 +107,7 @@ class _Child:
         self.out_path, self.err_path = run.parent / "child.out", run.parent / "child.err"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(_cli(run, *overrides), env=env, stdout=out, stderr=err, text=True)
+            self.proc = subprocess.Popen(_cli(run, *overrides), env=env, stdout=out, stderr=err)
 
     def stderr(self) -> str:
         return self.err_path.read_text(errors="replace")
@@ -121,8 +121,8 @@ class _Child:
             if self.proc.poll() is not None:
                 raise AssertionError(f"process exited early ({self.proc.returncode}): {self.stderr()[-3000:]}")
             now = time.monotonic()
-            if self.err_path.stat().st_size != size:
-                size, last_change = self.err_path.stat().st_size, now
+            if (grown := self.err_path.stat().st_size) != size:
+                size, last_change = grown, now
             if now - last_change > stall or now - start > cap:
                 self.proc.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
                 self.proc.send_signal(signal.SIGCONT)  # in case it was stopped
