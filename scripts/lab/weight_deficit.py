@@ -1,7 +1,7 @@
 """Where the screen's weight on positive peer tokens falls in an honest peer's correct completions.
 
     python scripts/lab/weight_deficit.py --peer RUN_DIR --peer-step 20 [--node RUN_DIR] [--node-step 10]
-                                         [--tasks 128] [--datasets basic_arithmetic] [--floor -1.2]
+                                         [--tasks 128] [--datasets basic_arithmetic] [--floor -2.3]
 
 A peer (the run's checkpoint at ``--peer-step``) samples 4 completions for each of ``--tasks`` held-out tasks
 of its own evaluation, at its temperature; the receiver (the checkpoint at ``--node-step`` of ``--node``, the
@@ -36,13 +36,17 @@ def main() -> None:
     p.add_argument("--node-step", type=int, default=0, help="the receiver's checkpoint; 0: the base")
     p.add_argument("--tasks", type=int, default=128)
     p.add_argument("--datasets", default=None, help="comma-separated; default the run's")
-    p.add_argument("--floor", type=float, default=-1.2, help="ingest.screen_positive_floor")
+    p.add_argument("--floor", type=float, default=None,
+                   help="ingest.screen_positive_floor (default: the run's config's, or this code's default)")
     args = p.parse_args()
     torch.set_num_threads(1)
 
     datasets = args.datasets.split(",") if args.datasets else None
     cfg, source, tasks = held_out_tasks(args.peer, args.peer_step, args.tasks, datasets)
     g = cfg.generation
+    floor = args.floor if args.floor is not None else cfg.ingest.screen_positive_floor
+    if floor is None:
+        raise SystemExit("weight_deficit: the run's ingest.screen_positive_floor is null (no weight); pass --floor")
     peer, node = policy_at(args.peer, args.peer_step, cfg), policy_at(args.node or args.peer, args.node_step, cfg)
     groups = sample(peer, cfg, source, tasks, group_size=4, seed=0)
     tok = node.tokenizer
@@ -63,7 +67,7 @@ def main() -> None:
                 lp = shared_prompt_logprobs(node.model, [group.prompt_ids], cid, cmask, pad_id=tok.pad_token_id,
                                             temperature=g.temperature)[0]
             # the training pass's own weights (node.train.screen), this row a positive peer row
-            weights = positive_peer_weights(lp[None], cmask, torch.tensor([True]), torch.tensor([1.0]), args.floor)[0]
+            weights = positive_peer_weights(lp[None], cmask, torch.tensor([True]), torch.tensor([1.0]), floor)[0]
             answer = sampled.task.answer or ""
             tagged = answer_token_span(decode, ids, answer) or (0, 0)
             working = answer_token_span(decode, ids, answer, working=True) or tagged
@@ -75,7 +79,7 @@ def main() -> None:
     total = sum(held.values()) or 1.0
     print(f"{positive} correct completions of {sum(len(s.group.completions) for s in groups)}; node "
           f"{args.node + ' ' if args.node else ''}step {args.node_step or 'base'}, peer step {args.peer_step}, "
-          f"floor {args.floor}")
+          f"floor {floor}")
     print("| part | tokens | held back (sum of 1 - weight) | share of it | mean weight |")
     print("| --- | --- | --- | --- | --- |")
     for part in PARTS:
