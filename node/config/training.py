@@ -157,9 +157,12 @@ class IngestConfig(Section):
         -9.2, lt=0, description="a peer token this node's model gives a log-prob below this (-9.2: 1e-4) is not "
         "trained on: peers can only reinforce tokens the node might sample itself")
     screen_positive_floor: float | None = Field(
-        -1.2, lt=0, description="a peer token in a completion the loss pushes up counts fully when this node's model "
-        "gives it at least this log-prob (-1.2: 0.3), below it in proportion to its probability: a peer can only "
-        "teach at full speed what the node already says (null: every token counts fully)")
+        -2.3, lt=0, description="a peer token in a completion the loss pushes up counts fully when this node's model "
+        "gives it at least this log-prob (-2.3: 0.1), below it in proportion to its probability: a peer can only "
+        "teach at full speed what the node already says (null: every token counts fully). -1.2 (0.3) kept 59% of a "
+        "weak smollm2 node's gain from strong peers on seed 1, -2.3 91%; both held all nine attacks (six seeds and five), "
+        "but at -2.3 the length filler's words, text the node finds likely, no longer fell "
+        "(docs/results/poison.md)")
     screen_answer_full: bool = Field(
         True, description="the tokens of a peer completion's final answer count fully (no token floor, no "
         "weight) when that answer is the task's reference verbatim: the verifier has read them and the task, "

@@ -51,7 +51,7 @@ class ScreenSettings:
 
     enabled: bool = True
     token_floor: float = -9.2  # log(1e-4)
-    positive_floor: float | None = -1.2  # log(0.3)
+    positive_floor: float | None = -2.3  # log(0.1)
     answer_full: bool = True
     answer_working: bool = True
     window: int = 6
