@@ -37,7 +37,7 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=128)
     p.add_argument("--datasets", default=None, help="comma-separated; default the run's")
     p.add_argument("--floor", type=float, default=None,
-                   help="ingest.screen_positive_floor (default: the run's config's, or this code's default)")
+                   help="ingest.screen_positive_floor (default: the one the peer's run was configured with)")
     args = p.parse_args()
     torch.set_num_threads(1)
 
