@@ -162,7 +162,7 @@ class IngestConfig(Section):
         "teach at full speed what the node already says (null: every token counts fully). -1.2 (0.3) kept 59% of a "
         "weak smollm2 node's gain from strong peers on seed 1, -2.3 91%; both held all nine attacks (six seeds and five), "
         "but at -2.3 the length filler's words, text the node finds likely, no longer fell "
-        "(docs/results/poison.md), and 100-step on-top sharing gained 2 to 4 points less on three runs "
+        "(docs/results/poison.md), and 100-step on-top sharing gained 2 to 4 points less on each of four paths "
         "(docs/results/poison-working-answer.md)")
     screen_answer_full: bool = Field(
         True, description="the tokens of a peer completion's final answer count fully (no token floor, no "
