@@ -161,7 +161,7 @@ class IngestConfig(Section):
         "gives it at least this log-prob (-2.3: 0.1), below it in proportion to its probability: a peer can only "
         "teach at full speed what the node already says (null: every token counts fully). -1.2 (0.3) kept 59% of a "
         "weak smollm2 node's gain from strong peers on seed 1, -2.3 91%; both held all nine attacks on six seeds, "
-        "but at -2.3 the length filler's words, text the node finds likely, no longer fell "
+        "but at -2.3 the length filler's words, text the node finds likely, no longer fell in mean "
         "(docs/results/poison.md), and 100-step on-top sharing gained 2 to 4 points less on each of four paths "
         "(docs/results/poison-working-answer.md)")
     screen_answer_full: bool = Field(
