@@ -5,6 +5,7 @@ its one-line answer on a Python without torch."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,8 @@ def test_the_bundle_packs_files_into_bounded_parts_that_join_back(tmp_path):
 def test_the_script_parses_and_passes_shellcheck_where_it_is_installed():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     if shutil.which("shellcheck") is None:
+        if os.environ.get("SWARM_NODE_REQUIRE_SHELLCHECK"):  # set by .ci/run, whose ci_deps.sh installs it
+            raise AssertionError("shellcheck is required here (SWARM_NODE_REQUIRE_SHELLCHECK) but not installed")
         pytest.skip("shellcheck is not installed")
     proc = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout

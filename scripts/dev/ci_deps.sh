@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # System packages the test suite uses beyond Python, from Debian: Chromium for the dashboard's browser
-# tests (tests/node/test_api*.py), iproute2 and nftables for the network-namespace tests (NAT, partition).
+# tests (tests/node/test_api*.py), iproute2 and nftables for the network-namespace tests (NAT, partition),
+# and the lint of scripts/gpu_check.sh by shellcheck (tests/test_gpu_check.py).
 # Installs only what is missing; needs root (or password-less sudo) and apt-get. Called by .ci/run, which
-# then sets SWARM_NODE_REQUIRE_CHROMIUM=1 and SWARM_NODE_NETNS=require so those tests fail, never skip.
+# then sets SWARM_NODE_REQUIRE_CHROMIUM=1, SWARM_NODE_NETNS=require and SWARM_NODE_REQUIRE_SHELLCHECK=1 so
+# those tests fail, never skip.
 # Exits non-zero when something is missing and cannot be installed.
 set -euo pipefail
 have_chromium() {
@@ -16,6 +18,7 @@ want=()
 have_chromium || want+=(chromium)
 command -v ip >/dev/null 2>&1 || want+=(iproute2)
 command -v nft >/dev/null 2>&1 || want+=(nftables)
+command -v shellcheck >/dev/null 2>&1 || want+=(shellcheck)
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ]; then
   as_root=()
@@ -38,4 +41,5 @@ echo "ci_deps: installing ${want[*]} (Debian packages)"
 }
 have_chromium || { echo "ci_deps: apt-get installed chromium but it is not on PATH" >&2; exit 1; }
 command -v ip >/dev/null 2>&1 && command -v nft >/dev/null 2>&1 || { echo "ci_deps: ip or nft still missing" >&2; exit 1; }
+command -v shellcheck >/dev/null 2>&1 || { echo "ci_deps: shellcheck still missing" >&2; exit 1; }
 echo "ci_deps: $(chromium --version 2>/dev/null || echo chromium installed)"
