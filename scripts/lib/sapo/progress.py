@@ -31,7 +31,7 @@ def fresh_progress(spec: Any) -> dict[str, Any]:
     n = spec.nodes
     return {"spec": json.loads(json.dumps(asdict(spec))), "step": 0, **{key: [[] for _ in range(n)] for key in PER_STEP},
             "accuracy": [0.0] * n, "evals": [], "costs": dict.fromkeys(COSTS, 0.0),
-            "rejected": {}, "seconds": 0.0, "cpu_seconds": 0.0, "segments": []}
+            "rejected": {}, "surplus": {}, "seconds": 0.0, "cpu_seconds": 0.0, "segments": []}
 
 
 def step_into(progress: dict[str, Any], i: int, record: dict[str, Any]) -> None:
@@ -49,10 +49,12 @@ def step_into(progress: dict[str, Any], i: int, record: dict[str, Any]) -> None:
     costs["ingest_seconds"] += float(record.get("ingest_seconds", 0.0))  # this step's
 
 
-def _wire_counters(nodes: list[Any]) -> tuple[dict[str, float], dict[str, int]]:
-    """The transports' cumulative wire seconds and rejections (since these nodes were built)."""
+def _wire_counters(nodes: list[Any]) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """The transports' cumulative wire seconds, rejections and peer groups left unread by a budget or the
+    step's need (``ingest_surplus``), since these nodes were built."""
     wire = dict.fromkeys(WIRE, 0.0)
     rejected: dict[str, int] = {}
+    surplus: dict[str, int] = {}
     for node in nodes:
         if node.exchange is not None:
             m = node.exchange.metrics()
@@ -60,18 +62,23 @@ def _wire_counters(nodes: list[Any]) -> tuple[dict[str, float], dict[str, int]]:
                 wire[key] += float(m.get(key, 0.0))
             for reason, count in {**m["batches_rejected"], **m["ingest_rejected"]}.items():
                 rejected[reason] = rejected.get(reason, 0) + int(count)
-    return wire, rejected
+            for reason, count in m.get("ingest_surplus", {}).items():
+                surplus[reason] = surplus.get(reason, 0) + int(count)
+    return wire, rejected, surplus
 
 
 def with_segment(progress: dict[str, Any], nodes: list[Any], t0: float, cpu0: float) -> dict[str, Any]:
     """``progress`` with this process's segment (since ``t0``/``cpu0``) added: wire counters, rejections,
     seconds and the machine's load."""
     out = json.loads(json.dumps(progress))
-    wire, rejected = _wire_counters(nodes)
+    wire, rejected, surplus = _wire_counters(nodes)
     for key, value in wire.items():
         out["costs"][key] += value
     for reason, count in rejected.items():
         out["rejected"][reason] = out["rejected"].get(reason, 0) + count
+    out.setdefault("surplus", {})  # progress saved before the counts were kept
+    for reason, count in surplus.items():
+        out["surplus"][reason] = out["surplus"].get(reason, 0) + count
     out["seconds"] += time.perf_counter() - t0
     out["cpu_seconds"] += time.process_time() - cpu0
     out["segments"][-1]["load_end"] = list(os.getloadavg())

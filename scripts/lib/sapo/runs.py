@@ -402,5 +402,6 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
     node_steps = spec.nodes * spec.steps
     result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "seconds", "cpu_seconds",
                                              "segments")}
+    result["surplus"] = progress.get("surplus", {})
     return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(spec.nodes)],
             **result, "cost_per_node_step": {k: v / node_steps for k, v in progress["costs"].items()}}
