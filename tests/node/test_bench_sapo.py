@@ -312,3 +312,29 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_gives_the_uninterrupted_r
     for key in ("rewards", "signal", "local_groups", "accuracy", "evals"):
         assert again[key] == whole[key], key
     assert [s["from_step"] for s in again["segments"]] == [0, 2] and again["segments"][1]["to_step"] == 4
+
+
+def test_a_sharing_run_repeats_bit_for_bit_with_node_ids_drawn_from_the_seeds(tmp_path):
+    """Round-robin selection walks peers in the order of their ids: with each node's key drawn from its seed,
+    two runs of one spec give every node the same id and the same rewards, and record the groups left unread."""
+    lib = _load("sapo_runs")
+    spec = lib.RunSpec("homogeneous", "topr_corrected", "2+2", 0, nodes=3, steps=3, group_size=4, eval_size=8,
+                       extra=("sapo.selection=round_robin",))
+    runs = [lib.run_one(spec, work=tmp_path / name) for name in ("a", "b")]
+    keys = [[(tmp_path / name / f"node{i}" / "identity.pem").read_bytes() for i in range(3)] for name in ("a", "b")]
+    assert keys[0] == keys[1] and len(set(keys[0])) == 3
+    assert runs[0]["rewards"] == runs[1]["rewards"] and runs[0]["peer_groups"] == runs[1]["peer_groups"]
+    assert sum(map(sum, runs[0]["peer_groups"])) > 0  # the nodes did train on each other's groups
+    assert isinstance(runs[0]["surplus"], dict)
+
+
+def test_a_seeded_identity_is_written_once_and_a_resumed_run_keeps_its_own(tmp_path):
+    lib = _load("sapo_runs")
+    path = tmp_path / "node0" / "identity.pem"
+    lib.seed_identity(path, 7)
+    first = path.read_bytes()
+    lib.seed_identity(path, 8)  # a file already there is the node's: never replaced
+    assert path.read_bytes() == first
+    other = tmp_path / "other.pem"
+    lib.seed_identity(other, 8)
+    assert other.read_bytes() != first

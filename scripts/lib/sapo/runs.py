@@ -333,6 +333,23 @@ def type_overrides(extra: tuple[str, ...], kind: str) -> list[str]:
     return out
 
 
+def seed_identity(path: Path, seed: int) -> None:
+    """Write a node key drawn from the node's ``seed`` at ``path`` unless one is there (a resumed run keeps its own).
+
+    A sharing run is repeatable only if its nodes' peer ids are: selection walks the candidate groups' authors
+    in the order of their ids (``node.train.sampler``), so random keys give every run of one arm its own draw
+    of which peer's groups a node trains on. Drawn from the seed, node i has the same id in every arm and rerun."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from protocol.identity import Identity
+
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = hashlib.sha256(f"bench_sapo node identity, seed {seed}".encode()).digest()
+    Identity(Ed25519PrivateKey.from_private_bytes(secret)).save(path)
+
+
 def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:
     from transformers.utils import logging as hf_logging
 
@@ -345,6 +362,8 @@ def _build_nodes(spec: RunSpec, root: Path) -> tuple[list[Any], Any]:
     nodes = []
     for i in range(spec.nodes):
         cfg = node_config(spec, i, str(root / f"node{i}"))
+        if spec.sharing:
+            seed_identity(Path(cfg.run_dir) / cfg.swarm.identity_path, cfg.seed)  # an absolute path stays itself
         node = Node(cfg, show_progress=False, transport=hub.join if spec.sharing else None)
         node.setup()
         nodes.append(node)
