@@ -41,7 +41,8 @@ Output: one line per finished run; per setting a table of cumulative reward (eac
 on its own tasks averaged over the run, then over the nodes of a type) and final greedy accuracy on
 held-out tasks, with the change against the paired silo; the per-step cost of the exchange; the goals.
 ``--out`` gets ``runs/*.json`` (one per run: a rerun skips finished runs, so a long grid can be resumed;
-each holds the commit, command and load average of every process that ran part of it),
+each holds the commit, command and load average of every process that ran part of it, the peer data
+rejected and the peer groups left unread by a budget, by reason),
 ``results.json``, ``table.md``, ``reward_curves.png`` and ``signal_curves.png`` (the share of own groups
 with signal beside reward and held-out accuracy). With ``--checkpoint-every N`` a run's nodes checkpoint
 every N steps under ``--out``'s ``work/``, and a rerun of a stopped run resumes there.
