@@ -336,9 +336,9 @@ def type_overrides(extra: tuple[str, ...], kind: str) -> list[str]:
 def seed_identity(path: Path, seed: int) -> None:
     """Write a node key drawn from the node's ``seed`` at ``path`` unless one is there (a resumed run keeps its own).
 
-    A sharing run is repeatable only if its nodes' peer ids are: selection walks the candidate groups' authors
-    in the order of their ids (``node.train.sampler``), so random keys give every run of one arm its own draw
-    of which peer's groups a node trains on. Drawn from the seed, node i has the same id in every arm and rerun."""
+    ``sapo.selection=round_robin`` walks the candidate groups' authors in the order of their ids
+    (``node.train.sampler``), so with random keys every run of such an arm would draw its own peer groups (the
+    default, ``uniform``, does not read the ids). Drawn from the seed, node i has the same id in every arm and rerun."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from protocol.identity import Identity
@@ -419,8 +419,7 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
                 save_progress(work, with_segment(progress, nodes, t0, cpu0))
         progress = with_segment(progress, nodes, t0, cpu0)
     node_steps = spec.nodes * spec.steps
-    result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "seconds", "cpu_seconds",
-                                             "segments")}
-    result["surplus"] = progress.get("surplus", {})
+    result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "surplus", "seconds",
+                                             "cpu_seconds", "segments")}
     return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(spec.nodes)],
             **result, "cost_per_node_step": {k: v / node_steps for k, v in progress["costs"].items()}}
