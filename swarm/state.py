@@ -66,6 +66,11 @@ class NetworkStatus:
         return self.up and bool(self.neighbours)
 
 
+def peer_ids(maddrs: list[str]) -> set[str]:
+    """The peers that full multiaddrs (``.../p2p/<id>``) name, each once (a peer may have several addresses)."""
+    return {m.rsplit("/p2p/", 1)[-1] for m in maddrs}
+
+
 def network_reason(
     *,
     alive: bool,
@@ -78,8 +83,10 @@ def network_reason(
     error: str,
     lost_for: float | None = None,
     retry_cap: float | None = None,
+    remembered: int = 0,
 ) -> str:
-    """One line saying what the network side is doing, from its state (pure, for ``NetworkStatus``)."""
+    """One line saying what the network side is doing, from its state (pure, for ``NetworkStatus``).
+    ``initial_peers`` and ``remembered``: the peers joining dials, the configured ones and those met before."""
     if not alive:
         return f"stopped: {error}" if error else "stopped"
     if not running:
@@ -94,7 +101,8 @@ def network_reason(
             return (f"lost every peer {lost_for:.0f} s ago; dialing the initial and remembered peers again{every} "
                     f"({join_failures} attempts failed)")
         if join_failures:
-            return f"joining: none of {initial_peers} initial peers answered ({join_failures} attempts failed)"
+            dialed = f"{initial_peers} initial and {remembered} remembered" if remembered else f"{initial_peers} initial"
+            return f"joining: none of {dialed} peers answered ({join_failures} attempts failed)"
         return "joining"
     if neighbours:
         return f"joined: {neighbours} DHT neighbour{'s' if neighbours != 1 else ''}"
@@ -178,6 +186,11 @@ class SharedState:
             self.up_event.set()
         else:
             self.up_event.clear()
+
+    def met_peers(self) -> list[str]:
+        """The peers met before (remembered in the run dir, or reached while running) that joining dials
+        besides the initial ones; the caller holds ``lock``."""
+        return [*self.bootstrap_peers, *self.book.remembered()]
 
     def set_error(self, message: str) -> None:
         with self.lock:

@@ -35,7 +35,7 @@ from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey
 from swarm.members import MemberTable
 from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
-from swarm.state import NetworkStatus, SharedState, network_reason
+from swarm.state import NetworkStatus, SharedState, network_reason, peer_ids
 from swarm.validator import ManifestValidator
 from swarm.watchdog import kill_process
 
@@ -373,11 +373,12 @@ class SwarmTransport:
         with shared.lock:
             counters = shared.counters
             lost_for = None if shared.lost_at is None or shared.dht_peers else time.time() - shared.lost_at
+            initial = peer_ids(self.settings.initial_peers)
             reason = network_reason(
                 alive=alive, running=running, up=shared.network_up, neighbours=len(shared.dht_peers),
                 initial_peers=len(self.settings.initial_peers), join_failures=counters["join_failures"],
                 start_failures=counters["start_failures"], error=shared.error, lost_for=lost_for,
-                retry_cap=self.settings.retry_cap)
+                retry_cap=self.settings.retry_cap, remembered=len(peer_ids(shared.met_peers()) - initial))
             if running and shared.reach:
                 reason += f"; {shared.reach}"
             return NetworkStatus(

@@ -88,7 +88,7 @@ class JoinMixin(CoreBase):
         """Full multiaddrs to dial when joining: the initial peers, the peers met before (remembered), and
         those reached while running; each once."""
         with self.shared.lock:
-            met = [*self.shared.bootstrap_peers, *self.shared.book.remembered()]
+            met = self.shared.met_peers()
         return list(dict.fromkeys([*self.settings.initial_peers, *met]))
 
     async def _join_once(self) -> bool:

@@ -22,6 +22,8 @@ def test_each_state_has_its_reason() -> None:
     assert reason(up=False, initial_peers=2) == "joining"
     assert reason(up=False, initial_peers=2, join_failures=3) == \
         "joining: none of 2 initial peers answered (3 attempts failed)"
+    assert reason(up=False, initial_peers=0, remembered=2, join_failures=1) == \
+        "joining: none of 0 initial and 2 remembered peers answered (1 attempts failed)"
     assert reason(neighbours=1) == "joined: 1 DHT neighbour"
     assert reason(neighbours=3) == "joined: 3 DHT neighbours"
     assert reason().startswith("listening, no peer has answered yet")
