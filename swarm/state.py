@@ -66,11 +66,6 @@ class NetworkStatus:
         return self.up and bool(self.neighbours)
 
 
-def peer_ids(maddrs: list[str]) -> set[str]:
-    """The peers that full multiaddrs (``.../p2p/<id>``) name, each once (a peer may have several addresses)."""
-    return {m.rsplit("/p2p/", 1)[-1] for m in maddrs}
-
-
 def network_reason(
     *,
     alive: bool,

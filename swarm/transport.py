@@ -35,7 +35,7 @@ from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey
 from swarm.members import MemberTable
 from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
-from swarm.state import NetworkStatus, SharedState, network_reason, peer_ids
+from swarm.state import NetworkStatus, SharedState, network_reason
 from swarm.validator import ManifestValidator
 from swarm.watchdog import kill_process
 
@@ -373,12 +373,14 @@ class SwarmTransport:
         with shared.lock:
             counters = shared.counters
             lost_for = None if shared.lost_at is None or shared.dht_peers else time.time() - shared.lost_at
-            initial = peer_ids(self.settings.initial_peers)
+            # the peers met that joining dials besides the initial ones (by peer, not address), read only while
+            # joining: the one reason that names them
+            met = set() if shared.network_up else set(libp2p_ids(tuple(shared.met_peers()))) - self._initial_ids
             reason = network_reason(
                 alive=alive, running=running, up=shared.network_up, neighbours=len(shared.dht_peers),
                 initial_peers=len(self.settings.initial_peers), join_failures=counters["join_failures"],
                 start_failures=counters["start_failures"], error=shared.error, lost_for=lost_for,
-                retry_cap=self.settings.retry_cap, remembered=len(peer_ids(shared.met_peers()) - initial))
+                retry_cap=self.settings.retry_cap, remembered=len(met))
             if running and shared.reach:
                 reason += f"; {shared.reach}"
             return NetworkStatus(
