@@ -85,7 +85,7 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle_from("a", {"a": {"b"}, "b": set()}) is None
 
 
-NODE_ORDER = ("cli", "run", "api", "exchange", "generation", "train", "policy", "config", "tasks",
+NODE_ORDER = ("cli", "run", "api", "exchange", "generation", "train", "fused", "policy", "config", "tasks",
               ("errors", "modes", "failpoints"))
 """node/'s rooms from the top down: a room imports only rooms after it (the last three leaf modules none of
 each other). A new folder or leaf module goes into this list where its imports put it."""
@@ -132,7 +132,7 @@ def test_node_rooms_import_downward_only() -> None:
 def test_node_has_few_rooms_and_few_ties() -> None:
     folders = [p.name for p in (ROOT / "node").iterdir() if p.is_dir() and (p / "__init__.py").exists()]
     leaves = [p.stem for p in (ROOT / "node").glob("*.py") if p.stem != "__init__"]
-    assert len(folders) <= 9 and len(leaves) <= 4, (folders, leaves)
+    assert len(folders) <= 11 and len(leaves) <= 4, (folders, leaves)
     prefixes = [p for p in leaves if "_" in p and sum(q.startswith(p.split("_")[0] + "_") for q in leaves) > 1]
     assert not prefixes, f"a family of files sharing a prefix is a folder waiting to be made: {prefixes}"
     assert len(room_edges()) <= 73, len(room_edges())  # half of the 146 the loose layout had

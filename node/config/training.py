@@ -63,7 +63,7 @@ class TrainConfig(Section):
         f"{AUTO_LOGITS_MB_CPU})")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
     fused: bool = Field(True, description="train a plain-LoRA Llama or Qwen2 policy through the fused pass "
-                        "(node.policy.fused_pass: projections by family, one optimizer tensor, a step's figures read "
+                        "(node.fused.decoder: projections by family, one optimizer tensor, a step's figures read "
                         "once): the same losses and gradients in a seventh of the operations; false: through "
                         "transformers' and peft's modules (ReMix and gradient checkpointing always are)")
     checkpoint_every: int = Field(25, ge=1)

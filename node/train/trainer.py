@@ -4,7 +4,7 @@ The math lives in pure functions (``advantages.py``, ``losses.py``); this module
 runs forward/backward in micro-batches and steps the optimizer. A step whose loss or gradient is not
 finite is never applied: the gradients are dropped, the step is counted (``skipped_steps``) and logged.
 
-With ``fused`` (``train.fused``) a plain-LoRA policy of a model ``node.policy.fused_pass`` knows trains
+With ``fused`` (``train.fused``) a plain-LoRA policy of a model ``node.fused.decoder`` knows trains
 through that pass, its parameters in flat groups (``node.train.flat``: one optimizer tensor a group, one
 gradient norm), and a step's figures stay on the device until one read at the end of each update
 (``node.train.loss_terms``): the same losses and gradients as the modules' path, in a fraction of its
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from node.policy.fused_pass import FusedPass, fused_pass_refusal
+from node.fused.decoder import FusedPass, fused_pass_refusal
 from node.policy.logprobs import (
     logit_micro_batches,
     right_pad,

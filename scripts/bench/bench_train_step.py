@@ -1,7 +1,7 @@
 """What the fused pass and running a group's prompt once save in a training step.
 
 The trainer's step on the same groups three ways: ``fused`` (the node's default for a Llama-family LoRA
-policy: ``node.policy.fused_pass``, each prompt packed with its completions into one row, projections by
+policy: ``node.fused.decoder``, each prompt packed with its completions into one row, projections by
 family), ``shared`` (through transformers' and peft's modules, ``train.fused=false``: each distinct prompt
 runs once and its KV cache is copied to the group's rows, ``node.policy.logprobs.shared_prompt_logprobs``) and
 ``full`` (through the modules, every row running prompt and completion, ``sequence_logprobs``: what the

@@ -1,4 +1,4 @@
-"""The fused training pass (``node.policy.fused_pass``) against the modules' path it replaces: the same
+"""The fused training pass (``node.fused.decoder``) against the modules' path it replaces: the same
 log-probs, gradients, losses and updates within float tolerance, in a fraction of the operations and with
 one read of the device a step; the policies it refuses train as before; optimizer state moves between
 the two layouts."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from node.config import AdapterConfig, ModelConfig
-from node.policy.fused_pass import FusedPass, fused_pass_refusal
+from node.fused.decoder import FusedPass, fused_pass_refusal
 from node.policy.logprobs import right_pad, shared_prompt_logprobs
 from node.policy.model import build_policy
 from node.train.groups import TrainGroup

@@ -3,7 +3,7 @@ transformers' and peft's modules when the model allows it (``train.fused``).
 
 The same function as ``node.policy.logprobs.shared_prompt_logprobs`` (each distinct prompt runs once; the
 rows that share it attend to its keys and values; only the completions run per row), computed from the
-model's own tensors: the projections by family (``node.policy.lora_families``: one product for q, k and v
+model's own tensors: the projections by family (``node.fused.projections``: one product for q, k and v
 with their adapters, one for gate and up), the rotary embedding on queries and keys together, attention by
 ``scaled_dot_product_attention`` with grouped heads, each RMSNorm in the order of transformers' own. Per
 decoder layer and pass that is about a fifth of the operations of the modules' path, and on a GPU as
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from node.policy.fused_ops import GateUp, Linear, Qkv, RmsNorm, signed_sin
-from node.policy.lora_families import Family, LoraLayout, make_family
+from node.fused.ops import GateUp, Linear, Qkv, RmsNorm, signed_sin
+from node.fused.projections import Family, LoraLayout, make_family
 from node.policy.special import output_bias
 
 _LAYERS = {"LlamaDecoderLayer", "Qwen2DecoderLayer"}

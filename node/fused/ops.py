@@ -1,4 +1,4 @@
-"""The blocks of the fused training pass (``node.policy.fused_pass``) as autograd functions with their own
+"""The blocks of the fused training pass (``node.fused.decoder``) as autograd functions with their own
 backward: a projection family (``Linear``), q/k/v with the rotary embedding (``Qkv``), gate/up with the SiLU
 gate (``GateUp``) and RMSNorm (``RmsNorm``).
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from node.policy.lora_families import Family
+from node.fused.projections import Family
 
 
 def signed_sin(sin: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ the gradient norm is one reduction.
 What stays as it was: the peft modules and their parameters (names, shapes, values; a checkpoint, the
 merged generation copy and an export see the same tensors), and the arithmetic: the same products in the
 same dtypes as peft (adapters in float32 over a bfloat16 base: the input cast up, the sum cast back), up
-to float rounding. ``node.policy.fused_pass`` runs the decoder with these families.
+to float rounding. ``node.fused.decoder`` runs the decoder with these families.
 """
 
 from __future__ import annotations
