@@ -120,7 +120,7 @@ _PATH = re.compile(r"(?<![\w/.-])((?:scripts|configs|tests|node|swarm|protocol|d
 
 
 def path_problems(path: Path, text: str) -> list[str]:
-    """Repository paths a page names (`scripts/bench/bench_api.py`, `node/policy/remix*.py`) that do not exist."""
+    """Repository paths a page names (`scripts/bench/bench_api.py`, `node/policy/remix/*.py`) that do not exist."""
     problems = []
     for named in sorted(set(_PATH.findall(text))):
         if named.endswith(".") or "..." in named:

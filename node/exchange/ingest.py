@@ -56,7 +56,7 @@ from node.policy.logprobs import (
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
-from node.policy.remix_logprobs import routed_logprobs
+from node.policy.remix.logprobs import routed_logprobs
 from node.policy.special import stop_ids
 from node.tasks import Task, TaskError, TaskSource
 from node.train.groups import TrainGroup

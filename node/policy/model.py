@@ -170,7 +170,7 @@ def _attach_lora(model: PreTrainedModel, cfg: AdapterConfig) -> nn.Module:
 
 
 def _attach_remix(model: PreTrainedModel, cfg: AdapterConfig) -> tuple[nn.Module, Any]:
-    from node.policy.remix import attach_remix
+    from node.policy.remix.attach import attach_remix
 
     adapter = attach_remix(model, n=cfg.remix.n, k=cfg.remix.k, rank=cfg.rank, scale=cfg.remix.scale, alpha=cfg.alpha,
                            centre=cfg.remix.centre)
@@ -192,7 +192,7 @@ class Policy:
     name_or_path: str
     tokenizer_fingerprint: str
     model_fingerprint: str
-    remix: Any = None  # node.policy.remix.RemixAdapter when adapter.kind == "remix"
+    remix: Any = None  # node.policy.remix.adapter.RemixAdapter when adapter.kind == "remix"
     param_groups: dict[str, list[nn.Parameter]] = field(default_factory=dict)
 
     @property

@@ -318,13 +318,13 @@ def eval_details(tasks: list[Task], scores: list[float], routings: list[torch.Te
                  previous: torch.Tensor | None) -> dict[str, Any]:
     """An evaluation's metrics beyond ``eval_accuracy``: ``eval_by_dataset`` (the greedy mean reward of each
     dataset's held-out tasks) and, for ReMix, the ``routing_*`` diagnostics of the held-out prompts'
-    routing (``node.policy.remix_stats``; ``previous``: the last evaluation's routing)."""
+    routing (``node.policy.remix.stats``; ``previous``: the last evaluation's routing)."""
     by: dict[str, list[float]] = {}
     for task, score in zip(tasks, scores):
         by.setdefault(task.ref.dataset, []).append(score)
     out: dict[str, Any] = {"eval_by_dataset": {name: sum(v) / len(v) for name, v in by.items()}}
     if remix is not None and routings and all(r is not None for r in routings):
-        from node.policy.remix_stats import routing_metrics
+        from node.policy.remix.stats import routing_metrics
 
         out.update(routing_metrics(remix, torch.stack(routings), [t.ref.dataset for t in tasks],  # type: ignore[arg-type]
                                    previous))

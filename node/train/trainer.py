@@ -26,7 +26,7 @@ from node.policy.logprobs import (
     shared_prompt_logprobs,
 )
 from node.policy.model import Policy
-from node.policy.remix_logprobs import routed_logprobs, spread_units
+from node.policy.remix.logprobs import routed_logprobs, spread_units
 from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms

@@ -34,7 +34,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.policy.remix import MLP_PROJECTIONS, attach_remix
+from node.policy.remix.attach import MLP_PROJECTIONS, attach_remix
 from node.policy.tiny import char_vocab
 
 Step = Callable[[], None]

@@ -5,7 +5,7 @@ Usage: python scripts/experiments/probe_routing.py [-c configs/smollm2-silo.yaml
                                        [--routers 8] [--threads 2] [--json OUT] [key=value ...]
 
 ReMix routes a prompt from the input of each decoder layer (the residual stream) averaged over the prompt's
-tokens (``node/policy/remix_adapter.py``), the same top-k for all of a sequence. This probe runs the base
+tokens (``node/policy/remix/adapter.py``), the same top-k for all of a sequence. This probe runs the base
 model (an adapter's B starts at zero, so these are the inputs a fresh ReMix adapter's routers see) over the
 held-out prompts of the config's datasets (``--per-dataset`` each, formatted as the node formats them) and,
 for each decoder layer and three poolings, measures:
@@ -78,7 +78,7 @@ def pooled_inputs(model: Any, ids: list[int], task_from: int) -> dict[str, list[
         hidden = args[0] if args else kwargs["hidden_states"]
         captured.append(hidden[0].detach().float())
 
-    from node.policy.remix_adapter import decoder_layers
+    from node.policy.remix.adapter import decoder_layers
 
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in decoder_layers(model)]
     try:

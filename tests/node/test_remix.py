@@ -1,4 +1,4 @@
-"""Tests of the ReMix routed-LoRA adapter (node/policy/remix.py) on a tiny random Llama."""
+"""Tests of the ReMix routed-LoRA adapter (node/policy/remix/attach.py) on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.policy.remix import (
+from node.policy.remix.attach import (
     MLP_PROJECTIONS,
     RemixAdapter,
     RemixError,
@@ -21,7 +21,7 @@ from node.policy.remix import (
     gumbel_topk,
     plackett_luce_logprob,
 )
-from node.policy.remix_ops import LayerRouting, RemixLinear
+from node.policy.remix.ops import LayerRouting, RemixLinear
 
 VOCAB = 64
 

@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from node.generation.sampling import generate
 from node.policy.logprobs import sequence_logprobs
-from node.policy.remix import RemixAdapter, attach_remix
+from node.policy.remix.attach import RemixAdapter, attach_remix
 
 VOCAB = 64
 

@@ -11,9 +11,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from node.policy.logprobs import left_pad, right_pad, sequence_logprobs
-from node.policy.remix import RemixAdapter, attach_remix
-from node.policy.remix_logprobs import prompt_units, routed_logprobs, spread_units
-from node.policy.remix_ops import LayerRouting, RemixLinear
+from node.policy.remix.attach import RemixAdapter, attach_remix
+from node.policy.remix.logprobs import prompt_units, routed_logprobs, spread_units
+from node.policy.remix.ops import LayerRouting, RemixLinear
 from tests.node.test_remix import VOCAB, one_thread, tiny_llama  # noqa: F401 (one_thread: an autouse fixture)
 
 

@@ -1,4 +1,4 @@
-"""The routing diagnostics (node/policy/remix_stats.py) against values worked out by hand."""
+"""The routing diagnostics (node/policy/remix/stats.py) against values worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from node.policy.remix import attach_remix
-from node.policy.remix_stats import balance, drift, lora_norms, routing_usage, specialisation
+from node.policy.remix.attach import attach_remix
+from node.policy.remix.stats import balance, drift, lora_norms, routing_usage, specialisation
 from tests.node.test_remix_fast import tiny_llama
 
 

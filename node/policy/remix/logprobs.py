@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from node.policy.logprobs import left_pad, positions_from_mask
-from node.policy.remix_adapter import RemixAdapter
+from node.policy.remix.adapter import RemixAdapter
 
 
 def prompt_units(prompts: Sequence[Sequence[int]], m: int) -> tuple[list[list[int]], torch.Tensor]:

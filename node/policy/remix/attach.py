@@ -25,9 +25,9 @@ The routing is computed by a forward pre-hook of each decoder layer at the first
 mode a later forward over prompt + completion (prompt mask marking the prompt) reproduces the routing the
 generation used, because the prompt positions see the same hidden states under causal attention.
 
-Files: this module is the public entry point; ``remix_adapter.py`` holds :class:`RemixAdapter`,
-``remix_ops.py`` the routing math (:func:`gumbel_topk`, :func:`plackett_luce_logprob`) and
-:class:`~node.policy.remix_ops.RemixLinear`.
+Files: this module is the public entry point; ``adapter.py`` holds :class:`RemixAdapter`,
+``ops.py`` the routing math (:func:`gumbel_topk`, :func:`plackett_luce_logprob`) and
+:class:`~node.policy.remix.ops.RemixLinear`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Literal
 
 from torch import nn
 
-from node.policy.remix_adapter import MLP_PROJECTIONS, RemixAdapter, RemixSpec
-from node.policy.remix_ops import RemixError, gumbel_topk, lora_omega, plackett_luce_logprob
+from node.policy.remix.adapter import MLP_PROJECTIONS, RemixAdapter, RemixSpec
+from node.policy.remix.ops import RemixError, gumbel_topk, lora_omega, plackett_luce_logprob
 
 logger = logging.getLogger(__name__)
 

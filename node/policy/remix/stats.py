@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from node.policy.remix_adapter import RemixAdapter
+from node.policy.remix.adapter import RemixAdapter
 
 
 def routing_usage(routing: torch.Tensor, datasets: Sequence[str], n: int) -> dict[str, list[list[int]]]:

@@ -1,6 +1,6 @@
 """The ReMix adapter handle: routing state, modes, router loss and persistence (built by ``attach_remix``).
 
-Imported through :mod:`node.policy.remix`, which documents the usage.
+Imported through :mod:`node.policy.remix.attach`, which documents the usage.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from node.policy.remix_ops import (
+from node.policy.remix.ops import (
     LayerRouting,
     RemixError,
     RemixLinear,
@@ -158,7 +158,7 @@ class RemixAdapter:
         completion in training). In sampled mode ``R`` must be a multiple of ``m``, and ``units``
         (``LongTensor[R]``, optional) makes rows of one unit share their draws: the rows of a group's
         prompt under one of its M routings, so that they are routed as that prompt run once
-        (:func:`node.policy.remix_logprobs.routed_logprobs`) is. Forgets the routing of the previous batch.
+        (:func:`node.policy.remix.logprobs.routed_logprobs`) is. Forgets the routing of the previous batch.
         """
         if prompt_mask.dim() != 2:
             raise RemixError(f"prompt_mask must be [batch, tokens], got shape {tuple(prompt_mask.shape)}")
