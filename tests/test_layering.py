@@ -85,7 +85,7 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle_from("a", {"a": {"b"}, "b": set()}) is None
 
 
-NODE_ORDER = ("cli", "run", "api", "exchange", "generation", "train", "fused", "policy", "config", "tasks",
+NODE_ORDER = ("cli", "run", "api", "exchange", "generation", "train", "fused", "policy", "sources", "config", "tasks",
               ("errors", "modes", "failpoints"))
 """node/'s rooms from the top down: a room imports only rooms after it (the last three leaf modules none of
 each other). A new folder or leaf module goes into this list where its imports put it."""

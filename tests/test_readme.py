@@ -1,5 +1,5 @@
 """The README is a front page: short, with the two set-up commands, the links a newcomer needs, and the
-embedded models' figures where they are stated (those their builds wrote: node/policy/assets/*/build_info.json).
+embedded models' figures where they are stated (those their builds wrote: node/sources/assets/*/build_info.json).
 The checks of every page (links, keys, paths, commands) are in tests/test_docs.py."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_the_readme_is_a_front_page() -> None:
 
 
 def test_the_embedded_model_figures_are_the_ones_its_build_wrote() -> None:
-    info = json.loads((ROOT / "node" / "policy" / "assets" / "tiny-base" / "build_info.json").read_text())
+    info = json.loads((ROOT / "node" / "sources" / "assets" / "tiny-base" / "build_info.json").read_text())
     page = (RESULTS / "tiny-base-build.md").read_text(encoding="utf-8")
     line = page[page.index("**Embedded model**") :].split("\n\n")[0].replace("\n", " ")
     assert f"{info['parameters']:,} parameters" in line
@@ -42,7 +42,7 @@ def test_the_embedded_model_figures_are_the_ones_its_build_wrote() -> None:
 
 def test_the_small_base_figures_are_the_shipped_model_s() -> None:
     """small-base is shipped, so the figures stated must be those of the shipped build_info.json."""
-    info = json.loads((ROOT / "node" / "policy" / "assets" / "small-base" / "build_info.json").read_text())
+    info = json.loads((ROOT / "node" / "sources" / "assets" / "small-base" / "build_info.json").read_text())
     page = (RESULTS / "small-base-build.md").read_text(encoding="utf-8")
     text = page[page.index("**small-base** (`python scripts/build/build_small_base.py`") :].split("\n\n")[0]
     text = text.replace("\n", " ")

@@ -3,8 +3,8 @@ repository says it must.
 
 It prints the stack (Python, torch with its CUDA and MPS, transformers, peft, tokenizers, gguf, whether vLLM
 imports and why not, the device ``model.device: auto`` picks, the dtypes that work on it), then checks each
-embedded model and each fetched one against its golden record (``node.policy.golden``): the conversion checks
-of ``node.policy.model_check`` (special tokens, vocabulary, fixed strings, chat rendering, configs), then the
+embedded model and each fetched one against its golden record (``node.sources.golden``): the conversion checks
+of ``node.sources.check`` (special tokens, vocabulary, fixed strings, chat rendering, configs), then the
 greedy continuation of fixed prompts in float32, each logit within ``LOGIT_TOLERANCE`` of the stored one
 (1e-3 on a CPU, 2e-2 on a GPU). Exit code 0 when every check passes, 1 with one ``FAIL`` line per failure.
 """
@@ -116,8 +116,8 @@ def stack(report: Report, device_name: str) -> Any:
 def models_to_check(names: list[str] | None) -> list[tuple[str, Path | None]]:
     """``(name, folder or None when not fetched)`` of the models named, or of every embedded and fetched one."""
     from node.errors import ConfigError
-    from node.policy.embedded import EMBEDDED_MODELS, embedded_model
-    from node.policy.fetched import REGISTRY_MODELS, registry_model
+    from node.sources.embedded.catalog import EMBEDDED_MODELS, embedded_model
+    from node.sources.fetched import REGISTRY_MODELS, registry_model
 
     if not names:
         found: list[tuple[str, Path | None]] = [(m.name, m.path) for m in EMBEDDED_MODELS]
@@ -140,13 +140,13 @@ def check_model(report: Report, name: str, folder: Path, device: Any) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from node.policy.golden import LOGIT_TOLERANCE, compare_greedy, load_golden
-    from node.policy.model_check import check_folder
+    from node.sources.check import check_folder
+    from node.sources.golden import LOGIT_TOLERANCE, compare_greedy, load_golden
 
     started = time.perf_counter()
     golden = load_golden(name)
     if golden is None:
-        report.fail(f"{name}: no golden record in the package (node/policy/assets/golden/{name}.json)")
+        report.fail(f"{name}: no golden record in the package (node/sources/assets/golden/{name}.json)")
         return
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -182,7 +182,7 @@ def run_doctor(names: list[str] | None = None, device_name: str = "auto", vllm: 
     device = stack(report, device_name)
     for name, folder in models:
         if folder is None:
-            from node.policy.fetched import fetch_command
+            from node.sources.fetched import fetch_command
 
             line = f"{name}: not fetched, so not checked (`{fetch_command(name)}` fetches it)"
             report.fail(line) if names else report.say(f"--   {line}")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from node.cli.common import quiet_loading, setup_logging
 from node.config import ModelConfig, NodeConfig, load_config
 from node.errors import ConfigError, PolicyError, TaskError
-from node.policy.locate import locate_model
+from node.sources.locate import locate_model
 from node.tasks import Task, TaskSource, build_task_source
 
 if TYPE_CHECKING:  # torch, transformers and the backends load only once the command's inputs are checked

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Literal
 from node.cli.common import quiet_loading, setup_logging
 from node.config import ModelConfig
 from node.errors import ConfigError
-from node.policy.embedded import embedded_model
-from node.policy.fetched import gguf_file_of, registry_model
-from node.policy.locate import locate_model
 from node.run.saved import RunStep, eval_at, load_policy
+from node.sources.embedded.catalog import embedded_model
+from node.sources.fetched import gguf_file_of, registry_model
+from node.sources.locate import locate_model
 
 if TYPE_CHECKING:
     import torch

@@ -11,8 +11,8 @@ __all__ = ["cmd_fetch"]
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from node.policy.embedded import embedded_model
-    from node.policy.fetched import convert_local_gguf, fetch, gguf_file_of, registry_model, registry_names
+    from node.sources.embedded.catalog import embedded_model
+    from node.sources.fetched import convert_local_gguf, fetch, gguf_file_of, registry_model, registry_names
 
     model = registry_model(args.model)
     if model is not None:

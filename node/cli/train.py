@@ -14,9 +14,9 @@ from node.api.client import api_banner
 from node.cli.common import LOG_FORMAT, check_free_ports, load_run_config, setup_logging
 from node.config import NodeConfig, with_initial_peers
 from node.errors import ConfigError
-from node.policy.locate import locate_model
 from node.run.rundir import missing_dirs, prepare_run_dir, remove_if_unused
 from node.run.saved import init_source
+from node.sources.locate import locate_model
 
 __all__ = ["cmd_silo", "cmd_start"]
 

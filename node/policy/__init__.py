@@ -1,7 +1,7 @@
-"""The policy: ``model`` (base + peft LoRA + trainable norms), ``remix`` (routed LoRA mixture), ``logprobs``
-(padding and the log-probs of completions, which the trainer, ingest and the sampling loop share), ``tiny``
-and ``small`` (the embedded models, in ``assets/`` with the golden records), ``locate`` (where a model is
-loaded from: embedded, a folder or the local Hugging Face cache; light enough to check before torch loads).
+"""The policy: ``model`` (base + peft LoRA + trainable norms), ``remix/`` (the routed LoRA mixture),
+``logprobs`` (padding and the log-probs of completions, which the trainer, ingest and the sampling loop
+share) and ``special`` (which tokens end a completion and which it never contains). Where a model comes from
+is ``node/sources/``; the fused training pass is ``node/fused/``.
 
-It may import config/ and node's leaf modules only.
+It may import sources/, config/ and node's leaf modules only.
 """

@@ -21,11 +21,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from node.config import AdapterConfig, ModelConfig
 from node.errors import PolicyError
-from node.policy.embedded import embedded_names
-from node.policy.fetched import fetch_command, registry_model
-from node.policy.locate import ModelLocation, locate_model
-from node.policy.model_check import Finding, check_agreement_with, check_folder, refuse
 from node.policy.special import mask_output
+from node.sources.check import Finding, check_agreement_with, check_folder, refuse
+from node.sources.embedded.catalog import embedded_names
+from node.sources.fetched import fetch_command, registry_model
+from node.sources.locate import ModelLocation, locate_model
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _from_pretrained(cfg: ModelConfig, loader: Any, path: str, **options: Any) -
 
 def check_loaded(where: ModelLocation, name: str, findings: list[Finding]) -> None:
     """Refuse (one ``PolicyError`` line) a model whose tokenizer disagrees with its configs, with what its
-    conversion recorded of its GGUF, or with the repository's golden record of it (``node.policy.model_check``),
+    conversion recorded of its GGUF, or with the repository's golden record of it (``node.sources.check``),
     naming the command that fixes it."""
     fetched = registry_model(where.golden or "")
     if fetched is not None:

@@ -165,7 +165,7 @@ def bench_anchors() -> None:
     from node.config import AdapterConfig, ModelConfig
     from node.exchange.ingest import IngestLimits, Ingestor
     from node.policy.model import build_policy
-    from node.policy.tiny import tiny_base_path
+    from node.sources.embedded.tiny import tiny_base_path
     from node.tasks import build_task_source
     from protocol.identity import Identity
     from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams

@@ -35,7 +35,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from node.policy.remix.attach import MLP_PROJECTIONS, attach_remix
-from node.policy.tiny import char_vocab
+from node.sources.embedded.tiny import char_vocab
 
 Step = Callable[[], None]
 

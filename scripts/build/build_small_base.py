@@ -1,6 +1,6 @@
 """The embedded ``small-base`` model: its figures, a rebuild from the recipe, and the check of a rebuild.
 
-    python scripts/build/build_small_base.py                     # the shipped model's figures (node/policy/assets/small-base)
+    python scripts/build/build_small_base.py                     # the shipped model's figures (node/sources/assets/small-base)
     python scripts/build/build_small_base.py --out DIR           # rebuild from the recipe into DIR, then compare it
                                                            # with the shipped model (exit 1 if outside margins)
     python scripts/build/build_small_base.py --compare DIR       # compare an earlier rebuild in DIR
@@ -8,11 +8,11 @@
     python scripts/build/build_small_base.py --out DIR --seed 1  # a rebuild with another seed (how margins were measured)
 
 Every node runs the shipped folder, so its figures hold on every machine. A rebuild follows the same recipe
-(``node.policy.small_recipe.FULL``), but only this machine reproduces the shipped bytes: other machines'
+(``node.sources.embedded.small_recipe.FULL``), but only this machine reproduces the shipped bytes: other machines'
 kernels sum floats in other orders, and training turns that into another model of the same quality.
 ``compare_builds`` (``small_build.py`` beside this script) says whether a rebuild is one, with margins measured across
 builds. To replace the shipped model, rebuild into an empty folder and copy its files over
-``node/policy/assets/small-base`` (then update docs/results/small-base-build.md's figures from its ``build_info.json``).
+``node/sources/assets/small-base`` (then update docs/results/small-base-build.md's figures from its ``build_info.json``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 # every step several-fold. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from node.policy.embedded import embedded_model  # noqa: E402
-from node.policy.small_recipe import FULL  # noqa: E402
+from node.sources.embedded.catalog import embedded_model  # noqa: E402
+from node.sources.embedded.small_recipe import FULL  # noqa: E402
 from scripts.lib.small_build import build, compare_builds, measure, reward_table  # noqa: E402  -- beside this script
 
 

@@ -4,12 +4,12 @@
     python scripts/build/build_tiny_base.py --out DIR --op-mix add=0.2,sub=0.8 --eval-ops sub [--steps N]
 
 A tiny Llama (hidden 128, 2 layers, 4 heads, tied embeddings) with the character tokenizer of
-``node.policy.tiny`` learns ``bos + prompt + answer + eos`` texts (loss on the answer and eos only), by
+``node.sources.embedded.tiny`` learns ``bos + prompt + answer + eos`` texts (loss on the answer and eos only), by
 default mostly 2-digit addition with a little subtraction and multiplication. Training stops at the first
 evaluation whose greedy accuracy on ``--eval-ops`` (default: addition) reaches ``--target-acc``, or after
 exactly ``--steps`` steps: an imperfect base, as a real base model is before RL.
 Deterministic for a given seed and machine (fixed seeds, deterministic algorithms, fixed thread count);
-the defaults rebuild the shipped ``node/policy/assets/tiny-base`` byte for byte.
+the defaults rebuild the shipped ``node/sources/assets/tiny-base`` byte for byte.
 
 Other bases (different operation mixes, e.g. ``add3``/``sub3`` for 3-digit operands, or shorter
 pretraining) are for experiments: ``scripts/lib/tiny_bases.py``'s ``cached_base(options)`` builds one once under a cache folder keyed by
@@ -32,8 +32,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from node.policy.build_env import build_environment  # noqa: E402
-from node.policy.tiny import build_char_tokenizer, tiny_base_path  # noqa: E402
+from node.sources.embedded.build_env import build_environment  # noqa: E402
+from node.sources.embedded.tiny import build_char_tokenizer, tiny_base_path  # noqa: E402
 from node.tasks.arith_format import DATASETS, answer_width, make_problem  # noqa: E402
 
 OP_MIX: dict[str, float] = {"add": 0.8, "sub": 0.1, "mul": 0.1}

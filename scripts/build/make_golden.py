@@ -1,8 +1,8 @@
-"""Write the golden record of a fetched or embedded model: ``node/policy/assets/golden/NAME.json``.
+"""Write the golden record of a fetched or embedded model: ``node/sources/assets/golden/NAME.json``.
 
     python scripts/build/make_golden.py smollm2-135m tiny-base small-base
 
-The record (``node.policy.golden``) holds the model's special tokens, vocabulary hash, the ids and decoded
+The record (``node.sources.golden``) holds the model's special tokens, vocabulary hash, the ids and decoded
 text of fixed strings and of a fixed conversation, and the greedy continuation of fixed prompts with the
 float32 CPU logits behind it. Every later conversion or cached folder of that model, with whatever library
 versions, is checked against it (at load, and by ``swarm-node doctor``), so write it only from a folder
@@ -24,10 +24,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.errors import PolicyError
-from node.policy.golden import MAKE_COMMAND, golden_path, greedy_prompts, greedy_record, tokenizer_record
-from node.policy.locate import locate_model
-from node.policy.model_cache import DONE_FILE
-from node.policy.model_check import check_folder, read_json, refuse
+from node.sources.cache import DONE_FILE
+from node.sources.check import check_folder, read_json, refuse
+from node.sources.golden import MAKE_COMMAND, golden_path, greedy_prompts, greedy_record, tokenizer_record
+from node.sources.locate import locate_model
 
 
 def _dump(record: dict[str, object]) -> str:

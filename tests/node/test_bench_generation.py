@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from node.policy.tiny import tiny_base_path
+from node.sources.embedded.tiny import tiny_base_path
 from scripts.lib.generation.workload import random_weights_copy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -61,7 +61,7 @@ def test_a_locally_saved_qwen2_model_with_a_chat_template_runs(tmp_path):
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from node.policy.tiny import build_char_tokenizer
+    from node.sources.embedded.tiny import build_char_tokenizer
 
     folder = tmp_path / "tiny-qwen2-instruct"
     tok = build_char_tokenizer()
@@ -159,7 +159,7 @@ def test_a_read_only_file_system_is_a_one_line_error(tmp_path, capsys, monkeypat
 
 
 def test_a_model_not_in_the_local_cache_fails_at_once_with_a_hint(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("node.policy.locate._in_hf_cache", lambda repo_id, cache_dir=None: False)  # whatever this machine holds
+    monkeypatch.setattr("node.sources.locate._in_hf_cache", lambda repo_id, cache_dir=None: False)  # whatever this machine holds
     assert main(["silo", "--run-dir", str(tmp_path), "--no-progress", "model.name_or_path=nobody/no-such-model"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "model.name_or_path='nobody/no-such-model'" in line and "hf download nobody/no-such-model" in line
@@ -190,7 +190,7 @@ import sys
 
 import pytest
 from node.cli import main
-import node.policy.locate as locate
+import node.sources.locate as locate
 locate._in_hf_cache = lambda repo_id, cache_dir=None: False
 run = {str(tmp_path / "run")!r}
 cases = [

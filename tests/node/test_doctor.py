@@ -17,7 +17,7 @@ from node.cli import doctor, main
 from tests.node.test_model_check import copy_folder, edit_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY = REPO_ROOT / "node" / "policy" / "assets" / "tiny-base"
+TINY = REPO_ROOT / "node" / "sources" / "assets" / "tiny-base"
 
 
 def test_doctor_prints_the_stack_and_passes_on_a_shipped_model() -> None:
@@ -62,7 +62,7 @@ def test_doctor_fails_on_changed_weights(tmp_path: Path, monkeypatch: pytest.Mon
     assert code == doctor.EXIT_FAILED and len(failures) == 2  # one line for each of the two prompts
     assert failures[0].startswith("FAIL tiny-base: prompt 0: logit of the greedy token at new token 0 is ")
     assert failures[0].endswith("where the golden record states "
-                                f"{json.loads((REPO_ROOT / 'node/policy/assets/golden/tiny-base.json').read_text())['greedy'][0]['top_logits'][0][0]} "
+                                f"{json.loads((REPO_ROOT / 'node/sources/assets/golden/tiny-base.json').read_text())['greedy'][0]['top_logits'][0][0]} "
                                 "(float32 on cpu, tolerance 0.001)")
 
 
@@ -76,7 +76,7 @@ def test_a_float32_cpu_forward_reproduces_the_stored_logits_within_half_of_docto
     machine whose kernels sum in another order differs by far less; a 1% weight change, above, by more)."""
     from transformers import AutoModelForCausalLM
 
-    from node.policy.golden import LOGIT_TOLERANCE, compare_greedy, load_golden
+    from node.sources.golden import LOGIT_TOLERANCE, compare_greedy, load_golden
 
     golden = load_golden("tiny-base")
     assert golden is not None

@@ -25,7 +25,7 @@ from node.generation.sampling import top_p_filter
 from node.generation.vllm_engine import VLLMBackend, vllm_import_error
 from node.policy.logprobs import left_pad, sequence_logprobs
 from node.policy.model import Policy, build_policy
-from node.policy.tiny import tiny_base_path
+from node.sources.embedded.tiny import tiny_base_path
 
 VLLM_MISSING = vllm_import_error()
 needs_vllm = pytest.mark.skipif(VLLM_MISSING is not None, reason=f"vllm cannot be imported: {VLLM_MISSING}")
@@ -259,7 +259,7 @@ def test_merged_weights_reach_a_qwen2_engine_with_attention_biases(tmp_path):
     would leave garbage in the engine."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from node.policy.tiny import build_char_tokenizer
+    from node.sources.embedded.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
-from node.policy.tiny import tiny_base_path
 from node.run.node import Node
+from node.sources.embedded.tiny import tiny_base_path
 from protocol.codec import decode_batch
 from protocol.records import RolloutBatch
 from swarm.memory import InMemoryHub

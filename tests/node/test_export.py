@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from node.cli import main
 from node.cli.export import export_run
-from node.policy.tiny import tiny_base_path
 from node.run.saved import open_run
+from node.sources.embedded.tiny import tiny_base_path
 from tests.node.test_engines import VLLM_MISSING, encode, needs_vllm
 
 PROMPTS = ["07+35=", "1+2=", "99+9=", "5+50=", "12+34=", "80+8=", "41+41=", "3+77="]

@@ -17,7 +17,7 @@ from node.policy.logprobs import (
     sequence_logprobs,
     shared_prompt_logprobs,
 )
-from node.policy.tiny import build_char_tokenizer
+from node.sources.embedded.tiny import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

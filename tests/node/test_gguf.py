@@ -20,12 +20,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.config import ModelConfig
 from node.errors import PolicyError
-from node.policy import fetched
-from node.policy.fetched import convert_local_gguf, download_member, fetch, gguf_cache_key, registry_model
-from node.policy.gguf_import import load_from_gguf
-from node.policy.locate import locate_model
 from node.policy.model import load_base
-from node.policy.model_cache import DONE_FILE
+from node.sources import fetched
+from node.sources.cache import DONE_FILE
+from node.sources.fetched import convert_local_gguf, download_member, fetch, gguf_cache_key, registry_model
+from node.sources.gguf.convert import load_from_gguf
+from node.sources.locate import locate_model
 from tests.node.tiny_gguf import CHAT_TEMPLATE, write_tiny_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from node.exchange.ingest import IngestLimits, Ingestor
 from node.exchange.plausibility import ScreenSettings
 from node.generation.rollouts import encode_prompt
 from node.policy.model import tokenizer_fingerprint
-from node.policy.small import train_bpe_tokenizer
-from node.policy.tiny import build_char_tokenizer
 from node.run.setup import screen_settings
+from node.sources.embedded.small import train_bpe_tokenizer
+from node.sources.embedded.tiny import build_char_tokenizer
 from node.tasks import build_task_source
 from protocol.records import Rollout, SamplingParams
 

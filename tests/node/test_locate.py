@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from node.errors import PolicyError
-from node.policy.locate import locate_model, tiny_base_path
+from node.sources.locate import locate_model, tiny_base_path
 
 
 def test_embedded_names_and_folders_load_from_disk(tmp_path):

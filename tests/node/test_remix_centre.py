@@ -8,8 +8,8 @@ from typing import Any, cast
 import pytest
 import torch
 
-from node.policy.remix.attach import RemixError, attach_remix
 from node.policy.remix.adapter import CENTRE_MOMENTUM
+from node.policy.remix.attach import RemixError, attach_remix
 from tests.node.test_remix import VOCAB, one_thread, randomise_loras, tiny_llama
 
 __all__ = ["one_thread"]  # the fixture, used here by name

@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.config import ModelConfig, load_config
 from node.generation.sampling import generate
-from node.policy.embedded import embedded_model, embedded_names
-from node.policy.locate import locate_model, resolve_model_path
 from node.policy.model import load_base
-from node.policy.small import CHAT_TEMPLATE, template_tokenizer, train_bpe_tokenizer
-from node.policy.small_recipe import FULL
+from node.sources.embedded.catalog import embedded_model, embedded_names
+from node.sources.embedded.small import CHAT_TEMPLATE, template_tokenizer, train_bpe_tokenizer
+from node.sources.embedded.small_recipe import FULL
+from node.sources.locate import locate_model, resolve_model_path
 from node.tasks import build_task_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def test_registry_names_the_shipped_folder(small_base: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     assert embedded_names()[:2] == ["tiny-base", "small-base"]
     small = embedded_model("small-base")
-    assert small is not None and small.path == REPO_ROOT / "node" / "policy" / "assets" / "small-base" == small_base
+    assert small is not None and small.path == REPO_ROOT / "node" / "sources" / "assets" / "small-base" == small_base
     monkeypatch.setenv("SWARM_NODE_CACHE", str(tmp_path))  # nothing is built or cached on a fresh machine
     assert resolve_model_path("small-base") == str(small_base)
     where = locate_model("small-base")

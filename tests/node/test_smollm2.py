@@ -21,11 +21,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.api.metrics import read_metrics
 from node.config import AdapterConfig, ModelConfig, load_config
-from node.policy.fetched import download_member, registry_model
-from node.policy.gguf_import import load_from_gguf
 from node.policy.model import build_policy
 from node.run.node import Node
 from node.run.saved import load_policy, open_run
+from node.sources.fetched import download_member, registry_model
+from node.sources.gguf.convert import load_from_gguf
 from node.tasks import build_task_source
 from node.tasks.prompting import DEFAULT_SYSTEM_PROMPT
 from node.train.groups import TrainGroup, assign_advantages

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from node.policy.locate import resolve_model_path
-from node.policy.tiny import CHAR_VOCAB, TINY_BASE_NAME, build_char_tokenizer, tiny_base_path
+from node.sources.embedded.tiny import CHAR_VOCAB, TINY_BASE_NAME, build_char_tokenizer, tiny_base_path
+from node.sources.locate import resolve_model_path
 from node.tasks.arith_format import make_problem
 from scripts.lib import tiny_bases
 from tests.scripts import load_script

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from node.config import AdapterConfig, ModelConfig
 from node.generation.weights import effective_weights
 from node.policy.model import build_policy
-from node.policy.tiny import tiny_base_path
+from node.sources.embedded.tiny import tiny_base_path
 
 
 def test_merged_weights_in_a_plain_model_give_the_policys_logits_and_leave_the_policy_as_it_was():

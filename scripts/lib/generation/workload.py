@@ -11,9 +11,9 @@ import torch
 
 from node.config import AdapterConfig, ModelConfig, VllmConfig
 from node.errors import PolicyError
-from node.policy.embedded import embedded_model
 from node.policy.model import Policy, build_policy
-from node.policy.tiny import build_char_tokenizer, resolve_model_path
+from node.sources.embedded.catalog import embedded_model
+from node.sources.embedded.tiny import build_char_tokenizer, resolve_model_path
 
 # sequences (tasks x group) and new tokens of one step, per model, at --scale 1
 WORKLOADS = {"tiny": (256, 8), "small": (256, 64), "small-long": (256, 64), "qwen0.5b": (32, 32), "smollm2": (64, 64)}

@@ -1,5 +1,5 @@
 """Golden ids: what a model's tokenizer and weights must give, stored in the repository per fetched or embedded
-model (``node/policy/assets/golden/NAME.json``), so a folder converted or cached by any library version is compared
+model (``node/sources/assets/golden/NAME.json``), so a folder converted or cached by any library version is compared
 with the same numbers.
 
 A record holds the special tokens and their ids, a hash of the vocabulary in id order, the ids and decoded
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from node.policy.embedded import ASSETS_DIR
-from node.policy.gguf_facts import tokens_sha256
+from node.sources.embedded.catalog import ASSETS_DIR
+from node.sources.gguf.facts import tokens_sha256
 
 GOLDEN_DIR = ASSETS_DIR / "golden"
 MAKE_COMMAND = "python scripts/build/make_golden.py"

@@ -6,7 +6,7 @@ heavy imports. Nothing is downloaded from a model hub: a hub name that is not in
 once with a hint, instead of after about a minute of retries against a hub that may be unreachable; a hub
 name that is in the cache is loaded with ``local_files_only``, so the hub is never asked. A registry model
 not fetched yet, or a GGUF not converted yet, comes back with a ``build`` that makes its cached folder
-(``node.policy.fetched``) when the node loads it.
+(``node.sources.fetched``) when the node loads it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.errors import PolicyError
-from node.policy.embedded import embedded_model, embedded_names
-from node.policy.fetched import (
+from node.sources.cache import DONE_FILE, cached_folder, is_complete
+from node.sources.embedded.catalog import embedded_model, embedded_names
+from node.sources.fetched import (
     convert_local_gguf,
     fetch,
     gguf_cache_key,
@@ -27,7 +28,6 @@ from node.policy.fetched import (
     registry_model,
     registry_names,
 )
-from node.policy.model_cache import DONE_FILE, cached_folder, is_complete
 
 __all__ = ["EMBEDDED_ALIASES", "TINY_BASE_NAME", "ModelLocation", "locate_model", "resolve_model_path",
            "tiny_base_path"]
@@ -38,12 +38,12 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def tiny_base_path() -> Path:
-    """Return the folder of the shipped tiny base model (``node/policy/assets/tiny-base``)."""
+    """Return the folder of the shipped tiny base model (``node/sources/assets/tiny-base``)."""
     return Path(__file__).resolve().parent / "assets" / TINY_BASE_NAME
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map an embedded model's name (``node.policy.embedded``) to its folder; return anything else unchanged."""
+    """Map an embedded model's name (``node.sources.embedded.catalog``) to its folder; return anything else unchanged."""
     model = embedded_model(name_or_path)
     return str(model.path) if model is not None else name_or_path
 
@@ -56,7 +56,7 @@ class ModelLocation:
     path: str
     local_files_only: bool
     build: Callable[[], Path] | None = None
-    golden: str | None = None  # the model whose golden record (node.policy.golden) the folder must match
+    golden: str | None = None  # the model whose golden record (node.sources.golden) the folder must match
 
 
 def _in_hf_cache(repo_id: str, cache_dir: str | None = None) -> bool:

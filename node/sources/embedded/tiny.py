@@ -1,6 +1,6 @@
 """The embedded default model: a tiny Llama with a character-level tokenizer, shipped in the package.
 
-The folder ``node/policy/assets/tiny-base/`` is produced by ``scripts/build/build_tiny_base.py`` and loads through
+The folder ``node/sources/assets/tiny-base/`` is produced by ``scripts/build/build_tiny_base.py`` and loads through
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any hub model, so a config names it ``tiny-base`` and
 the same loading code serves ``Qwen/Qwen2.5-0.5B-Instruct``.
 
@@ -16,7 +16,7 @@ import logging
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from node.policy.locate import (  # noqa: F401  -- re-exported: the embedded model's name and folder
+from node.sources.locate import (  # noqa: F401  -- re-exported: the embedded model's name and folder
     EMBEDDED_ALIASES,
     TINY_BASE_NAME,
     resolve_model_path,

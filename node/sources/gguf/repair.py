@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.policy.gguf_facts import SourceTokenizer
-from node.policy.golden import FIXED_STRINGS
+from node.sources.gguf.facts import SourceTokenizer
+from node.sources.golden import FIXED_STRINGS
 
 _BYTE_LEVEL = "tokenizer.ggml.model = gpt2: a byte-level BPE, which decodes losslessly"
 

@@ -3,9 +3,9 @@ node loads that model's folder through ``AutoModelForCausalLM`` / ``AutoTokenize
 serves a hub model or a local folder.
 
 Both are shipped in the package, so every machine runs the same weights: ``tiny-base`` (1.7 MB,
-``node/policy/assets/tiny-base/``) and ``small-base`` (about 10.5 MB, ``node/policy/assets/small-base/``). Each folder
+``node/sources/assets/tiny-base/``) and ``small-base`` (about 10.5 MB, ``node/sources/assets/small-base/``). Each folder
 holds a ``build_info.json`` of what its build measured; the script named beside each rebuilds it.
-``node.policy.locate`` maps names to folders. This module is light (no torch): the CLI reads it before the
+``node.sources.locate`` maps names to folders. This module is light (no torch): the CLI reads it before the
 heavy imports.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 
 
 @dataclass(frozen=True)

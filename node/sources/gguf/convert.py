@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from node.errors import PolicyError
-from node.policy.gguf_facts import SourceTokenizer, read_source_tokenizer
-from node.policy.gguf_repair import repair_from_source
-from node.policy.hf_folder import save_tokenizer
-from node.policy.model_cache import DONE_FILE, echo_stderr
-from node.policy.model_check import check_agreement, check_golden, check_lossless, check_source, refuse
+from node.sources.cache import DONE_FILE, echo_stderr
+from node.sources.check import check_agreement, check_golden, check_lossless, check_source, refuse
+from node.sources.gguf.facts import SourceTokenizer, read_source_tokenizer
+from node.sources.gguf.repair import repair_from_source
+from node.sources.hf_folder import save_tokenizer
 
 # GGUF architectures transformers maps to its own model classes that are decoder-only language models
 # (the mapping also covers encoder-decoders, which the node cannot train).
