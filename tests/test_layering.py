@@ -25,16 +25,47 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path, *, top_level_only: bool) -> set[str]:
-    """Modules ``path`` imports: at module level only, or anywhere (lazy imports inside functions too)."""
+    """Modules ``path`` imports: at module level only, or anywhere (lazy imports inside functions too).
+    Relative imports are resolved against ``path``'s package, and ``importlib.import_module`` with a
+    constant name (or an f-string's constant start, e.g. ``f"node.cli.{verb}"``: its package) counts."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
     for node in tree.body if top_level_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(path, node.module, node.level)
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            name = _constant_start(node.args[0])
+            if name:
+                found.add(name)
+    found.discard("")
     return found
+
+
+def _absolute(path: Path, module: str | None, level: int) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` written in ``path``."""
+    if level == 0:
+        return module or ""
+    package = list(path.relative_to(ROOT).with_suffix("").parts)[:-1]  # a module's or __init__'s package
+    base = package[: len(package) - (level - 1)] if level > 1 else package
+    return ".".join([*base, *([module] if module else [])])
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
+
+
+def _constant_start(arg: ast.expr) -> str:
+    """A constant module name, or the package an f-string's constant start names (``"node.cli."``)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rsplit(".", 1)[0] if "." in str(arg.values[0].value) else ""
+    return ""
 
 
 def _graph() -> dict[str, set[str]]:
@@ -78,6 +109,26 @@ def test_no_import_cycles() -> None:
             graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
     cycles = [c for c in (_cycle_from(m, graph) for m in sorted(graph)) if c]
     assert not cycles, cycles[0]
+
+
+def test_relative_and_importlib_imports_are_counted(tmp_path: Path) -> None:
+    global ROOT
+    saved = ROOT
+    ROOT = tmp_path
+    try:
+        room = tmp_path / "node" / "train"
+        room.mkdir(parents=True)
+        (room / "one.py").write_text(
+            "from . import two\nfrom ..run import node\nfrom .. import cli\nimport importlib\n"
+            "def f(v):\n    importlib.import_module('node.api.server')\n    importlib.import_module(f'node.exchange.{v}')\n")
+        found = _imports(room / "one.py", top_level_only=False)
+    finally:
+        ROOT = saved
+    assert {"node.train", "node.train.two", "node.run", "node.run.node", "node", "node.cli", "node.api.server",
+            "node.exchange"} <= found, found
+    assert _upward({(_room("node.train.one") or "", _room(m) or "") for m in found
+                    if _room(m) and _room(m) != "train"}) == ["node/train imports node/api", "node/train imports node/cli",
+                                                              "node/train imports node/exchange", "node/train imports node/run"]
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:
@@ -136,6 +187,19 @@ def test_node_has_few_rooms_and_few_ties() -> None:
     prefixes = [p for p in leaves if "_" in p and sum(q.startswith(p.split("_")[0] + "_") for q in leaves) > 1]
     assert not prefixes, f"a family of files sharing a prefix is a folder waiting to be made: {prefixes}"
     assert len(room_edges()) <= 73, len(room_edges())  # half of the 146 the loose layout had
+
+
+def test_no_room_is_a_crowd() -> None:
+    """No folder of node/ holds more than 12 modules, nor (with its subfolders) more than 15% of node/'s lines."""
+    lines = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / "node").rglob("*.py")}
+    total = sum(lines.values())
+    crowded = []
+    for folder in {p.parent for p in lines if p.parent != ROOT / "node"}:
+        modules = [p for p in folder.glob("*.py") if p.stem != "__init__"]
+        share = sum(n for p, n in lines.items() if folder in p.parents) / total
+        if len(modules) > 12 or (folder.parent == ROOT / "node" and share > 0.15):
+            crowded.append(f"{folder.relative_to(ROOT)}: {len(modules)} modules, {share:.0%} of node/'s lines")
+    assert not crowded, crowded
 
 
 def test_the_room_order_check_finds_an_upward_import() -> None:
