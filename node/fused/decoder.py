@@ -28,9 +28,10 @@ from torch import Tensor, nn
 
 from node.fused.ops import GateUp, Linear, Qkv, RmsNorm, signed_sin
 from node.fused.projections import Family, LoraLayout, make_family
+from node.policy.families import FAMILIES
 from node.policy.special import output_bias
 
-_LAYERS = {"LlamaDecoderLayer", "Qwen2DecoderLayer"}
+_LAYERS = {f.decoder_layer for f in FAMILIES if f.fused}  # node.policy.families says which families it takes
 
 
 def _norm_weight(module: Any) -> tuple[Tensor, float]:
