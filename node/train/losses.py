@@ -334,6 +334,25 @@ def engine_mismatch_weights(logprobs: Tensor, behavior_logprobs: Tensor, mask: T
     return torch.exp(d.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)).clamp(max=cap)
 
 
+def off_policy_anchor(logprobs: Tensor, anchor: Tensor, mask: Tensor, own: Tensor, *, correct: bool = True,
+                      engine_is_cap: float | None = None) -> tuple[Tensor, Tensor | None]:
+    """The off-policy correction every training path applies: the log-probs each token's ratio is taken
+    against and the engine-mismatch weights of its tokens (None: all ones). ``logprobs``, ``anchor``, ``mask``
+    ``[B, T]``; ``own`` ``[B]``, the rows the node sampled itself.
+
+    With ``engine_is_cap`` (a generation engine other than the trainer, e.g. vLLM), the node's own rows get
+    ``engine_mismatch_weights`` against their recorded log-probs and are then treated as on-policy (their
+    anchor becomes the trainer's own detached log-probs: no taper); peers' rows keep their anchor. With
+    ``correct`` off every row is treated as on-policy (ratio fixed at 1) and no weight applies."""
+    if not correct:
+        return logprobs.detach(), None
+    if engine_is_cap is None:
+        return anchor, None
+    own_rows = own[:, None]
+    weights = torch.where(own_rows, engine_mismatch_weights(logprobs, anchor, mask, engine_is_cap), 1.0)
+    return torch.where(own_rows, logprobs.detach(), anchor), weights
+
+
 def logprob_gap(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor) -> tuple[float, float, int]:
     """How far the trainer's log-probs are from the sampler's, for tokens the sampler drew itself.
 

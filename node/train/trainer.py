@@ -30,7 +30,7 @@ from node.policy.remix.logprobs import routed_logprobs, spread_units
 from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
-from node.train.losses import engine_mismatch_weights, logprob_gap, policy_loss, sequence_values
+from node.train.losses import logprob_gap, off_policy_anchor, policy_loss, sequence_values
 from node.train.peer_value import cosine, part_cosine
 from node.train.screen import (
     PeerScreen,
@@ -261,16 +261,7 @@ class Trainer:
             self._gap = [self._gap[0] + gap[0], self._gap[1] + gap[1], self._gap[2] + gap[2]]
             if self._keep:
                 self._collect(advantages, (logprobs.detach().float() - anchor)[(completion_mask != 0) & own[:, None]])
-            token_weights = None
-            if self.engine_is_cap is not None and self.off_policy_correction:
-                # The engine's own samples: truncated importance weights on the trainer/engine ratio correct
-                # the engine's numerical mismatch, and the loss then treats them as on-policy (no taper).
-                own_rows = own[:, None]
-                token_weights = torch.where(own_rows, engine_mismatch_weights(logprobs, anchor, completion_mask,
-                                                                              self.engine_is_cap), 1.0)
-                anchor = torch.where(own_rows, logprobs.detach(), anchor)
-            if not self.off_policy_correction:  # every sample treated as on-policy: ratio fixed at 1
-                anchor = logprobs.detach()
+            anchor, token_weights = self._off_policy(logprobs, anchor, completion_mask, own)
             token_weights = _times(token_weights, peer_weights)
             loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                       token_weights=token_weights, **self.loss_kwargs)
@@ -406,19 +397,18 @@ class Trainer:
         if self._keep:
             self._pending.setdefault("advantages", []).append(advantages.detach().float())
             self._pending.setdefault("logprob_gap", []).append((logprobs.detach().float() - anchor)[own_tokens])
-        token_weights = None
-        if self.engine_is_cap is not None and self.off_policy_correction:
-            own_rows = own[:, None]
-            token_weights = torch.where(own_rows, engine_mismatch_weights(logprobs, anchor, completion_mask,
-                                                                          self.engine_is_cap), 1.0)
-            anchor = torch.where(own_rows, logprobs.detach(), anchor)
-        if not self.off_policy_correction:
-            anchor = logprobs.detach()
+        anchor, token_weights = self._off_policy(logprobs, anchor, completion_mask, own)
         token_weights = _times(token_weights, peer_weights)
         loss, stats = policy_loss_terms(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                         token_weights=token_weights, **self.loss_kwargs)
         (loss * weight).backward()
         return torch.cat([stats * share, gap])
+
+    def _off_policy(self, logprobs: torch.Tensor, anchor: torch.Tensor, mask: torch.Tensor, own: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``off_policy_anchor`` with this trainer's settings: the one correction both training paths apply."""
+        return off_policy_anchor(logprobs, anchor, mask, own, correct=self.off_policy_correction,
+                                 engine_is_cap=self.engine_is_cap)
 
     def _collect(self, advantages: torch.Tensor, gaps: torch.Tensor) -> None:
         for key, values in (("advantages", advantages), ("logprob_gap", gaps)):
@@ -447,8 +437,9 @@ class Trainer:
         if rows is not None and peer is not None:  # each routing judged on its own; counted once a row
             loss_mask, peer_weights, advantages = self._screened_mask(rows, logprobs, completion_mask,
                                                                       peer.repeat(reps), advantages, count_rows=b)
-        if not self.off_policy_correction:
-            anchor = logprobs.detach()
+        # ReMix trains on the HF sampling loop's own log-probs: no engine mismatch to weigh
+        anchor, _ = off_policy_anchor(logprobs, anchor, loss_mask, torch.zeros_like(advantages, dtype=torch.bool),
+                                      correct=self.off_policy_correction)
         loss, stats = policy_loss(logprobs, anchor, advantages, loss_mask, self.loss_kind,  # type: ignore[arg-type]
                                   token_weights=peer_weights, **self.loss_kwargs)
         # The router's reward is minus each routing's bounded per-sequence value (tapered for negatives).

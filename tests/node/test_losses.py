@@ -11,6 +11,7 @@ from node.train.losses import (
     MAX_LOG_RATIO,
     engine_mismatch_weights,
     masked_mean,
+    off_policy_anchor,
     policy_loss,
     sequence_surrogate,
     sequence_values,
@@ -319,6 +320,25 @@ def test_engine_mismatch_weights_by_hand() -> None:
     # d = logp - behaviour: [0.5, -1.0, 1.4] -> exp [1.6487, 0.3679, 4.055 -> capped 2]; row 2: [0 -> 1, pads 1]
     expected = torch.tensor([[math.exp(0.5), math.exp(-1.0), 2.0], [1.0, 1.0, 1.0]])
     assert torch.allclose(w, expected, atol=1e-6) and not w.requires_grad
+
+
+def test_the_off_policy_correction_by_hand() -> None:
+    """The one correction both training paths apply (``Trainer._off_policy``). Mutations caught: a peer row
+    weighted or re-anchored by the engine cap, an own row keeping its recorded anchor under the cap, the
+    correction left on when it is switched off."""
+    logp = leaf([[-1.0, -2.0], [-0.5, -4.0]])
+    recorded = torch.tensor([[-1.5, -1.0], [-0.1, -3.0]])
+    mask = torch.tensor([[1, 1], [1, 1]])
+    own = torch.tensor([True, False])
+    anchor, weights = off_policy_anchor(logp, recorded, mask, own)  # no engine: the recorded log-probs, no weight
+    assert weights is None and torch.equal(anchor, recorded)
+    anchor, weights = off_policy_anchor(logp, recorded, mask, own, engine_is_cap=2.0)
+    assert weights is not None
+    # own row: min(exp(logp - recorded), 2) = [exp(0.5), exp(-1)], anchored at its own log-probs; peer row: 1, kept
+    assert torch.allclose(weights, torch.tensor([[math.exp(0.5), math.exp(-1.0)], [1.0, 1.0]]), atol=1e-6)
+    assert torch.equal(anchor, torch.tensor([[-1.0, -2.0], [-0.1, -3.0]])) and not anchor.requires_grad
+    anchor, weights = off_policy_anchor(logp, recorded, mask, own, correct=False, engine_is_cap=2.0)
+    assert weights is None and torch.equal(anchor, logp.detach())
 
 
 def test_token_weights_scale_each_token_s_surrogate_by_hand() -> None:

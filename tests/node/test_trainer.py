@@ -140,17 +140,20 @@ def _own_group(trainer, behaviour_shift: float, rewards=(1.0, 1.0, 0.0)) -> Trai
     return kept
 
 
-def test_the_engine_mismatch_correction_weights_own_tokens_by_the_capped_trainer_engine_ratio():
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_engine_mismatch_correction_weights_own_tokens_by_the_capped_trainer_engine_ratio(fused: bool):
     """``train.engine_is_cap``: an engine that puts every sampled token at a quarter of the trainer's
     probability gives a ratio of 4 a token, capped at 2, so a positives-only TOPR loss doubles; an engine
-    that agrees with the trainer changes nothing; a peer's group is left as it was."""
+    that agrees with the trainer changes nothing; a peer's group is left as it was. On both training paths
+    (the fused pass and the modules'), which share one correction."""
     from node.train.trainer import Trainer
 
     def loss_of(cap: float | None, shift: float, peer: str = "") -> float:
         policy, _ = _tiny_trainer("topr")
         trainer = Trainer(policy, lr=1e-2, norm_lr=1e-2, router_lr=1e-2, weight_decay=0.0, max_grad_norm=1.0,
                           loss="topr", eps_low=0.2, eps_high=0.28, length_norm=False, micro_batch_size=8,
-                          temperature=1.0, engine_is_cap=cap)
+                          temperature=1.0, engine_is_cap=cap, fused=fused)
+        assert (trainer.fused is not None) == fused
         group = _own_group(trainer, shift, rewards=(1.0, 0.0))
         group.peer_id = peer
         group.advantages = torch.tensor([1.0, 0.5])  # positives only: TOPR's weight is 1 without correction
