@@ -22,6 +22,18 @@ def test_the_readme_is_a_front_page() -> None:
         assert f"]({page})" in README, page
 
 
+def test_the_results_table_is_one_line_a_row() -> None:
+    """"What it measured": a question, one figure and its page a row; the detail stays on the pages (a cell of
+    100 words, as the table once had, fails)."""
+    section = README.split("## What it measured", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith(("| question", "| ---"))]
+    assert len(rows) >= 8
+    for row in rows:
+        question, answer, page = (cell.strip() for cell in row.strip("|").split(" | "))
+        assert question.endswith("?") and "](docs/" in page, row
+        assert len(answer.split()) <= 25, f"{question}: {len(answer.split())} words; one figure, the rest on its page"
+
+
 def test_the_embedded_model_figures_are_the_ones_its_build_wrote() -> None:
     info = json.loads((ROOT / "node" / "sources" / "assets" / "tiny-base" / "build_info.json").read_text())
     page = (RESULTS / "tiny-base-build.md").read_text(encoding="utf-8")
