@@ -17,5 +17,5 @@ echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== mypy (strict on protocol/ and swarm/)"
 "$VENV/bin/mypy" protocol swarm node
-echo "== pytest"
-"$VENV/bin/pytest" "$@"
+echo "== pytest (the 25 slowest tests printed at the end)"
+"$VENV/bin/pytest" --durations=25 --durations-min=5 "$@"  # the slowest tests, so that a slow one is seen and marked
