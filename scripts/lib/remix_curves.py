@@ -62,7 +62,7 @@ def run_arm(arm: str, seed: int, args: Any) -> dict[str, Any]:
         node = Node(cfg, run_dir, show_progress=False)
         node.setup()
         try:
-            remix = node.policy.remix.attach
+            remix = node.policy.remix
             result["trainable_params"] = {k: sum(p.numel() for p in v) for k, v in node.policy.param_groups.items()}
             result["eval"][0] = node.evaluate()
             for step in range(1, args.steps + 1):
