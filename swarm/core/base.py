@@ -23,6 +23,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from protocol.identity import Identity
 from protocol.limits import Limits
 from protocol.records import Manifest
+from swarm.addresses import met_addresses
 from swarm.handoff import HandoffStore
 from swarm.hivemind_compat import dht_neighbours, dial
 from swarm.settings import SwarmSettings
@@ -38,6 +39,7 @@ HEALTH_PERIOD = 1.0
 _CHUNK = 64 * 1024  # bytes read at a time from a batch stream
 _CIRCUIT = "/p2p-circuit"
 _DIRECT = ("ip4", "ip6", "dns", "dns4", "dns6")
+_MET_REFRESH_SECONDS = 30.0  # how often a pulled-from peer's connection address is asked of p2pd again
 NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
 
 
@@ -162,6 +164,23 @@ class CoreBase:
         """These peers answered at these addresses just now (``swarm.addresses``)."""
         with self.shared.lock:
             self.shared.book.confirmed(maddrs, time.time())
+
+    async def _confirm_met(self, peer: PeerID, dialed: list[Multiaddr]) -> None:
+        """``peer`` answered after being dialed at ``dialed`` (its listed addresses, tried together): keep the one
+        its connection goes to (``swarm.addresses.met_addresses``; p2pd is asked at most every
+        ``_MET_REFRESH_SECONDS`` a peer)."""
+        name = peer.to_base58()
+        now = time.time()
+        with self.shared.lock:
+            if self.shared.book.confirmed_since(name, now - _MET_REFRESH_SECONDS):
+                self.shared.book.confirmed(self.shared.book.maddrs(name), now)
+                return
+        connected: list[str] = []
+        with contextlib.suppress(*NETWORK_ERRORS, ValueError):
+            infos = await asyncio.wait_for(self.p2p.list_peers(), self.settings.request_timeout)
+            connected = [str(a) for info in infos if info.peer_id == peer for a in info.addrs]
+        met = met_addresses([str(a) for a in dialed], connected)
+        self._confirm([f"{a}/p2p/{name}" for a in met])
 
     def _unreachable(self, peer: PeerID) -> None:
         """Dialing ``peer`` failed just now: no holder until it answers again."""

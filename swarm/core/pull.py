@@ -315,7 +315,7 @@ class PullMixin(CoreBase):
                 # Delivered at a listed address: if it is a DHT server too (never a member behind NAT, which
                 # may answer over a connection it opened itself), one that accepts connections there.
                 if peer_id.to_base58() in self._neighbours():
-                    self._confirm([f"{a}/p2p/{peer_id.to_base58()}" for a in addrs])
+                    await self._confirm_met(peer_id, addrs)
                 return data, True
             if progress.stalled:
                 return None, False
