@@ -460,6 +460,7 @@ class SwarmTransport:
                 "dht_store_bytes": self._validator.stored_bytes,
                 "join_attempts": counters["join_attempts"],
                 "join_failures": counters["join_failures"],
+                "census_new": counters["census_new"],
                 "start_failures": counters["start_failures"],
                 "epoch": self.current_epoch(),
             }

@@ -216,6 +216,33 @@ class CoreBase:
             return False
         return True
 
+    async def _lookup(self, keys: list[str]) -> dict[str, Any]:
+        """Look every key up on its own: one whose lookup fails or hangs costs only itself (bounded)."""
+        timeout = self.settings.request_timeout
+        try:
+            futures = await asyncio.wait_for(
+                self.dht.get_many(keys, sufficient_expiration_time=float("inf"), return_futures=True), timeout
+            )
+        except NETWORK_ERRORS as exc:
+            self.shared.add("poll_failed")
+            logger.debug("reading manifests failed: %r", exc)
+            return {}
+        if not futures:
+            return {}
+        done, pending = await asyncio.wait(list(futures.values()), timeout=timeout)
+        for future in pending:
+            future.cancel()  # stops hivemind's search for that key
+        found: dict[str, Any] = {}
+        for key, future in futures.items():
+            if future not in done:
+                self.shared.add("poll_key_timeouts")
+            elif future.cancelled() or future.exception() is not None:
+                self.shared.add("poll_key_failures")
+                logger.debug("looking up %s failed: %r", key, None if future.cancelled() else future.exception())
+            else:
+                found[key] = future.result()
+        return found
+
     # -- transfers ------------------------------------------------------------------------------------
 
     def transfer_seconds(self, nbytes: int) -> float:

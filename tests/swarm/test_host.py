@@ -38,7 +38,7 @@ def _manifest(author: Identity, epoch: int, address: tuple[str, ...] = (A,), n: 
 
 def test_member_table_counts_each_batch_once_per_epoch_and_forgets_the_oldest() -> None:
     alice, bob, carol = Identity.generate(), Identity.generate(), Identity.generate()
-    table = MemberTable(max_members=2, keep_epochs=3)
+    table = MemberTable(max_members=2, keep_epochs=3, since=0.0)
     table.manifest_seen(_manifest(alice, 10, n=1), now=100.0)
     table.manifest_seen(_manifest(alice, 10, n=1), now=100.5)  # the same batch read again: once
     table.manifest_seen(_manifest(alice, 10, n=2), now=101.0)
@@ -68,9 +68,26 @@ def test_member_table_counts_each_batch_once_per_epoch_and_forgets_the_oldest() 
     assert [h["announced"] for h in table.history(14, 5, 60)] == [0, 2, 0, 0, 0]  # alice's 2 (carol: pruned in 11 too)
 
 
+def test_a_member_table_starts_at_its_first_epoch_and_tells_running_members_from_seen_ones() -> None:
+    """A host's page starts where the host did, not ``history`` epochs before it; a member that stopped
+    announcing stays, seen, not running. Mutations caught: a history of a fixed length (60 epochs back, before
+    the host existed), ``since`` lost across a restart, and every member seen counted as running."""
+    alice, bob = Identity.generate(), Identity.generate()
+    table = MemberTable(since=10 * 60 + 30.0)  # made in epoch 10 (60-second epochs)
+    table.manifest_seen(_manifest(alice, 10, n=1), now=631.0)
+    table.manifest_seen(_manifest(bob, 11, n=2), now=670.0)
+    assert [h["epoch"] for h in table.history(12, 60, 60)] == [10, 11, 12]
+    assert [e["epoch"] for e in table.rows(12, 8, 60)[0]["epochs"]] == [12, 11, 10]
+    assert {r["peer_id"]: r["running"] for r in table.rows(12, 4, 60)} == {alice.peer_id: True, bob.peer_id: True}
+    assert {r["peer_id"]: r["running"] for r in table.rows(13, 4, 60)} == {alice.peer_id: False, bob.peer_id: True}
+    again = MemberTable()
+    again.load_json(json.loads(json.dumps(table.to_json())))
+    assert again.since == table.since and [h["epoch"] for h in again.history(12, 60, 60)] == [10, 11, 12]
+
+
 def test_member_table_is_kept_across_a_restart() -> None:
     alice = Identity.generate()
-    table = MemberTable(keep_epochs=2)
+    table = MemberTable(keep_epochs=2, since=0.0)
     for n in range(3):
         table.manifest_seen(_manifest(alice, 10 + n, n=n), now=100.0 + n)
     table.batch_seen(f"{2:02x}" * 32, replace(make_batch(alice), epoch=12), now=103.0, handed_off=True)
@@ -116,6 +133,12 @@ def test_a_host_sees_its_members_holds_nat_batches_and_checks_other_hosts(
                             epoch_seconds=600)
     cmdline = " ".join(psutil.Process(host.transport.p2pd_pid()).cmdline())
     assert "-connHi=64" in cmdline and "-relayMaxCircuits=2" in cmdline and "-relayService=1" in cmdline
+    # The NATed member hands each batch to one of the DHT servers it reached, in turn by sequence number: once it
+    # knows both the host and the public member, three batches in a row go to both (2 and 1, in some order).
+    servers = {boot[0].rsplit("/p2p/", 1)[1], p2p_id(public)}
+    assert wait_for(lambda: servers <= set(natted.network_status().neighbours)
+                    and servers <= {m.rsplit("/p2p/", 1)[1] for m in natted.remembered_maddrs()}, timeout=30), \
+        (natted.network_status(), natted.remembered_maddrs())
     for k, node in enumerate((public, natted)):
         for i in range(3):  # distinct content: a copy of another author's groups would be a duplicate
             assert node.publish(make_batch(node.identity, index=10 * k + i)) is not None
