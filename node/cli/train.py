@@ -112,20 +112,20 @@ def cmd_start(args: argparse.Namespace) -> int:
         from node.config.join import join_config
 
         overrides = [*args.overrides, *([f"run_dir={args.run_dir}"] if args.run_dir else [])]
-        cfg, notes, descriptor = join_config(args.config, overrides, args.swarm, owner=args.swarm_owner,
-                                             extra_peers=peers or initial_peers_from_env())
+        cfg, notes, descriptor, members = join_config(args.config, overrides, args.swarm, owner=args.swarm_owner,
+                                                      extra_peers=peers or initial_peers_from_env())
         for line in notes:
             print(f"swarm-node: {line}", flush=True)
     else:
         if args.swarm_owner:
             raise ConfigError("--swarm-owner goes with --swarm (the fingerprint of the descriptor's owner)")
-        cfg, descriptor = with_initial_peers(load_run_config(args), peers or None), None
+        cfg, descriptor, members = with_initial_peers(load_run_config(args), peers or None), None, []
     check_free_ports(cfg.swarm.host_maddrs, cfg.api.host, cfg.api.port)
     with _run_dir_of_this_run(cfg):
         if descriptor is not None:
             from node.config.join import save_descriptor
 
-            save_descriptor(cfg.run_dir, descriptor)
+            save_descriptor(cfg.run_dir, descriptor, members)
         setup_logging(args.log_level)
         from node.run.daemon import run_daemon
 

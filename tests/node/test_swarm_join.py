@@ -73,7 +73,7 @@ def write(tmp_path: Path, d: SwarmDescriptor, name: str = "swarm.yaml") -> str:
 def join(source: str, *overrides: str, config: str | None = MEMBER_CONFIG, owner: str | None = None,
          peers: list[str] | None = None, run_dir: Path | None = None) -> tuple[Any, list[str]]:
     extra = [f"run_dir={run_dir}"] if run_dir is not None else []
-    cfg, notes, _ = join_config(config, [*overrides, *extra], source, owner=owner, extra_peers=peers or [])
+    cfg, notes, _, _ = join_config(config, [*overrides, *extra], source, owner=owner, extra_peers=peers or [])
     return cfg, notes
 
 
