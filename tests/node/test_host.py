@@ -248,12 +248,14 @@ def _published(trace: Path, epoch_seconds: float) -> dict[int, int]:
     return out
 
 
+@pytest.mark.slow  # 26 s at a load average of 5, 37 s at 7 (two starts of a host process, 6-second epochs)
 def test_a_host_killed_and_restarted_counts_what_its_members_published(tmp_path: Path, make_transport: Any) -> None:  # noqa: F811
     """``kill -9`` the host while two members publish, leave it down more than an epoch, start it again: its
     totals and its history per epoch equal what the members published (their own traces), the epoch in progress
     at the kill and those it was down included, and the members said that their host went and came back.
     Mutations caught: saving the member table only at an epoch's end (the epoch in progress at the kill falls
-    back), and no census of the epochs missed (the epochs while down show 0)."""
+    back), and no census of the epochs missed (the epochs while down show 0). The same in process, in the
+    default suite: tests/swarm/test_host.py."""
     epoch = 6.0
     key, peer = host_key(tmp_path)
     address = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer}"
