@@ -4,7 +4,9 @@ A peer's address is written here only once this node dialed it there and the pee
 or remembered peer that answered a ping, a holder that took a hand-off, an author whose batch was pulled
 from the author's own listed address (a batch listed at one peer's addresses only: a member that accepts
 connections). So a member behind NAT is never remembered (nobody can dial it), and neither is an address
-a peer merely claims. What the book is used for:
+a peer merely claims. It is the address the peer was met at that is kept (``met_addresses``: of the
+addresses dialed, the one the open connection goes to), so a peer met on 127.0.0.1 is remembered there,
+not at another interface of its machine that it also lists. What the book is used for:
 
 * ``holders``: where a node behind NAT hands its batches, among the peers that answered most recently
   and are DHT servers now (the swarm's hosts, and members that accept connections), rotated to spread
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["AddressBook", "peer_of", "useful_addresses"]
+__all__ = ["AddressBook", "met_addresses", "peer_of", "useful_addresses"]
 
 _LOOPBACK = ("/ip4/127.", "/ip6/::1/")
 
@@ -38,6 +40,23 @@ def useful_addresses(maddrs: list[str]) -> list[str]:
     direct = [m for m in maddrs if "/p2p-circuit" not in m]
     public = [m for m in direct if not m.startswith(_LOOPBACK)]
     return public or direct
+
+
+def _tcp_port(maddr: str) -> str | None:
+    head, sep, rest = maddr.partition("/tcp/")
+    return rest.split("/", 1)[0] if sep and head else None
+
+
+def met_addresses(dialed: list[str], connected: list[str]) -> list[str]:
+    """Of the addresses a peer was dialed at (all it lists, dialed together), those it was met at: the ones its
+    open connection goes to (``connected``: p2pd's remote addresses of the connection), else those at the same
+    TCP port (a DNS name dialed, its IP connected), else ``useful_addresses(dialed)`` (nothing known)."""
+    exact = [m for m in dialed if m in connected]
+    if exact:
+        return exact
+    ports = {_tcp_port(m) for m in connected} - {None}
+    same_port = [m for m in dialed if _tcp_port(m) in ports]
+    return same_port or useful_addresses(dialed)
 
 
 @dataclass
@@ -59,8 +78,11 @@ class AddressBook:
         return len(self._peers)
 
     def confirmed(self, maddrs: list[str], now: float) -> None:
-        """The peers of ``maddrs`` (full multiaddrs) answered at these addresses just now."""
-        for maddr in useful_addresses(maddrs):
+        """The peers of ``maddrs`` (full multiaddrs) answered at these addresses just now (each kept as given,
+        the first first: the address a peer was met at, loopback included; relayed ones are never kept)."""
+        for maddr in reversed(maddrs):  # each one put first in turn: the first given ends first
+            if "/p2p-circuit" in maddr:
+                continue
             peer = peer_of(maddr)
             if peer is None:
                 continue
@@ -86,6 +108,11 @@ class AddressBook:
         """Whether the last news of ``peer`` is a failure (it is no holder until it answers again)."""
         entry = self._peers.get(peer)
         return entry is not None and entry.failed_at > entry.ok_at
+
+    def confirmed_since(self, peer: str, since: float) -> bool:
+        """Whether ``peer`` answered at a kept address at ``since`` or later."""
+        entry = self._peers.get(peer)
+        return entry is not None and entry.ok_at >= since and bool(entry.maddrs)
 
     def maddrs(self, peer: str) -> list[str]:
         entry = self._peers.get(peer)

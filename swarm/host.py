@@ -10,8 +10,11 @@ record validator) and publishes nothing. What makes it a host:
 * limits in p2pd as well as in the DHT: total connections (the connection manager), relayed circuits per
   peer and reservations in total (``HostLimits``), on top of the DHT storage and hand-off bounds;
 * a view of the swarm (``MemberTable``): every manifest it reads and every batch it pulls or is handed,
-  for its status page, kept across a restart in a small file (``state_path``, saved every epoch and at
-  close); and the health of the swarm's other hosts, pinged every ``health_every`` seconds.
+  for its status page, kept across a restart in a small file (``state_path``, saved within ``save_every``
+  seconds of a change, every epoch and at close, so a host killed with ``kill -9`` loses seconds of it); the
+  epochs it missed while down, and what it lost of the epoch in progress, are read again from the DHT once
+  it has a neighbour (``swarm.core.census``); and the health of the swarm's other hosts, pinged every
+  ``health_every`` seconds.
 
 A host is *connected* when members answer it: a peer has a connection open with it (a member in client
 mode, which is never a DHT neighbour, included) or is its DHT neighbour.
@@ -84,8 +87,9 @@ class SwarmHost:
 
     def __init__(self, settings: SwarmSettings, identity: Identity, *, other_hosts: list[str],
                  limits: HostLimits | None = None, health_every: float = 30.0, max_members: int = 1024,
-                 state_path: str | os.PathLike[str] | None = None) -> None:
-        """``state_path``: the file the member table is kept in across restarts (None: not kept)."""
+                 state_path: str | os.PathLike[str] | None = None, save_every: float = 5.0) -> None:
+        """``state_path``: the file the member table is kept in across restarts (None: not kept), written within
+        ``save_every`` seconds of a change."""
         if settings.client_mode is not False:
             raise ValueError("a host accepts connections: client_mode must be false")
         self.settings = settings
@@ -103,6 +107,8 @@ class SwarmHost:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._epoch = -1
+        self.save_every = save_every
+        self._saved = (self.members.changes, time.monotonic())  # changes at the last save, and when
 
     def start(self) -> None:
         """Start the network side and the host's own thread (neither waits for peers)."""
@@ -133,6 +139,7 @@ class SwarmHost:
         if self.state_path is None:
             return
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        self._saved = (self.members.changes, time.monotonic())
         try:
             tmp.write_text(json.dumps(self.members.to_json(), separators=(",", ":")), encoding="utf-8")
             os.replace(tmp, self.state_path)
@@ -165,14 +172,14 @@ class SwarmHost:
                 logger.exception("host tick failed")
 
     def tick(self) -> None:
-        """Prune the member table's old epochs."""
+        """Prune the member table's old epochs; save it when it changed ``save_every`` seconds ago or more."""
         current = self.transport.current_epoch()
         if current != self._epoch:
-            first = self._epoch < 0
             self._epoch = current
             self.members.prune(current)
-            if not first:
-                self.save_state()
+        changes, at = self._saved
+        if self.members.changes != changes and time.monotonic() - at >= self.save_every:
+            self.save_state()
 
     def check_hosts(self) -> None:
         """Ping every other host of the swarm once (each bounded by ``2 * request_timeout``)."""
@@ -199,10 +206,11 @@ class SwarmHost:
         seconds = self.settings.epoch_seconds
         keys = ("peers_connected", "connections", "batches_accepted", "batches_served", "handoffs_held",
                 "handoffs_refused", "bytes_in", "bytes_out", "dht_store_bytes", "peers_banned", "offences",
-                "batches_rejected")
+                "batches_rejected", "census_new")
         alive = self.transport.is_alive()
         answering = network.up and (bool(network.neighbours) or network.connections > 0)
         reason = network.reason
+        members = self.members.rows(current, epochs, seconds)
         if network.up and not network.neighbours and network.connections:
             reason = f"{network.connections} peer(s) connected, none a DHT server (members in client mode)"
         return {
@@ -213,7 +221,8 @@ class SwarmHost:
                         "neighbours": len(network.neighbours), "connections": network.connections,
                         "restarts": network.restarts, "last_error": network.last_error, "alive": alive},
             "counters": {k: stats[k] for k in keys},
-            "members": self.members.rows(current, epochs, seconds),
+            "members": members, "members_running": sum(1 for m in members if m["running"]),
+            "since": self.members.since,
             "history": self.members.history(current, history, seconds),
             "hosts": hosts,
         }

@@ -11,14 +11,19 @@ It keeps, per author (swarm-node peer id): when it was first and last seen, its 
 fingerprints (from its rollouts), the wire protocol of its records, whether it sits behind NAT, the
 counts of its last ``keep_epochs`` epochs, and its totals since this table first saw it; and per epoch,
 for the whole swarm, the totals and the number of members that announced (``history``, the last
-``keep_history`` epochs). ``to_json`` / ``from_json`` carry all of it across a restart (a host keeps it in
-a small file in its run dir). Bounded: at most ``max_members`` authors (the longest unseen go first) and
-``_MAX_IDS`` batch ids per author, epoch and way. Thread-safe: the network thread writes, a status page reads.
+``keep_history`` epochs, from the epoch the table was made in: ``since``). A member is *running* while it
+announced a batch in the last ``RUNNING_EPOCHS`` epochs; one that stopped stays in the table, seen, not
+running. ``to_json`` / ``load_json`` carry all of it across a restart (a host keeps it in a small file in its
+run dir; ``changes`` says when there is something new to save). Bounded: at most ``max_members`` authors (the
+longest unseen go first) and ``_MAX_IDS`` batch ids per author, epoch and way. Thread-safe: the network
+thread writes, a status page reads.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,13 +31,16 @@ from protocol.codec import SCHEMA_VERSION
 from protocol.identity import peer_id_from_public_key
 from protocol.records import Manifest, RolloutBatch
 
-__all__ = ["WAYS", "Member", "MemberTable", "behind_nat"]
+__all__ = ["RUNNING_EPOCHS", "WAYS", "Member", "MemberTable", "behind_nat"]
 
 _CIRCUIT = "/p2p-circuit"
 WAYS = ("announced", "pulled", "handed_off")
 _ANNOUNCED, _PULLED, _HANDED = range(3)
 _ID_CHARS = 16  # a batch id's prefix is enough to tell an author's batches apart
 _MAX_IDS = 256  # per author, epoch and way: far above any quota, a bound on memory whatever peers send
+RUNNING_EPOCHS = 3
+"""A member is running while it announced a batch in this many epochs, the current one included (a slow member's
+step may take longer than an epoch)."""
 
 
 def behind_nat(addresses: tuple[str, ...] | list[str]) -> bool:
@@ -78,17 +86,30 @@ class Member:
         sets = self.epochs.get(epoch)
         return [0, 0, 0] if sets is None else [len(s) for s in sets]
 
+    def running(self, current_epoch: int) -> bool:
+        """Whether it announced a batch in the last ``RUNNING_EPOCHS`` epochs."""
+        return any(self.counts(current_epoch - i)[_ANNOUNCED] for i in range(RUNNING_EPOCHS))
+
 
 class MemberTable:
     """Members by swarm-node peer id, and the swarm's history per epoch; see the module docstring."""
 
-    def __init__(self, *, max_members: int = 1024, keep_epochs: int = 8, keep_history: int = 1440) -> None:
+    def __init__(self, *, max_members: int = 1024, keep_epochs: int = 8, keep_history: int = 1440,
+                 since: float | None = None) -> None:
+        """``since``: when the table was made (Unix time; now when None): its history starts at that epoch."""
         self.max_members = max_members
         self.keep_epochs = keep_epochs
         self.keep_history = keep_history
+        self.since = time.time() if since is None else since
+        self.changes = 0
+        """Incremented on every change: a caller saves the table when it differs from the count it last saved at."""
         self._members: dict[str, Member] = {}
         self._history: dict[int, list[int]] = {}  # epoch -> [announced, pulled, handed off, members announcing]
         self._lock = threading.Lock()
+
+    def first_epoch(self, epoch_seconds: float) -> int:
+        """The epoch the table was made in: its history and what it counts start there."""
+        return math.floor(self.since / epoch_seconds)
 
     def _member(self, author: bytes, now: float) -> Member:
         peer_id = peer_id_from_public_key(author)
@@ -101,19 +122,21 @@ class MemberTable:
         member.last_seen = max(member.last_seen, now)
         return member
 
-    def manifest_seen(self, manifest: Manifest, now: float) -> None:
-        """An author announced a batch (a manifest this node read from the DHT)."""
+    def manifest_seen(self, manifest: Manifest, now: float) -> bool:
+        """An author announced a batch (a manifest this node read from the DHT); whether it was new here."""
         with self._lock:
             member = self._member(manifest.author, now)
             member.natted = behind_nat(manifest.address)
-            member.note(manifest.epoch, _ANNOUNCED, manifest.batch_id)
+            new = member.note(manifest.epoch, _ANNOUNCED, manifest.batch_id)
+            self.changes += new
+            return new
 
     def batch_seen(self, batch_id: str, batch: RolloutBatch, now: float, *, handed_off: bool = False) -> None:
         """A batch of an author verified here: pulled, or (``handed_off``) handed to this node to hold."""
         with self._lock:
             member = self._member(batch.author, now)
             member.protocol = SCHEMA_VERSION  # a record of another version never decodes
-            member.note(batch.epoch, _HANDED if handed_off else _PULLED, batch_id)
+            self.changes += member.note(batch.epoch, _HANDED if handed_off else _PULLED, batch_id)
             if handed_off:
                 member.natted = True
             for group in batch.groups[:1]:
@@ -130,6 +153,7 @@ class MemberTable:
                     del member.epochs[epoch]
             for epoch in sorted(self._history)[: max(0, len(self._history) - self.keep_history)]:
                 del self._history[epoch]
+            self.changes += 1
 
     def _fold(self, epoch: int, counts: list[int]) -> None:
         row = self._history.setdefault(epoch, [0, 0, 0, 0])
@@ -142,10 +166,11 @@ class MemberTable:
             return len(self._members)
 
     def rows(self, current_epoch: int, epochs: int = 4, epoch_seconds: float = 60.0) -> list[dict[str, Any]]:
-        """One dict a member, the most recently seen first: its counts over the last ``epochs`` epochs
-        (``epochs``: ``[{epoch, start, announced, pulled, handed_off}, ...]``, newest first; ``start`` in Unix
-        seconds), their sums, and its ``totals`` since first seen."""
-        window = [current_epoch - i for i in range(epochs)]
+        """One dict a member, the most recently seen first: its counts over the last ``epochs`` epochs, since the
+        table's first (``epochs``: ``[{epoch, start, announced, pulled, handed_off}, ...]``, newest first; ``start``
+        in Unix seconds), their sums, its ``totals`` since first seen, and whether it is ``running``."""
+        first = min(current_epoch, math.floor(self.since / epoch_seconds))
+        window = [current_epoch - i for i in range(epochs) if current_epoch - i >= first]
         with self._lock:
             members = sorted(self._members.values(), key=lambda m: m.last_seen, reverse=True)
             rows = []
@@ -153,15 +178,18 @@ class MemberTable:
                 per_epoch = [dict(zip(("epoch", "start", *WAYS), [e, e * epoch_seconds, *m.counts(e)])) for e in window]
                 rows.append({
                     "peer_id": m.peer_id, "model": m.model, "tokenizer": m.tokenizer, "protocol": m.protocol,
-                    "natted": m.natted, "first_seen": m.first_seen, "last_seen": m.last_seen, "epochs": per_epoch,
+                    "natted": m.natted, "running": m.running(current_epoch), "first_seen": m.first_seen,
+                    "last_seen": m.last_seen, "epochs": per_epoch,
                     **{way: sum(e[way] for e in per_epoch) for way in WAYS},
                     "totals": dict(zip(WAYS, m.totals)),
                 })
             return rows
 
     def history(self, current_epoch: int, epochs: int, epoch_seconds: float = 60.0) -> list[dict[str, Any]]:
-        """The swarm per epoch over the last ``epochs`` epochs, oldest first: ``{epoch, start, announced,
-        pulled, handed_off, members}`` (``members``: how many announced a batch)."""
+        """The swarm per epoch over the last ``epochs`` epochs, oldest first, from the table's first epoch at the
+        earliest (``since``): ``{epoch, start, announced, pulled, handed_off, members}`` (``members``: how many
+        announced a batch)."""
+        first = max(current_epoch - epochs + 1, min(current_epoch, self.first_epoch(epoch_seconds)))
         with self._lock:
             live: dict[int, list[int]] = {}
             for m in self._members.values():
@@ -172,7 +200,7 @@ class MemberTable:
                         row[i] += counts[i]
                     row[3] += 1 if counts[_ANNOUNCED] else 0
             rows = []
-            for epoch in range(current_epoch - epochs + 1, current_epoch + 1):
+            for epoch in range(first, current_epoch + 1):
                 row = [a + b for a, b in zip(self._history.get(epoch, [0, 0, 0, 0]), live.get(epoch, [0, 0, 0, 0]))]
                 rows.append(dict(zip(("epoch", "start", *WAYS, "members"), [epoch, epoch * epoch_seconds, *row])))
             return rows
@@ -184,6 +212,7 @@ class MemberTable:
         with self._lock:
             return {
                 "version": 1,
+                "since": self.since,
                 "members": [{"peer_id": m.peer_id, "first_seen": m.first_seen, "last_seen": m.last_seen,
                              "model": m.model, "tokenizer": m.tokenizer, "protocol": m.protocol, "natted": m.natted,
                              "totals": list(m.totals),
@@ -221,5 +250,11 @@ class MemberTable:
                 continue
             if len(counts) == 4:
                 history[int(epoch)] = counts
+        since = doc.get("since")
         with self._lock:
             self._members, self._history = members, history
+            if isinstance(since, (int, float)) and math.isfinite(since):
+                self.since = min(self.since, float(since))
+            elif members:  # a file of an earlier release: since its first member
+                self.since = min(self.since, *(m.first_seen for m in members.values()))
+            self.changes += 1

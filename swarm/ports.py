@@ -14,7 +14,7 @@ import contextlib
 import errno
 import socket
 
-__all__ = ["listen_port_taken", "taken_listen_addresses"]
+__all__ = ["free_port_after", "listen_port_taken", "taken_listen_addresses"]
 
 
 def listen_port_taken(host: str, port: int, *, family: int = socket.AF_INET) -> bool:
@@ -45,3 +45,12 @@ def taken_listen_addresses(maddrs: list[str]) -> list[tuple[str, int]]:
         if port and listen_port_taken(parts[1], port, family=family):
             taken.append((maddr, port))
     return taken
+
+
+def free_port_after(host: str, port: int, *, family: int = socket.AF_INET, tries: int = 32) -> int | None:
+    """The first port above ``port`` on ``host`` that nobody listens on now (of the next ``tries``), else None:
+    what a hint to choose another port names."""
+    for candidate in range(port + 1, min(port + 1 + tries, 65536)):
+        if not listen_port_taken(host, candidate, family=family):
+            return candidate
+    return None

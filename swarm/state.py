@@ -17,7 +17,7 @@ from swarm.peer_book import PeerBook, RejectReason
 from swarm.settings import SwarmSettings
 from swarm.trace import TraceLog
 
-__all__ = ["NetworkStatus", "SharedState", "network_reason", "peer_book_for"]
+__all__ = ["NetworkStatus", "SharedState", "initial_peers_note", "network_reason", "peer_book_for"]
 
 
 def peer_book_for(settings: SwarmSettings) -> PeerBook:
@@ -58,6 +58,11 @@ class NetworkStatus:
     """Unix time this node lost its last DHT neighbour, while it has none again; else None."""
     connections: int = 0
     """Peers with an open connection to this node (clients included, which are never DHT neighbours)."""
+    initial_lost_at: float | None = None
+    """Unix time every initial peer (a member's: the swarm's hosts) stopped being a DHT neighbour, while none is
+    back; else None."""
+    initial_back: tuple[float, float] | None = None
+    """``(Unix time, seconds away)`` of the last return of an initial peer after every one had gone; else None."""
 
     @property
     def connected(self) -> bool:
@@ -104,6 +109,16 @@ def network_reason(
     return "listening, no peer has answered yet (others join through this node's address)"
 
 
+def initial_peers_note(now: float, lost_at: float | None, back: tuple[float, float] | None) -> str:
+    """What a status line adds about the initial peers (a member's: the swarm's hosts) once every one went away:
+    since when they are gone, or when one came back and after how long (pure; "" when they never went)."""
+    if lost_at is not None:
+        return f"every initial peer (host) gone {max(0.0, now - lost_at):.0f} s ago"
+    if back is not None:
+        return f"initial peers (hosts) back {max(0.0, now - back[0]):.0f} s ago, after {back[1]:.0f} s away"
+    return ""
+
+
 @dataclass
 class SharedState:
     """Counters, the inbox of verified batches and the network's visible state."""
@@ -143,6 +158,11 @@ class SharedState:
     """Addresses a peer dialed this node back at (``auto``), listed first in its batches."""
     lost_at: float | None = None
     """Unix time every DHT neighbour was lost, while none is back; None otherwise."""
+    initial_lost_at: float | None = None
+    """Unix time no initial peer (a member's: the swarm's hosts) was a DHT neighbour any more after one had been,
+    while none is back; None otherwise."""
+    initial_back: tuple[float, float] | None = None
+    """``(Unix time, seconds away)`` of the last return of an initial peer after every one had gone."""
     connections: int = 0
     """Peers with an open connection now (p2pd's list), refreshed by the health loop."""
 

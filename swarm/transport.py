@@ -35,7 +35,7 @@ from swarm.keys import SLOTS_PER_AUTHOR, epoch_at, manifest_key, manifest_subkey
 from swarm.members import MemberTable
 from swarm.peer_book import PeerRow
 from swarm.settings import SwarmSettings
-from swarm.state import NetworkStatus, SharedState, network_reason
+from swarm.state import NetworkStatus, SharedState, initial_peers_note, network_reason
 from swarm.validator import ManifestValidator
 from swarm.watchdog import kill_process
 
@@ -383,10 +383,13 @@ class SwarmTransport:
                 retry_cap=self.settings.retry_cap, remembered=len(met))
             if running and shared.reach:
                 reason += f"; {shared.reach}"
+            if running and (note := initial_peers_note(time.time(), shared.initial_lost_at, shared.initial_back)):
+                reason += f"; {note}"
             return NetworkStatus(
                 up=shared.network_up, reason=reason, neighbours=tuple(shared.dht_peers), restarts=counters["restarts"],
                 last_error=shared.last_error, client=shared.client, reach=shared.reach,
-                lost_at=None if lost_for is None else shared.lost_at, connections=shared.connections)
+                lost_at=None if lost_for is None else shared.lost_at, connections=shared.connections,
+                initial_lost_at=shared.initial_lost_at, initial_back=shared.initial_back)
 
     def peer_stats(self) -> list[PeerRow]:
         """Per-peer counters (``PeerBook.peer_table``), with ``last_seen`` and ``banned_until`` as wall-clock
@@ -457,6 +460,7 @@ class SwarmTransport:
                 "dht_store_bytes": self._validator.stored_bytes,
                 "join_attempts": counters["join_attempts"],
                 "join_failures": counters["join_failures"],
+                "census_new": counters["census_new"],
                 "start_failures": counters["start_failures"],
                 "epoch": self.current_epoch(),
             }

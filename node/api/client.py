@@ -3,12 +3,15 @@
 Standard library only (no torch, no aiohttp), so it answers in a blink on a server without a browser.
 Exit codes: 0 healthy, 1 reachable but unhealthy (no progress within ``api.stall_seconds``), 2 a usage
 mistake (e.g. ``--run-dir`` names no run dir), 3 not reachable: the token was refused, nothing answers at
-the URL, or no node runs in the run dir (a stopped node removes its ``api_url``).
+the URL, no node runs in the run dir (a stopped node removes its ``api_url``), or the node there is still
+starting (``RUN_MARKER``: written as soon as the command made the run dir, before the model loads).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +21,9 @@ from node.errors import ConfigError
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_UNREACHABLE = 0, 1, 3
 DEFAULT_URL = "http://127.0.0.1:8770/"
+RUN_MARKER = "node.pid"
+"""Run-dir file a running ``silo`` or ``start`` command keeps from the moment it made the run dir until it ends:
+``{"pid", "started_at" (the command's start, Unix time), "api" (whether a status API will answer)}``."""
 _MAX_PEER_ROWS = 12
 
 
@@ -39,15 +45,41 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
         return url if url.endswith("/") else url + "/"
     if run_dir:
         folder = Path(run_dir)
+        path = folder / "api_url"
+        if path.is_file():
+            return path.read_text().strip()
+        running = running_command(folder)
+        if running is not None:
+            pid, started_at, api = running
+            age = max(0.0, time.time() - started_at)
+            if api:
+                raise Unreachable(f"the node in {run_dir} is starting (pid {pid}, {age:.0f} s since its command "
+                                  "started: loading the model and the network side); its status API answers once it "
+                                  "is ready")
+            raise Unreachable(f"the node in {run_dir} runs (pid {pid}, for {age:.0f} s) without a status API "
+                              "(api.port is not set)")
         if not (folder / "config.yaml").is_file():
             raise ConfigError(f"--run-dir {run_dir!r} is not a run dir (no config.yaml); pass the --run-dir the "
                               "node was started with")
-        path = folder / "api_url"
-        if not path.is_file():
-            raise Unreachable(f"no node is running in {run_dir} with its API on (no api_url: it stopped, or "
-                              "api.port is not set)")
-        return path.read_text().strip()
+        raise Unreachable(f"no node is running in {run_dir} (no api_url and no {RUN_MARKER}: it stopped)")
     return DEFAULT_URL
+
+
+def running_command(folder: Path) -> tuple[int, float, bool] | None:
+    """``(pid, started_at, api)`` of the command that runs in run dir ``folder`` (its ``RUN_MARKER``), or None
+    when none does (no marker, one that does not parse, or its process is gone: killed with ``kill -9``)."""
+    try:
+        doc = json.loads((folder / RUN_MARKER).read_text(encoding="utf-8"))
+        pid, started_at, api = int(doc["pid"]), float(doc["started_at"]), bool(doc["api"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's process: it exists
+        pass
+    return pid, started_at, api
 
 
 def fetch(base: str, path: str, token: str | None, timeout: float) -> tuple[int, Any]:

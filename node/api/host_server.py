@@ -3,13 +3,16 @@ descriptor, on one port (``swarm-node host``, ``api.port``).
 
 Endpoints (JSON but ``/metrics``, ``/swarm.yaml`` and the page):
 
-- ``GET /api/swarm``   the swarm (descriptor summary), this host, its members with their counts over the
-                       last epochs (``?epochs=N``, at most 8) and since first seen, the swarm's totals per
-                       epoch (``history``, the last ``?history=N`` epochs, at most 1440, each with its start
-                       time) and the other hosts' health
+- ``GET /api/swarm``   the swarm (descriptor summary), this host (``label``: which of the descriptor's hosts),
+                       its members with their counts over the last epochs (``?epochs=N``, at most 8) and since
+                       first seen, and whether each is running (announced lately; ``members_running``), the
+                       swarm's totals per epoch (``history``, the last ``?history=N`` epochs, at most 1440,
+                       from the host's first start, each with its start time) and the other hosts' health
 - ``GET /healthz``     200 while the host's network side runs and listens, else 503
 - ``GET /metrics``     Prometheus text: members, connections, batches pulled, hand-offs, bytes, memory
-- ``GET /swarm.yaml``  the signed descriptor, for members to join with (``swarm-node start --swarm URL``)
+- ``GET /swarm.yaml``  the signed descriptor, for members to join with (``swarm-node start --swarm URL``), with
+                       the members this host reached that accept connections in comment lines (unsigned:
+                       what a newcomer dials beside the hosts, so it joins while every host is down)
 - ``GET /``            the status page (static files under ``/static/``, shared with the node's dashboard)
 
 Nothing secret is served: what a member can read from the DHT anyway, and the public descriptor. Answers
@@ -30,6 +33,7 @@ from aiohttp import web
 from node.api.budget import CpuBudget
 from node.api.threaded import ThreadedApp
 from node.config.host import HostApiConfig
+from node.config.join import with_members
 from protocol.descriptor import SwarmDescriptor
 from swarm.host import SwarmHost
 
@@ -60,8 +64,10 @@ def host_doc(host: SwarmHost, descriptor: SwarmDescriptor, epochs: int = 4, hist
     and the other hosts."""
     snap = host.snapshot(epochs, history)
     members = snap.pop("members")
-    hosts = snap.pop("hosts")
+    hosts = [{**h, "label": _label(descriptor, h["address"])} for h in snap.pop("hosts")]
     past = snap.pop("history")
+    libp2p = host.transport.libp2p_id()
+    own = next((h for h in descriptor.hosts if libp2p is not None and h.endswith("/p2p/" + libp2p)), None)
     return {
         "swarm": {"id": descriptor.swarm_id, "name": descriptor.name, "owner": descriptor.owner_fingerprint,
                   "protocol_version": descriptor.protocol_version, "expires": descriptor.expires.timestamp(),
@@ -69,12 +75,19 @@ def host_doc(host: SwarmHost, descriptor: SwarmDescriptor, epochs: int = 4, hist
                   "tasks": {"source": descriptor.tasks.source, "datasets": list(descriptor.tasks.datasets),
                             "config_hash": descriptor.tasks.config_hash}},
         "host": {**snap, "version": _version(), "uptime_s": round(snap["time"] - snap["started_at"], 1),
-                 "rss_bytes": _rss_bytes()},
+                 "rss_bytes": _rss_bytes(), "libp2p_id": libp2p, "address": own,
+                 "label": _label(descriptor, own) if own is not None else "this host"},
         "members": members,
         "history": past,
         "hosts": hosts,
         "time": snap["time"],
     }
+
+
+def _label(descriptor: SwarmDescriptor, address: str) -> str:
+    """``host N of M``: where ``address`` stands in the descriptor's list of hosts."""
+    hosts = list(descriptor.hosts)
+    return f"host {hosts.index(address) + 1} of {len(hosts)}" if address in hosts else "a host"
 
 
 def _rss_bytes() -> int:
@@ -94,6 +107,7 @@ def host_prometheus(doc: dict[str, Any]) -> bytes:
         "up": float(net["alive"]), "connected": float(net["connected"]), "dht_neighbours": net["neighbours"],
         "connections": net["connections"],
         "peers_connected": counters["peers_connected"], "members": len(members),
+        "members_running": sum(1 for m in members if m["running"]),
         "members_natted": sum(1 for m in members if m["natted"]), "peers_banned": counters["peers_banned"],
         "other_hosts": len(doc["hosts"]), "other_hosts_up": sum(1 for h in doc["hosts"] if h["ok"]),
         "dht_store_bytes": counters["dht_store_bytes"], "rss_bytes": host["rss_bytes"],
@@ -119,7 +133,7 @@ class HostApiServer(ThreadedApp):
         self.cfg = cfg
         self.host = host
         self.descriptor = descriptor
-        self._yaml = descriptor.to_yaml().encode()
+        self._yaml = descriptor.to_yaml()
         self._cache: dict[Any, tuple[float, bytes]] = {}
         self._budget = CpuBudget(cfg.max_cpu_share)
 
@@ -178,5 +192,14 @@ class HostApiServer(ThreadedApp):
         body = self._cached("prometheus", lambda: host_prometheus(host_doc(self.host, self.descriptor)))
         return web.Response(body=body, headers={**_HEADERS, "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    def _descriptor_text(self) -> bytes:
+        """The signed descriptor, with the members this host reached that accept connections listed in comment
+        lines (``node.config.join.listed_members``): a newcomer that starts from a saved copy while every host
+        is down joins through them."""
+        hosts = {h.rpartition("/p2p/")[2] for h in self.descriptor.hosts}
+        members = [m for m in self.host.transport.remembered_maddrs() if m.rpartition("/p2p/")[2] not in hosts]
+        return with_members(self._yaml, members).encode()
+
     async def get_descriptor(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self._yaml, headers={**_HEADERS, "Content-Type": "application/yaml; charset=utf-8"})
+        body = self._cached("descriptor", self._descriptor_text)
+        return web.Response(body=body, headers={**_HEADERS, "Content-Type": "application/yaml; charset=utf-8"})

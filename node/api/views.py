@@ -33,11 +33,16 @@ def health_doc(board: StatusBoard, stall_seconds: float) -> tuple[bool, dict[str
 
 
 def network_doc(network: NetworkStatus | None) -> dict[str, Any]:
-    """``connected`` is ``NetworkStatus.connected``: at least one peer answered."""
+    """``connected`` is ``NetworkStatus.connected``: at least one peer answered. ``hosts_gone_since`` (Unix time)
+    while every initial peer (a member's: its swarm's hosts) is away, else None; ``hosts_back`` ``{at, away_s}``
+    once one came back after that (the reason says both in words)."""
     if network is None:
         return {"connected": False, "reason": SILO_REASON, "neighbours": [], "restarts": 0, "last_error": ""}
+    back = network.initial_back
     return {"connected": network.connected, "reason": network.reason, "neighbours": list(network.neighbours),
-            "restarts": network.restarts, "last_error": network.last_error}
+            "restarts": network.restarts, "last_error": network.last_error,
+            "hosts_gone_since": network.initial_lost_at,
+            "hosts_back": None if back is None else {"at": back[0], "away_s": round(back[1], 1)}}
 
 
 def status_doc(board: StatusBoard, network: NetworkStatus | None, stall_seconds: float) -> dict[str, Any]:

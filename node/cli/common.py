@@ -41,7 +41,7 @@ def check_free_ports(host_maddrs: list[str], api_host: str | None = None, api_po
     """A ``ConfigError`` (one line, exit 2) when a fixed listen port of ``swarm.host_maddrs`` or the status
     page's port is taken by another process: p2pd would share the port without a word (``swarm.ports``)."""
     from node.errors import ConfigError
-    from swarm.ports import listen_port_taken, taken_listen_addresses
+    from swarm.ports import free_port_after, listen_port_taken, taken_listen_addresses
 
     for maddr, port in taken_listen_addresses(host_maddrs):
         raise ConfigError(f"swarm.host_maddrs: port {port} ({maddr}) is taken: another process listens there "
@@ -52,6 +52,7 @@ def check_free_ports(host_maddrs: list[str], api_host: str | None = None, api_po
 
         family = socket.AF_INET6 if ":" in api_host else socket.AF_INET
         if listen_port_taken(api_host, api_port, family=family):
+            free = free_port_after(api_host, api_port, family=family)
+            example = f"e.g. {api_key}={free} (free now), or " if free is not None else ""
             raise ConfigError(f"{api_key}: port {api_port} on {api_host} is taken: another process listens there "
-                              f"(another node's status page?); choose another, e.g. {api_key}={api_port + 1}, or "
-                              f"{api_key}=0 for any free one")
+                              f"(another node's status page?); choose another, {example}{api_key}=0 for any free one")

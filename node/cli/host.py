@@ -27,7 +27,7 @@ from typing import Any
 
 from node.errors import ConfigError
 
-__all__ = ["add_host_parser", "cmd_host"]
+__all__ = ["add_host_parser", "cmd_host", "descriptor_url", "join_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,14 @@ STATE_FILE = "members.json"
 
 
 def join_command(url: str) -> str:
-    """The command a member joins with (docs/swarm.md, "Join a swarm", gives the same)."""
+    """The command a member joins with (docs/swarm.md, "Join a swarm", gives the same; ``swarm init`` and
+    ``host`` print it)."""
     return f"swarm-node start --swarm {url} -c {MEMBER_CONFIG} --run-dir {MEMBER_RUN_DIR}"
+
+
+def descriptor_url(host: str, port: int) -> str:
+    """Where a host at multiaddr ``host`` serves the descriptor, its page on ``port``."""
+    return f"http://{_public_name(host)}:{port}/swarm.yaml"
 
 
 def add_host_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -168,7 +174,7 @@ def run_host(plan: HostPlan) -> int:
             api.start()
             (run_dir / "api_url").write_text(api.url + "\n")
             say(f"status page at {api.url} (the descriptor at {api.url}swarm.yaml)")
-        where = f"http://{_public_name(plan.own[0])}:{api.port}/swarm.yaml" if api is not None else "<the descriptor>"
+        where = descriptor_url(plan.own[0], api.port) if api is not None else "<the descriptor>"
         say(f"members join with: {join_command(where)}")
         say(f"running until stopped; the member table is kept in {run_dir / STATE_FILE}")
         while not stop.wait(1.0):

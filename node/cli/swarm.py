@@ -165,8 +165,14 @@ def _init(args: argparse.Namespace) -> int:
     _write(out, descriptor.to_yaml())
     print(f"swarm-node swarm: wrote {out}: swarm {descriptor.swarm_id}, {len(hosts)} host(s), expires "
           f"{descriptor.expires:%Y-%m-%d}, owner {descriptor.owner_fingerprint}")
-    print(f"swarm-node swarm: publish it and its owner fingerprint; members join with: "
-          f"swarm-node start --swarm {out} --swarm-owner {descriptor.owner_fingerprint}")
+    from node.cli.host import descriptor_url, join_command
+    from node.config.host import HostApiConfig
+
+    print(f"swarm-node swarm: the first host runs with: swarm-node host --swarm {out} -c configs/host.yaml "
+          "--run-dir runs/host")
+    print(f"swarm-node swarm: members join with: {join_command(descriptor_url(hosts[0], HostApiConfig().port or 8780))}")
+    print(f"swarm-node swarm: publish the owner fingerprint {descriptor.owner_fingerprint} beside that URL "
+          "(--swarm-owner checks it)")
     return 0
 
 

@@ -14,7 +14,13 @@ from node.api.client import api_banner
 from node.cli.common import LOG_FORMAT, check_free_ports, load_run_config, setup_logging
 from node.config import NodeConfig, with_initial_peers
 from node.errors import ConfigError
-from node.run.rundir import missing_dirs, prepare_run_dir, remove_if_unused
+from node.run.rundir import (
+    clear_run_marker,
+    missing_dirs,
+    prepare_run_dir,
+    remove_if_unused,
+    write_run_marker,
+)
 from node.run.saved import init_source
 from node.sources.locate import locate_model
 
@@ -29,6 +35,7 @@ def _preflight(cfg: NodeConfig) -> None:
     are reported within a second or two.
     """
     prepare_run_dir(cfg.run_dir)
+    write_run_marker(cfg.run_dir, api=cfg.api.port is not None)  # status says "starting" from now on
     locate_model(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
     init_source(cfg)
 
@@ -62,6 +69,7 @@ def _run_dir_of_this_run(cfg: NodeConfig) -> Iterator[None]:
         yield
         done = True
     finally:
+        clear_run_marker(cfg.run_dir)
         if not done:
             remove_if_unused(created)
 
@@ -112,20 +120,20 @@ def cmd_start(args: argparse.Namespace) -> int:
         from node.config.join import join_config
 
         overrides = [*args.overrides, *([f"run_dir={args.run_dir}"] if args.run_dir else [])]
-        cfg, notes, descriptor = join_config(args.config, overrides, args.swarm, owner=args.swarm_owner,
-                                             extra_peers=peers or initial_peers_from_env())
+        cfg, notes, descriptor, members = join_config(args.config, overrides, args.swarm, owner=args.swarm_owner,
+                                                      extra_peers=peers or initial_peers_from_env())
         for line in notes:
             print(f"swarm-node: {line}", flush=True)
     else:
         if args.swarm_owner:
             raise ConfigError("--swarm-owner goes with --swarm (the fingerprint of the descriptor's owner)")
-        cfg, descriptor = with_initial_peers(load_run_config(args), peers or None), None
+        cfg, descriptor, members = with_initial_peers(load_run_config(args), peers or None), None, []
     check_free_ports(cfg.swarm.host_maddrs, cfg.api.host, cfg.api.port)
     with _run_dir_of_this_run(cfg):
         if descriptor is not None:
             from node.config.join import save_descriptor
 
-            save_descriptor(cfg.run_dir, descriptor)
+            save_descriptor(cfg.run_dir, descriptor, members)
         setup_logging(args.log_level)
         from node.run.daemon import run_daemon
 

@@ -31,8 +31,9 @@ from protocol.descriptor import MAX_DESCRIPTOR_BYTES, Scalar, SwarmDescriptor, p
 from protocol.errors import DescriptorError
 
 __all__ = ["KNOWN_SWARMS_ENV", "REMEMBERED_PEERS", "SAVED_DESCRIPTOR", "SHARED_SETTINGS", "apply_descriptor", "get_key",
-           "hardware_class", "known_swarms_path", "pinned_owners", "read_descriptor", "remember_peers", "remembered_peers",
-           "save_descriptor", "set_key", "shared_values", "trust_descriptor"]
+           "hardware_class", "known_swarms_path", "listed_members", "pinned_owners", "read_descriptor",
+           "read_descriptor_text", "remember_peers", "remembered_peers", "save_descriptor", "set_key", "shared_values",
+           "trust_descriptor", "with_members"]
 
 KNOWN_SWARMS_ENV = "SWARM_NODE_KNOWN_SWARMS"
 FETCH_TIMEOUT = 15.0
@@ -42,6 +43,10 @@ REMEMBERED_PEERS = "known_peers.txt"
 MAX_REMEMBERED_PEERS = 32
 SAVED_DESCRIPTOR = "swarm.yaml"
 """Run-dir copy of the descriptor a member joined with: what it starts from when the URL does not answer."""
+MEMBER_LINE = "# member: "
+MEMBERS_HEADER = ("# Members that accept connections, as a host of the swarm reached them (not signed): dialed with the "
+                  "hosts when joining, so a member joins while every host is down")
+MAX_LISTED_MEMBERS = 16
 
 SHARED_SETTINGS: dict[str, str] = {
     "swarm.epoch_seconds": "keys: manifests are filed under the epoch",
@@ -76,6 +81,11 @@ _TASK_KEYS = ("tasks.source", "tasks.datasets", "tasks.dataset_configs")
 def read_descriptor(source: str, *, timeout: float | None = None) -> SwarmDescriptor:
     """The descriptor at ``source`` (a file, or an http(s) URL fetched within ``timeout``, default
     ``FETCH_TIMEOUT``, and ``MAX_DESCRIPTOR_BYTES``), parsed; not yet trusted (``trust_descriptor``)."""
+    return read_descriptor_text(source, timeout=timeout)[0]
+
+
+def read_descriptor_text(source: str, *, timeout: float | None = None) -> tuple[SwarmDescriptor, str]:
+    """``read_descriptor``, and the text it was read from (its comment lines may list members: ``listed_members``)."""
     if source.startswith(("http://", "https://")):
         raw = fetch(source, timeout=timeout or FETCH_TIMEOUT, max_bytes=MAX_DESCRIPTOR_BYTES)
     else:
@@ -86,9 +96,35 @@ def read_descriptor(source: str, *, timeout: float | None = None) -> SwarmDescri
             raise ConfigError(f"--swarm {source}: cannot read it ({exc.strerror}); give the swarm's descriptor "
                               "file or its http(s) URL") from None
     try:
-        return parse_descriptor(raw)
+        return parse_descriptor(raw), raw.decode("utf-8", errors="replace")
     except DescriptorError as exc:
         raise ConfigError(f"--swarm {source}: {exc}") from None
+
+
+def listed_members(text: str) -> list[str]:
+    """The members a descriptor's text lists in comment lines (``# member: MADDR``: what a host adds to the
+    descriptor it serves, the members it reached that accept connections), at most ``MAX_LISTED_MEMBERS``, each a
+    full multiaddr (other lines are skipped). Unsigned hints: a member dials them beside the hosts, never
+    instead of them, so one that starts while every host is down still finds the swarm."""
+    from swarm.maddr import multiaddr_problem
+
+    found = []
+    for line in text.splitlines():
+        if not line.startswith(MEMBER_LINE):
+            continue
+        maddr = line[len(MEMBER_LINE):].strip()
+        if "/p2p/" in maddr and len(maddr) <= 512 and multiaddr_problem(maddr) is None:
+            found.append(maddr)
+    return list(dict.fromkeys(found))[:MAX_LISTED_MEMBERS]
+
+
+def with_members(text: str, maddrs: list[str]) -> str:
+    """A descriptor's ``text`` with its member lines (``listed_members``) replaced by ``maddrs`` (at most
+    ``MAX_LISTED_MEMBERS``); the signed content is untouched (comments are not part of it)."""
+    kept = [line for line in text.splitlines() if not line.startswith((MEMBER_LINE, MEMBERS_HEADER))]
+    members = list(dict.fromkeys(maddrs))[:MAX_LISTED_MEMBERS]
+    block = [MEMBERS_HEADER, *(MEMBER_LINE + m for m in members)] if members else []
+    return "\n".join([*kept, *block]) + "\n"
 
 
 class FetchError(ConfigError):
@@ -271,11 +307,12 @@ def task_config_hash(cfg: Any) -> str:
 
 
 def join_config(config: str | None, overrides: list[str], source: str, *, owner: str | None,
-                extra_peers: list[str]) -> tuple[Any, list[str], SwarmDescriptor]:
+                extra_peers: list[str]) -> tuple[Any, list[str], SwarmDescriptor, list[str]]:
     """A member's validated ``NodeConfig`` from its config file and overrides plus the swarm's descriptor at
     ``source``, with the swarm's hosts and ``extra_peers`` as initial peers (the peers it remembers in its
     run dir are the daemon's to dial beside them: ``node.run.daemon``, never taken for hosts); the
-    lines to tell the user; and the descriptor (``save_descriptor`` keeps it in the run dir). When ``source``
+    lines to tell the user; the descriptor and the members its text lists (``listed_members``;
+    ``save_descriptor`` keeps both in the run dir, where the daemon dials the members too). When ``source``
     is a URL that does not answer (every host down), the copy saved in the run dir at an earlier start is
     used instead, checked as the original was. Every mistake is one ``ConfigError`` line."""
     from node.config import NodeConfig, load_config_data, resolve_api, validate_config, with_initial_peers
@@ -285,12 +322,12 @@ def join_config(config: str | None, overrides: list[str], source: str, *, owner:
     run_dir = Path(str(get_key(data, "run_dir")[1] or NodeConfig.model_fields["run_dir"].default))
     notes: list[str] = []
     try:
-        descriptor = read_descriptor(source)
+        descriptor, text = read_descriptor_text(source)
     except FetchError:
         saved = run_dir / SAVED_DESCRIPTOR
         if not saved.is_file():
             raise
-        descriptor = read_descriptor(str(saved))
+        descriptor, text = read_descriptor_text(str(saved))
         notes.append(f"{source} does not answer; joining with the copy of the descriptor saved in {saved} at an "
                      "earlier start, through the peers this node remembers")
     notes += trust_descriptor(descriptor, owner=owner)
@@ -309,35 +346,47 @@ def join_config(config: str | None, overrides: list[str], source: str, *, owner:
     peers = list(dict.fromkeys([*extra_peers, *cfg.swarm.initial_peers, *descriptor.hosts]))
     cfg = with_initial_peers(cfg, peers)
     others = len(peers) - len(descriptor.hosts)
-    remembered = [p for p in remembered_peers(cfg.run_dir) if p not in peers]  # dialed too (daemon: bootstrap)
+    members = [m for m in listed_members(text) if m not in peers]
+    remembered = [p for p in _known_peers(cfg.run_dir) if p not in peers and p not in members]  # dialed too (daemon)
     notes.append(f"joining swarm {descriptor.swarm_id} ({descriptor.name}) through {len(descriptor.hosts)} host(s)"
                  f"{f' and {others} other peer(s)' if others > 0 else ''}"
                  f"{f' and the {len(remembered)} peer(s) it remembers' if remembered else ''}"
+                 f"{f' and {len(members)} member(s) the descriptor lists' if members else ''}"
                  f"; descriptor valid until {descriptor.expires:%Y-%m-%d %H:%M} UTC")
-    return cfg, notes, descriptor
+    return cfg, notes, descriptor, members
 
 
-def save_descriptor(run_dir: str | os.PathLike[str], descriptor: SwarmDescriptor) -> None:
-    """Keep the descriptor a member joined with in its run dir (atomically): its way in when no host answers."""
+def save_descriptor(run_dir: str | os.PathLike[str], descriptor: SwarmDescriptor,
+                    members: list[str] | None = None) -> None:
+    """Keep the descriptor a member joined with in its run dir (atomically), with the members it listed: its way
+    in when no host answers, and a copy to hand a newcomer."""
     path = Path(run_dir) / SAVED_DESCRIPTOR
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(descriptor.to_yaml(), encoding="utf-8")
+    tmp.write_text(with_members(descriptor.to_yaml(), members or []), encoding="utf-8")
     os.replace(tmp, path)
 
 
 # -- peers met: a member's bootstrap when every host is gone ----------------------------------------------
 
-def remembered_peers(run_dir: str | os.PathLike[str]) -> list[str]:
-    """The multiaddrs saved by ``remember_peers`` (empty if none)."""
+def _known_peers(run_dir: str | os.PathLike[str]) -> list[str]:
     with contextlib.suppress(OSError):
         text = (Path(run_dir) / REMEMBERED_PEERS).read_text(encoding="utf-8")
         return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     return []
 
 
+def remembered_peers(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The peers a member dials beside its initial ones: those saved by ``remember_peers`` (the peers it
+    reached), then the members its saved descriptor lists (``listed_members``); empty if none."""
+    listed: list[str] = []
+    with contextlib.suppress(OSError):
+        listed = listed_members((Path(run_dir) / SAVED_DESCRIPTOR).read_text(encoding="utf-8", errors="replace"))
+    return list(dict.fromkeys([*_known_peers(run_dir), *listed]))
+
+
 def remember_peers(run_dir: str | os.PathLike[str], maddrs: list[str]) -> None:
     """Save the peers met (newest first, at most ``MAX_REMEMBERED_PEERS``, atomically)."""
-    kept = list(dict.fromkeys([*maddrs, *remembered_peers(run_dir)]))[:MAX_REMEMBERED_PEERS]
+    kept = list(dict.fromkeys([*maddrs, *_known_peers(run_dir)]))[:MAX_REMEMBERED_PEERS]
     path = Path(run_dir) / REMEMBERED_PEERS
     tmp = path.with_suffix(".tmp")
     tmp.write_text("# peers this node met; used to join again when every host of the swarm is gone\n"

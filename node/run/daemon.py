@@ -25,6 +25,7 @@ from node.api.client import api_banner
 from node.config import NodeConfig
 from node.config.join import remember_peers, remembered_peers
 from node.run.node import Node, load_identity
+from node.run.rundir import process_started_at
 from protocol.identity import Identity
 from swarm.settings import SwarmSettings
 from swarm.state import NetworkStatus
@@ -134,7 +135,6 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
     try:
         print(f"swarm-node: loading {cfg.model.name_or_path} and starting the network side (seconds; a minute or "
               "more on a busy machine)", flush=True)
-        started = time.monotonic()
         node.setup()
         node.install_signal_handlers()
         exchange = node.exchange
@@ -151,8 +151,8 @@ def run_daemon(cfg: NodeConfig, *, show_progress: bool = True) -> int:
             print(f"swarm-node: seed {cfg.seed} (from the identity; set seed=N to choose one)", flush=True)
         for line in connection_lines(cfg, transport.network_status(), addrs):
             print(line, flush=True)
-        print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()} (ready after {time.monotonic() - started:.0f} s)",
-              flush=True)
+        print(f"swarm-node: run dir {Path(cfg.run_dir).resolve()} (ready after {time.time() - process_started_at():.0f} s, "
+              "counted from the command's start)", flush=True)
         print(f"swarm-node: {node.describe_policy()}", flush=True)
         if cfg.train.steps is None:
             print("swarm-node: training until stopped (Ctrl-C or SIGTERM: the step ends, a checkpoint is written)",

@@ -9,20 +9,59 @@ Restarting a run with other settings is allowed, and said in one line (``config_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from node.errors import ConfigError
 
-__all__ = ["config_changes", "missing_dirs", "prepare_run_dir", "remove_if_unused", "say_config_changes"]
+__all__ = ["clear_run_marker", "config_changes", "missing_dirs", "prepare_run_dir", "process_started_at",
+           "remove_if_unused", "say_config_changes", "write_run_marker"]
 
 logger = logging.getLogger(__name__)
 _MAX_CHANGES_SHOWN = 6
+_IMPORTED_AT = time.time()
+
+
+def process_started_at() -> float:
+    """Unix time this process started (the command's start: ``/proc/self/stat``), else when this module was
+    imported (no ``/proc``)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start, in ticks
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED_AT
+
+
+def write_run_marker(run_dir: str | os.PathLike[str], *, api: bool) -> None:
+    """Say in ``run_dir`` that this process runs there (``node.api.client.RUN_MARKER``), from the moment the run
+    dir exists: ``swarm-node status --run-dir`` answers "starting" instead of "not a run dir" while the model
+    loads. ``api``: whether a status API will answer."""
+    from node.api.client import RUN_MARKER
+
+    path = Path(run_dir) / RUN_MARKER
+    tmp = path.with_suffix(".tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps({"pid": os.getpid(), "started_at": process_started_at(), "api": api}),
+                       encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def clear_run_marker(run_dir: str | os.PathLike[str]) -> None:
+    """Remove ``write_run_marker``'s file if it is this process's."""
+    from node.api.client import RUN_MARKER
+
+    path = Path(run_dir) / RUN_MARKER
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if int(json.loads(path.read_text(encoding="utf-8"))["pid"]) == os.getpid():
+            path.unlink()
 
 
 def prepare_run_dir(run_dir: str | os.PathLike[str]) -> Path:

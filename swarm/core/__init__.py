@@ -1,7 +1,7 @@
 """``SwarmCore``: the async side of one node, living in the network thread's event loop.
 
 It owns one p2pd (hivemind ``P2P``), one ``DHTNode`` on top of it, the ``rpc_get_batch`` handler that
-serves signed batches by id, and four background loops. One module a job:
+serves signed batches by id, and its background loops. One module a job:
 
 * ``join``: dial the initial peers until the DHT has a neighbour, retrying with exponential backoff; and
   again whenever every neighbour is gone;
@@ -15,6 +15,8 @@ serves signed batches by id, and four background loops. One module a job:
   ``swarm.intake``'s, shared with the in-process hub;
 * ``serve``: ``rpc_get_batch`` and ``rpc_put_batch``, the handlers other nodes call;
 * ``health``: watch p2pd, refresh the peer list and this node's visible addresses, prune old state;
+* ``census`` (a host's only): read the older epochs' manifests once an epoch, and whenever it has a
+  neighbour again, to count what it missed while it was down;
 * ``shutdown``: cancel every task and stop p2pd, in bounded time.
 
 ``base`` holds the state and the steps they share (dialing, paced transfers, held batches); ``lifecycle``

@@ -23,6 +23,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from protocol.identity import Identity
 from protocol.limits import Limits
 from protocol.records import Manifest
+from swarm.addresses import met_addresses
 from swarm.handoff import HandoffStore
 from swarm.hivemind_compat import dht_neighbours, dial
 from swarm.settings import SwarmSettings
@@ -38,6 +39,7 @@ HEALTH_PERIOD = 1.0
 _CHUNK = 64 * 1024  # bytes read at a time from a batch stream
 _CIRCUIT = "/p2p-circuit"
 _DIRECT = ("ip4", "ip6", "dns", "dns4", "dns6")
+_MET_REFRESH_SECONDS = 30.0  # how often a pulled-from peer's connection address is asked of p2pd again
 NETWORK_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ControlFailure, P2PDaemonError)
 
 
@@ -163,6 +165,23 @@ class CoreBase:
         with self.shared.lock:
             self.shared.book.confirmed(maddrs, time.time())
 
+    async def _confirm_met(self, peer: PeerID, dialed: list[Multiaddr]) -> None:
+        """``peer`` answered after being dialed at ``dialed`` (its listed addresses, tried together): keep the one
+        its connection goes to (``swarm.addresses.met_addresses``; p2pd is asked at most every
+        ``_MET_REFRESH_SECONDS`` a peer)."""
+        name = peer.to_base58()
+        now = time.time()
+        with self.shared.lock:
+            if self.shared.book.confirmed_since(name, now - _MET_REFRESH_SECONDS):
+                self.shared.book.confirmed(self.shared.book.maddrs(name), now)
+                return
+        connected: list[str] = []
+        with contextlib.suppress(*NETWORK_ERRORS, ValueError):
+            infos = await asyncio.wait_for(self.p2p.list_peers(), self.settings.request_timeout)
+            connected = [str(a) for info in infos if info.peer_id == peer for a in info.addrs]
+        met = met_addresses([str(a) for a in dialed], connected)
+        self._confirm([f"{a}/p2p/{name}" for a in met])
+
     def _unreachable(self, peer: PeerID) -> None:
         """Dialing ``peer`` failed just now: no holder until it answers again."""
         with self.shared.lock:
@@ -196,6 +215,33 @@ class CoreBase:
             logger.debug("could not dial %s at %s: %r", peer_id, addrs, exc)
             return False
         return True
+
+    async def _lookup(self, keys: list[str]) -> dict[str, Any]:
+        """Look every key up on its own: one whose lookup fails or hangs costs only itself (bounded)."""
+        timeout = self.settings.request_timeout
+        try:
+            futures = await asyncio.wait_for(
+                self.dht.get_many(keys, sufficient_expiration_time=float("inf"), return_futures=True), timeout
+            )
+        except NETWORK_ERRORS as exc:
+            self.shared.add("poll_failed")
+            logger.debug("reading manifests failed: %r", exc)
+            return {}
+        if not futures:
+            return {}
+        done, pending = await asyncio.wait(list(futures.values()), timeout=timeout)
+        for future in pending:
+            future.cancel()  # stops hivemind's search for that key
+        found: dict[str, Any] = {}
+        for key, future in futures.items():
+            if future not in done:
+                self.shared.add("poll_key_timeouts")
+            elif future.cancelled() or future.exception() is not None:
+                self.shared.add("poll_key_failures")
+                logger.debug("looking up %s failed: %r", key, None if future.cancelled() else future.exception())
+            else:
+                found[key] = future.result()
+        return found
 
     # -- transfers ------------------------------------------------------------------------------------
 

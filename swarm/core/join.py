@@ -38,8 +38,8 @@ class JoinMixin(CoreBase):
             neighbours = self._neighbours()
             self._note_change(had, neighbours)
             with_initial = bool(initial_ids & set(neighbours))
-            if with_initial and not had_initial:
-                self.shared.trace.event("initial", peers=sorted(p[:16] for p in initial_ids & set(neighbours)))
+            if with_initial != had_initial:
+                self._note_initial(with_initial, sorted(p[:16] for p in initial_ids & set(neighbours)))
             had, had_initial = neighbours, with_initial
             if neighbours or not self._bootstrap_targets():
                 self.shared.set_network(up=True, dht_peers=neighbours)
@@ -83,6 +83,25 @@ class JoinMixin(CoreBase):
             if lost_at is not None:
                 logger.warning("connected again after %.0f s: %d DHT neighbours", time.time() - lost_at,
                                len(neighbours))
+
+    def _note_initial(self, with_initial: bool, peers: list[str]) -> None:
+        """Log, trace and keep (for status pages) every initial peer going away, and one coming back: a member's
+        initial peers are its swarm's hosts."""
+        now = time.time()
+        with self.shared.lock:
+            lost_at = self.shared.initial_lost_at
+            if not with_initial:
+                self.shared.initial_lost_at = now
+            elif lost_at is not None:
+                self.shared.initial_lost_at, self.shared.initial_back = None, (now, now - lost_at)
+        if not with_initial:
+            self.shared.trace.event("initial_lost")
+            logger.warning("no initial peer (the swarm's hosts) is a DHT neighbour any more; dialing them again, every "
+                           "%.0f s at most", self.settings.retry_cap)
+            return
+        self.shared.trace.event("initial", peers=peers)
+        if lost_at is not None:
+            logger.warning("an initial peer (a host of the swarm) is back after %.0f s away", now - lost_at)
 
     def _bootstrap_targets(self) -> list[str]:
         """Full multiaddrs to dial when joining: the initial peers, the peers met before (remembered), and

@@ -1,6 +1,6 @@
 """``SwarmCore``: the async side of one node, composed of its jobs (``join``, ``publish``, ``pull``,
-``serve``, ``health``); here it is started (``create``), run (``run``: the four loops until stopped or
-one fails) and shut down (``shutdown``)."""
+``serve``, ``health``, ``reach``; a host's ``census`` too); here it is started (``create``), run (``run``: the
+loops until stopped or one fails) and shut down (``shutdown``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hivemind.p2p import P2P
 from protocol.identity import Identity
 from protocol.limits import Limits
 from swarm.core.base import NETWORK_ERRORS, describe_error, order_maddrs
+from swarm.core.census import CensusMixin
 from swarm.core.health import HealthMixin
 from swarm.core.join import JoinMixin
 from swarm.core.publish import PublishMixin
@@ -31,7 +32,7 @@ from swarm.watchdog import P2pdWatchdog
 logger = logging.getLogger(__name__)
 
 
-class SwarmCore(JoinMixin, PublishMixin, PullMixin, ReachMixin, ServeMixin, HealthMixin):
+class SwarmCore(JoinMixin, PublishMixin, PullMixin, CensusMixin, ReachMixin, ServeMixin, HealthMixin):
     """One node's P2P, DHT node and background loops. Build with ``await SwarmCore.create(...)``."""
 
     @classmethod
@@ -129,6 +130,8 @@ class SwarmCore(JoinMixin, PublishMixin, PullMixin, ReachMixin, ServeMixin, Heal
             asyncio.create_task(self._health_loop(), name="swarm-health"),
             asyncio.create_task(self._reach_loop(), name="swarm-reach"),
         ]
+        if self.shared.members is not None:  # a host: count what it missed while it was away
+            loops.append(asyncio.create_task(self._census_loop(), name="swarm-census"))
         stopper = asyncio.create_task(stop.wait(), name="swarm-stop")
         try:
             done, _ = await asyncio.wait([*loops, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -17,7 +17,6 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
@@ -90,33 +89,6 @@ class PullMixin(CoreBase):
             epoch, shard = where[key]
             for subkey, entry in result.value.items():
                 self._consider(epoch, shard, subkey, entry.value, entry.expiration_time, current)
-
-    async def _lookup(self, keys: list[str]) -> dict[str, Any]:
-        """Look every key up on its own: one whose lookup fails or hangs costs only itself (bounded)."""
-        timeout = self.settings.request_timeout
-        try:
-            futures = await asyncio.wait_for(
-                self.dht.get_many(keys, sufficient_expiration_time=float("inf"), return_futures=True), timeout
-            )
-        except NETWORK_ERRORS as exc:
-            self.shared.add("poll_failed")
-            logger.debug("reading manifests failed: %r", exc)
-            return {}
-        if not futures:
-            return {}
-        done, pending = await asyncio.wait(list(futures.values()), timeout=timeout)
-        for future in pending:
-            future.cancel()  # stops hivemind's search for that key
-        found: dict[str, Any] = {}
-        for key, future in futures.items():
-            if future not in done:
-                self.shared.add("poll_key_timeouts")
-            elif future.cancelled() or future.exception() is not None:
-                self.shared.add("poll_key_failures")
-                logger.debug("looking up %s failed: %r", key, None if future.cancelled() else future.exception())
-            else:
-                found[key] = future.result()
-        return found
 
     def _consider(self, epoch: int, shard: int, subkey: object, value: object, expiration: float,
                   current: int) -> None:
@@ -315,7 +287,7 @@ class PullMixin(CoreBase):
                 # Delivered at a listed address: if it is a DHT server too (never a member behind NAT, which
                 # may answer over a connection it opened itself), one that accepts connections there.
                 if peer_id.to_base58() in self._neighbours():
-                    self._confirm([f"{a}/p2p/{peer_id.to_base58()}" for a in addrs])
+                    await self._confirm_met(peer_id, addrs)
                 return data, True
             if progress.stalled:
                 return None, False

@@ -85,9 +85,13 @@ def test_a_node_whose_bootstrap_peer_is_dead_says_not_connected_everywhere(tmp_p
 
     dead = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
     run = tmp_path / "lonely"
+    watcher = _StatusWatcher(run)
+    launched = time.time()
     proc = _start(run, "swarm.client_mode=true", "api.port=0", "--initial-peers", dead)
     try:
         out = _lines_until(proc, "status API at")
+        ready_at = time.time()
+        watcher.join()
         metrics = run / "metrics.jsonl"
         deadline = time.monotonic() + 120
         while len(read_metrics(metrics) if metrics.exists() else []) < 3:
@@ -104,6 +108,14 @@ def test_a_node_whose_bootstrap_peer_is_dead_says_not_connected_everywhere(tmp_p
         rest = proc.stdout.read() if proc.stdout is not None else ""
     assert rc == 0, rest[-3000:]
     said = "\n".join(out)
+    # `status --run-dir` answered from the moment the run dir existed: "starting", then the node's status; never
+    # "not a run dir". "ready after N s" counts from the command's start, imports included.
+    assert watcher.answers and not any("is not a run dir" in a for a in watcher.answers), watcher.answers
+    assert any(a.startswith(f"the node in {run} is starting (pid {proc.pid},") for a in watcher.answers), \
+        watcher.answers
+    assert watcher.answers[-1] == "url", watcher.answers
+    ready = int(re.search(r"ready after (\d+) s, counted from the command's start", said).group(1))
+    assert ready_at - launched - 2 <= ready <= ready_at - launched + 1, (ready, ready_at - launched)
     assert "swarm-node: not connected yet (joining" in said and "none of 1 initial peers answered" in said
     assert "client mode: dials out only, nobody can join through this node" in said
     assert "others can join" not in said and "network up" not in said
@@ -123,6 +135,39 @@ def test_a_node_whose_bootstrap_peer_is_dead_says_not_connected_everywhere(tmp_p
     assert "none of 1 initial peers answered" in log and "not connected yet: joining" in log
     assert "others can join" not in log and "node.exchange.exchange: connected:" not in log
     assert "network side started in client mode (dials out only; not connected until a peer answers)" in log
+
+
+class _StatusWatcher:
+    """What ``swarm-node status --run-dir RUN`` would say (``resolve_url``: the URL, or why there is none), asked
+    every 50 ms in a thread from the moment ``RUN`` exists until the node's API is up; each new answer kept once."""
+
+    def __init__(self, run: Path) -> None:
+        import threading
+
+        self.run, self.answers = run, []
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        from node.api.client import Unreachable, resolve_url
+        from node.errors import ConfigError
+
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.run.exists():
+                try:
+                    resolve_url(None, str(self.run))
+                    answer = "url"
+                except (ConfigError, Unreachable) as exc:
+                    answer = str(exc)
+                if not self.answers or self.answers[-1] != answer:
+                    self.answers.append(answer)
+                if answer == "url":
+                    return
+            time.sleep(0.05)
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
 
 
 def _dashboard_network(url: str) -> str | None:
@@ -270,3 +315,30 @@ def test_what_the_daemon_prints_about_its_network_follows_one_definition():
         "are handed to 2 reachable peers")
     full = NetworkStatus(True, "joined: 1 DHT neighbour", ("12D3KooWB",), 0, "", client=False, reach="reachable at x")
     assert connection_lines(auto, full, [addr])[1] == f"swarm-node: others can join with --initial-peers {addr}"
+
+
+def test_status_of_a_run_dir_follows_the_command_running_in_it(tmp_path):
+    """``swarm-node status --run-dir``: a command running there (its marker, its process alive) is starting, or
+    runs without a status API; a marker left by a killed process is nobody's. Mutations caught: a marker trusted
+    without its process (a node killed with kill -9 would look "starting" forever), and ``api`` ignored."""
+    from node.api.client import RUN_MARKER, Unreachable, resolve_url
+    from node.errors import ConfigError
+
+    def says(marker: dict | None) -> str:
+        if marker is not None:
+            (tmp_path / RUN_MARKER).write_text(json.dumps(marker))
+        try:
+            return resolve_url(None, str(tmp_path))
+        except (ConfigError, Unreachable) as exc:
+            return str(exc)
+
+    now = time.time()
+    assert says({"pid": os.getpid(), "started_at": now - 7, "api": True}).startswith(
+        f"the node in {tmp_path} is starting (pid {os.getpid()}, 7 s since its command started")
+    assert "without a status API (api.port is not set)" in says({"pid": os.getpid(), "started_at": now, "api": False})
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert "is not a run dir" in says({"pid": int(gone.stdout), "started_at": now, "api": True})
+    (tmp_path / "config.yaml").write_text("{}")
+    assert says(None).startswith(f"no node is running in {tmp_path}")
+    (tmp_path / "api_url").write_text("http://127.0.0.1:1/\n")
+    assert says(None) == "http://127.0.0.1:1/"

@@ -73,7 +73,7 @@ def write(tmp_path: Path, d: SwarmDescriptor, name: str = "swarm.yaml") -> str:
 def join(source: str, *overrides: str, config: str | None = MEMBER_CONFIG, owner: str | None = None,
          peers: list[str] | None = None, run_dir: Path | None = None) -> tuple[Any, list[str]]:
     extra = [f"run_dir={run_dir}"] if run_dir is not None else []
-    cfg, notes, _ = join_config(config, [*overrides, *extra], source, owner=owner, extra_peers=peers or [])
+    cfg, notes, _, _ = join_config(config, [*overrides, *extra], source, owner=owner, extra_peers=peers or [])
     return cfg, notes
 
 
@@ -202,6 +202,30 @@ def test_a_member_whose_swarm_url_is_dead_joins_with_its_saved_descriptor(tmp_pa
         join(str(tampered), run_dir=run)
 
 
+def test_the_members_a_descriptor_lists_are_kept_with_its_copy_and_dialed(tmp_path: Path, owner: Identity) -> None:
+    """The members a host lists in the descriptor it serves (comment lines, not signed) survive the copy a member
+    keeps in its run dir and are among the peers it dials; a line that is no full multiaddr is skipped. Mutations
+    caught: a copy saved without them (``descriptor.to_yaml()`` alone), lines taken unchecked."""
+    from node.config.join import MEMBER_LINE, SAVED_DESCRIPTOR, listed_members, save_descriptor, with_members
+
+    d = descriptor(owner)
+    met = f"/ip4/203.0.113.9/tcp/31337/p2p/{PEER[:-4]}TTTT"
+    text = with_members(d.to_yaml(), [met, HOST])
+    text += f"{MEMBER_LINE}/ip4/203.0.113.10/tcp/1\n{MEMBER_LINE}not a multiaddr/p2p/x\n"
+    parse_descriptor(text).verify()  # comments are no part of what is signed
+    assert listed_members(text) == [met, HOST]
+    assert with_members(text, []) == d.to_yaml()  # replaced, not appended to
+    run = tmp_path / "run"
+    run.mkdir()
+    save_descriptor(run, d, listed_members(text))
+    saved = (run / SAVED_DESCRIPTOR).read_text()
+    assert parse_descriptor(saved) == d and listed_members(saved) == [met, HOST]
+    remember_peers(run, [HOST])
+    assert remembered_peers(run) == [HOST, met]  # the peers it reached first, then the listed ones, each once
+    cfg, notes = join(str(run / SAVED_DESCRIPTOR), run_dir=run, peers=[])
+    assert any("and 1 member(s) the descriptor lists" in n for n in notes), notes  # HOST is a host, not a member
+
+
 def _free_port() -> int:
     import socket
 
@@ -315,6 +339,15 @@ def test_swarm_init_sign_and_verify(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert d.hosts == [f"/dns4/host.example.org/tcp/31337/p2p/{p2p_peer_id(host_key)}", HOST]
     assert d.recommended_models == {"gpu-24gb": {"model.name_or_path": "smollm2-135m", "generation.backend": "vllm"}}
     assert d.settings["swarm.request_timeout"] == 15 and d.owner_fingerprint in proc.stdout
+    # The join command it prints is the docs' and the host's (a mutation caught: init's own, without -c and
+    # --run-dir, which writes runs/node and starts no status API).
+    from node.cli.host import descriptor_url, join_command
+
+    printed = next(ln for ln in proc.stdout.splitlines() if "members join with: " in ln).split("members join with: ")[1]
+    assert printed == join_command(descriptor_url(d.hosts[0], 8780))
+    assert printed == "swarm-node start --swarm http://host.example.org:8780/swarm.yaml -c configs/public-swarm.yaml " \
+        "--run-dir runs/public"
+    assert printed in (ROOT / "docs" / "swarm.md").read_text()
     assert main(["swarm", "verify", str(out)]) == 0
     assert "is valid" in capsys.readouterr().out
     edited = yaml.safe_load(out.read_text())

@@ -5,9 +5,11 @@ hosts' health, and a member that joins again through a peer it met when its host
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import psutil
 import pytest
@@ -38,7 +40,7 @@ def _manifest(author: Identity, epoch: int, address: tuple[str, ...] = (A,), n: 
 
 def test_member_table_counts_each_batch_once_per_epoch_and_forgets_the_oldest() -> None:
     alice, bob, carol = Identity.generate(), Identity.generate(), Identity.generate()
-    table = MemberTable(max_members=2, keep_epochs=3)
+    table = MemberTable(max_members=2, keep_epochs=3, since=0.0)
     table.manifest_seen(_manifest(alice, 10, n=1), now=100.0)
     table.manifest_seen(_manifest(alice, 10, n=1), now=100.5)  # the same batch read again: once
     table.manifest_seen(_manifest(alice, 10, n=2), now=101.0)
@@ -68,9 +70,26 @@ def test_member_table_counts_each_batch_once_per_epoch_and_forgets_the_oldest() 
     assert [h["announced"] for h in table.history(14, 5, 60)] == [0, 2, 0, 0, 0]  # alice's 2 (carol: pruned in 11 too)
 
 
+def test_a_member_table_starts_at_its_first_epoch_and_tells_running_members_from_seen_ones() -> None:
+    """A host's page starts where the host did, not ``history`` epochs before it; a member that stopped
+    announcing stays, seen, not running. Mutations caught: a history of a fixed length (60 epochs back, before
+    the host existed), ``since`` lost across a restart, and every member seen counted as running."""
+    alice, bob = Identity.generate(), Identity.generate()
+    table = MemberTable(since=10 * 60 + 30.0)  # made in epoch 10 (60-second epochs)
+    table.manifest_seen(_manifest(alice, 10, n=1), now=631.0)
+    table.manifest_seen(_manifest(bob, 11, n=2), now=670.0)
+    assert [h["epoch"] for h in table.history(12, 60, 60)] == [10, 11, 12]
+    assert [e["epoch"] for e in table.rows(12, 8, 60)[0]["epochs"]] == [12, 11, 10]
+    assert {r["peer_id"]: r["running"] for r in table.rows(12, 4, 60)} == {alice.peer_id: True, bob.peer_id: True}
+    assert {r["peer_id"]: r["running"] for r in table.rows(13, 4, 60)} == {alice.peer_id: False, bob.peer_id: True}
+    again = MemberTable()
+    again.load_json(json.loads(json.dumps(table.to_json())))
+    assert again.since == table.since and [h["epoch"] for h in again.history(12, 60, 60)] == [10, 11, 12]
+
+
 def test_member_table_is_kept_across_a_restart() -> None:
     alice = Identity.generate()
-    table = MemberTable(keep_epochs=2)
+    table = MemberTable(keep_epochs=2, since=0.0)
     for n in range(3):
         table.manifest_seen(_manifest(alice, 10 + n, n=n), now=100.0 + n)
     table.batch_seen(f"{2:02x}" * 32, replace(make_batch(alice), epoch=12), now=103.0, handed_off=True)
@@ -116,6 +135,12 @@ def test_a_host_sees_its_members_holds_nat_batches_and_checks_other_hosts(
                             epoch_seconds=600)
     cmdline = " ".join(psutil.Process(host.transport.p2pd_pid()).cmdline())
     assert "-connHi=64" in cmdline and "-relayMaxCircuits=2" in cmdline and "-relayService=1" in cmdline
+    # The NATed member hands each batch to one of the DHT servers it reached, in turn by sequence number: once it
+    # knows both the host and the public member, three batches in a row go to both (2 and 1, in some order).
+    servers = {boot[0].rsplit("/p2p/", 1)[1], p2p_id(public)}
+    assert wait_for(lambda: servers <= set(natted.network_status().neighbours)
+                    and servers <= {m.rsplit("/p2p/", 1)[1] for m in natted.remembered_maddrs()}, timeout=30), \
+        (natted.network_status(), natted.remembered_maddrs())
     for k, node in enumerate((public, natted)):
         for i in range(3):  # distinct content: a copy of another author's groups would be a duplicate
             assert node.publish(make_batch(node.identity, index=10 * k + i)) is not None
@@ -202,3 +227,89 @@ def test_a_restarted_host_keeps_its_peer_id_address_and_member_table(tmp_path, m
         assert after["history"][-1]["announced"] == 1
     finally:
         again.close()
+
+
+def _published_per_epoch(trace: Path, epoch_seconds: float) -> dict[int, int]:
+    """Epoch -> the batches a member stored a manifest of (its trace's ``pub`` events)."""
+    out: dict[int, int] = {}
+    for line in trace.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("ev") == "pub" and event.get("ok"):
+            epoch = int(float(event["created"]) // epoch_seconds)
+            out[epoch] = out.get(epoch, 0) + 1
+    return out
+
+
+def test_a_host_that_died_mid_epoch_counts_what_its_members_published(tmp_path, make_transport) -> None:  # noqa: ANN001
+    """A host whose process stops without a word (its network side gone, nothing saved at the end: what ``kill -9``
+    leaves) while two members publish, down an epoch and a half, then started again on its file: its totals and its
+    history per epoch equal what the members published, the epoch of its death and those it was away included.
+    (tests/node/test_host.py does it with ``kill -9`` on a ``swarm-node host`` process, in the slow suite.)
+    Mutations caught: the table saved only when an epoch ends (the file never holds the epoch in progress), and no
+    census of the epochs missed (those show fewer batches than were published)."""
+    epoch = 3.0
+    settings = fast_settings(host_maddrs=[f"/ip4/127.0.0.1/tcp/{free_port()}"], p2p_identity_path=str(tmp_path / "p2p.key"),
+                             epoch_seconds=epoch)
+    state = tmp_path / "members.json"
+    first = SwarmHost(settings, Identity.generate(), other_hosts=[], state_path=state, save_every=0.5)
+    first.start()
+    address = first.wait_until_listening(20)
+    members = [make_transport(initial_peers=address, epoch_seconds=epoch, trace_path=str(tmp_path / f"m{i}.trace"))
+               for i in range(2)]
+    stop = threading.Event()
+
+    def publish(k: int, node: SwarmTransport) -> None:
+        i = 0
+        while not stop.wait(1.0):
+            node.publish(make_batch(node.identity, index=100 * k + i))
+            i += 1
+
+    threads = [threading.Thread(target=publish, args=(k, m), daemon=True) for k, m in enumerate(members)]
+    for thread in threads:
+        thread.start()
+    again: SwarmHost | None = None
+    try:
+        def saved_pulled(epoch_index: int) -> int:
+            try:
+                doc = json.loads(state.read_text())
+            except (OSError, ValueError):
+                return 0
+            return sum(len(m["epochs"].get(str(epoch_index), [[], [], []])[1]) for m in doc["members"])
+
+        assert wait_for(lambda: saved_pulled(int(time.time() // epoch)) > 0 and (time.time() / epoch) % 1 < 0.7,
+                        timeout=6 * epoch)
+        died = int(time.time() // epoch)
+        first._stop.set()  # dies: its thread and network side stop, nothing more is saved
+        assert first._thread is not None
+        first._thread.join(timeout=10)
+        first.transport.close()
+        kept = saved_pulled(died)
+        time.sleep(1.5 * epoch)  # the members go on publishing to each other
+        again = SwarmHost(settings, Identity.generate(), other_hosts=[], state_path=state, save_every=0.5)
+        again.start()
+        assert again.wait_until_listening(20) == address
+        assert wait_for(lambda: all(m.network_status().initial_back is not None for m in members), timeout=10)
+        time.sleep(epoch)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        host = again
+
+        def announced() -> dict[str, int]:
+            return {m["peer_id"]: m["totals"]["announced"] for m in host.snapshot()["members"]}
+
+        published = {m.identity.peer_id: m.stats()["batches_published"] for m in members}
+        assert wait_for(lambda: announced() == published, timeout=4 * epoch), (announced(), published)
+        per_epoch: dict[int, int] = {}
+        for i in range(2):
+            for e, n in _published_per_epoch(tmp_path / f"m{i}.trace", epoch).items():
+                per_epoch[e] = per_epoch.get(e, 0) + n
+        history = {h["epoch"]: h for h in host.snapshot(history=60)["history"]}
+        assert {e: h["announced"] for e, h in history.items() if h["announced"]} == per_epoch
+        assert per_epoch.get(died) and per_epoch.get(died + 1), (died, per_epoch)
+        assert history[died]["pulled"] >= kept > 0 and host.snapshot()["counters"]["census_new"] > 0
+    finally:
+        stop.set()
+        first.close()  # idempotent: its p2pd must not outlive a failure above
+        if again is not None:
+            again.close()

@@ -6,6 +6,7 @@ const REFRESH_MS = 3000;
 const EPOCHS = 8;  // the epochs the host keeps per member
 const HISTORY = 60;  // epochs of the swarm's totals in the charts
 const charts = {};
+let epochSeconds = 60;  // the swarm's, from the last answer: one point on a chart spans an epoch either side
 
 function ago(t, now) { return t === null || t === undefined ? "-" : duration(Math.max(0, now - t)) + " ago"; }
 function bytes(n) {
@@ -23,14 +24,17 @@ function renderHost(doc) {
   badge.textContent = healthy ? "serving" : "down";
   badge.className = "badge " + (healthy ? "training" : "unhealthy");
   badge.dataset.value = String(healthy);
+  setValue("this-host", h.label, h.label + (h.libp2p_id ? " · libp2p peer id " + short(h.libp2p_id) : ""));
+  $("this-host").title = h.address || "";
   $("identity").textContent = ["swarm " + s.id, "owner " + s.owner, "wire protocol " + s.protocol_version,
     "v" + h.version].join(" · ");
   setValue("swarm", s.id, s.name);
   $("swarm-sub").textContent = s.tasks.source + ": " + s.tasks.datasets.join(", ") + " · epoch " + s.epoch_seconds +
     " s · valid until " + new Date(s.expires * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC";
-  const natted = doc.members.filter((m) => m.natted).length;
-  setValue("members", doc.members.length, String(doc.members.length));
-  $("members-sub").textContent = natted + " behind NAT";
+  const natted = doc.members.filter((m) => m.natted && m.running).length;
+  setValue("members-running", h.members_running, String(h.members_running));
+  setValue("members", doc.members.length, doc.members.length + " seen since " + clock(h.since) + " · " + natted +
+    " running behind NAT");
   // Each batch once per way it came: pulled + handed off = verified here, never more than the batches known.
   const sum = (rows, field) => rows.reduce((a, m) => a + field(m), 0);
   const announced = sum(doc.members, (m) => m.announced);
@@ -82,7 +86,8 @@ function renderMembers(doc) {
     const perEpoch = m.epochs.map((e) => clock(e.start) + " " + e.announced + "/" + e.pulled + "/" + e.handed_off)
       .join(" · ");
     const t = m.totals;
-    return [["peer", short(m.peer_id), m.peer_id], ["model", m.model || "-", m.model],
+    return [["peer", short(m.peer_id), m.peer_id], ["running", m.running ? "yes" : "no (stopped?)", m.running],
+      ["model", m.model || "-", m.model],
       ["tokenizer", m.tokenizer || "-", m.tokenizer], ["protocol", m.protocol === null ? "-" : "v" + m.protocol, m.protocol],
       ["natted", m.natted ? "yes" : "no", m.natted], ["announced", String(m.announced), m.announced],
       ["pulled", String(m.pulled), m.pulled], ["handed_off", String(m.handed_off), m.handed_off],
@@ -96,7 +101,7 @@ function renderHosts(doc) {
   fillTable("hosts-table", doc.hosts, "no other host in the descriptor", (h, tr) => {
     tr.dataset.host = h.address;
     const answers = h.ok === null ? "not checked yet" : h.ok ? "yes" : "no";
-    return [["address", h.address, h.address], ["ok", answers, h.ok],
+    return [["label", h.label, h.label], ["address", h.address, h.address], ["ok", answers, h.ok],
       ["rtt", h.rtt_s === null ? "-" : (h.rtt_s * 1000).toFixed(0) + " ms", h.rtt_s],
       ["checked_at", ago(h.checked_at, doc.time), h.checked_at], ["last_ok_at", ago(h.last_ok_at, doc.time), h.last_ok_at]];
   });
@@ -112,6 +117,7 @@ function epochSeries(doc) {
 function chartWidth(el) { return Math.max(300, el.clientWidth - 20); }
 
 function drawCharts(doc) {
+  epochSeconds = doc.swarm.epoch_seconds;
   const d = epochSeries(doc);
   const data = { "chart-epochs": [d.times, d.announced, d.pulled, d.handed], "chart-members": [d.times, d.members] };
   if (!charts["chart-epochs"]) {
@@ -128,6 +134,8 @@ function drawCharts(doc) {
     for (const [id, values] of Object.entries(data)) charts[id].setData(values);
   }
   for (const [id, values] of Object.entries(data)) {
+    // One epoch so far (a host just started): an epoch either side of it, not years.
+    if (values[0].length === 1) charts[id].setScale("x", { min: values[0][0] - epochSeconds, max: values[0][0] + epochSeconds });
     $(id).dataset.points = String(values[0].length);
     $(id).dataset.first = values[0].length ? String(values[0][0]) : "";
     $(id).dataset.last = values[0].length ? String(values[1][values[1].length - 1]) : "";

@@ -87,10 +87,13 @@ def host_count_mismatches(doc: dict[str, Any], members: list[Any], ids: dict[Any
                           epochs: list[int], epoch_seconds: float) -> list[str]:
     """Every count of the host's ``/api/swarm`` document (per member, per epoch in ``epochs``) that differs from
     the one computed from the member's own trace: announced = batches it stored a manifest of; handed off =
-    those it handed to this host (``handoff`` events naming the host); pulled = the rest (the host verifies
-    every batch it knows of once). Empty when every count agrees."""
+    those it handed to this host (``handoff`` events whose ``to``, a prefix of a libp2p id, is one of the
+    host's; an event without one names nobody); pulled = the rest (the host verifies every batch it knows of
+    once). An epoch in which no member published a batch is reported too: a page of zeros would match it,
+    proving nothing. Empty when every count agrees and every epoch had batches."""
     rows = {m["peer_id"]: m for m in doc["members"]}
     wrong = []
+    published_in = dict.fromkeys(epochs, 0)
     for member in members:
         peer = ids[member]
         row = rows.get(peer)
@@ -100,14 +103,22 @@ def host_count_mismatches(doc: dict[str, Any], members: list[Any], ids: dict[Any
         trace = member.trace()
         epoch_of = {e["id"]: math.floor(float(e["created"]) / epoch_seconds) for e in trace
                     if e.get("ev") == "pub" and e.get("ok")}
-        handed = {e["id"] for e in trace if e.get("ev") == "handoff" and host_p2p.startswith(e.get("to", "-"))}
+        handed = {e["id"] for e in trace if e.get("ev") == "handoff" and _names(str(e.get("to") or ""), host_p2p)}
         per_epoch = {e["epoch"]: e for e in row["epochs"]}
         for epoch in epochs:
             mine = [b for b, e in epoch_of.items() if e == epoch]
+            published_in[epoch] += len(mine)
             want = {"announced": len(mine), "handed_off": sum(1 for b in mine if b in handed)}
             want["pulled"] = want["announced"] - want["handed_off"]
             shown = per_epoch.get(epoch)
             got = {k: (shown or {}).get(k) for k in want}
             if got != want:
                 wrong.append(f"{peer[:8]} epoch {epoch}: the host shows {got}, its own records say {want}")
+    wrong += [f"epoch {epoch}: no member published a batch (nothing to compare)" for epoch, n in published_in.items()
+              if n == 0]
     return wrong
+
+
+def _names(prefix: str, peer: str) -> bool:
+    """Whether a trace's peer id ``prefix`` (the first 16 characters) names ``peer``; an empty one names nobody."""
+    return len(prefix) >= 8 and peer.startswith(prefix)
