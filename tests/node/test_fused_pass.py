@@ -127,3 +127,27 @@ def test_what_the_fused_pass_cannot_compute_trains_through_the_modules():
     assert fused_pass_refusal(gpt2) is not None
     stats = _trainer(dropout, True).step(_groups(dropout))  # trained as before, through the modules
     assert stats["n_tokens"] > 0 and stats["grad_norm"] > 0
+
+
+def test_a_zero_grad_from_outside_between_steps_loses_no_fused_gradient():
+    """The fused pass writes the adapters' gradients into views of one buffer: an optimizer's or a module's
+    ``zero_grad()`` (which sets ``.grad`` to None) between two steps must not cut them off. The second step
+    moves the adapters and norms exactly as without it (caught: the buffer not put back as ``flat.grad``,
+    where the step stopped on an assertion, or, without it, the optimizer skipped a parameter with no
+    gradient)."""
+    states = []
+    for outside in (False, True):
+        policy = _tiny(train_norms=True)
+        trainer = _trainer(policy, True)
+        trainer.step(_groups(policy))
+        before = policy.trainable_state()
+        if outside:
+            trainer.optimizer.zero_grad()
+            policy.model.zero_grad()
+            assert all(g.flat.grad is None for g in trainer.flat_groups)
+        trainer.step(_groups(policy))
+        after = policy.trainable_state()
+        assert all(not torch.equal(after[n], before[n]) for n in before)
+        states.append(after)
+    for name, value in states[0].items():
+        assert torch.equal(states[1][name], value), name
