@@ -123,15 +123,16 @@ def test_the_fused_pass_gives_the_modules_log_probs_and_gradients(kind, norms, d
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_in_bfloat16_the_fused_pass_stays_within_rounding_of_the_modules(kind, device):
-    """bfloat16 keeps 8 bits of mantissa (a rounding of 2^-9 relative): each path rounds every layer's
-    activations to it, in other orders (one product for q, k and v against three; attention over a packed
-    row against a copied cache), so the log-probs (logits of order 5 through two layers) may differ by a few
-    steps of 2^-8 x 5 = 0.02; 0.05 is two and a half such steps, and a gradient 5% of its largest entry.
-    A wrong function (a bias dropped) moves them by the size of the bias's effect: 0.1 and more here."""
+    """bfloat16 keeps 8 significant bits: each rounding moves a value by up to 2^-9 of itself, and each path
+    rounds every layer's activations in its own order (one product for q, k and v against three; attention
+    over a packed row against a copied cache; on CUDA other attention kernels). Measured on the CPU (three
+    sets of rows, llama, qwen2 and qwen3): log-probs within 2.2e-3 and each parameter's gradient within 2.7%
+    of its largest entry. The bounds, 0.05 and 10%, leave CUDA's kernels a margin of four to twenty times
+    that, and stay far below a wrong function: a dropped q/k/v bias moves them by 0.57 and 290%."""
     lp_gap, grad_gap = _differences(kind, dtype=torch.bfloat16, device=device)
-    assert lp_gap <= 0.05 and grad_gap <= 0.05, (lp_gap, grad_gap)
+    assert lp_gap <= 0.05 and grad_gap <= 0.1, (lp_gap, grad_gap)
 
 
 def test_the_family_table_says_which_families_the_fused_pass_takes():
