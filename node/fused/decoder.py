@@ -7,13 +7,14 @@ model's own tensors: the projections by family (``node.fused.projections``: one 
 with their adapters, one for gate and up), the rotary embedding on queries and keys together, attention by
 ``scaled_dot_product_attention`` with grouped heads, each RMSNorm in the order of transformers' own. Per
 decoder layer and pass that is about a fifth of the operations of the modules' path, and on a GPU as
-many fewer launches; the arithmetic is the same up to float rounding (``tests/node/test_fused_pass.py``
-compares losses and gradients with the modules' path).
+many fewer launches; the arithmetic is the same up to float rounding (``tests/node/test_fused_families.py``
+compares log-probs and gradients with the modules' path on each family).
 
-Which models: a peft LoRA model over ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` (smollm2, tiny-base,
-small-base, Qwen2.5) with SiLU MLPs, full attention, LoRA only inside decoder layers, without dropout,
-DoRA or several adapters. ``fused_pass_refusal`` names what stops any other model; the trainer then runs
-the modules as before.
+Which models: a peft LoRA model over a family whose entry in ``node.policy.families`` says ``fused`` (Llama:
+smollm2, tiny-base, small-base; Mistral; Qwen2: Qwen2.5, with its q/k/v biases; Qwen3, with its per-head
+query and key norms) with SiLU MLPs, full attention (no sliding window in the config or any layer), no
+attention dropout, LoRA only inside decoder layers, without LoRA dropout, DoRA or several adapters.
+``fused_pass_refusal`` names what stops any other model; the trainer then runs the modules as before.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class _Layer:
     eps_in: float
     norm_post: Tensor
     eps_post: float
+    q_norm: Tensor | None = None  # Qwen3: each head's queries and keys RMS-normalised before the rotary embedding
+    k_norm: Tensor | None = None
+    eps_qk: float = 0.0
 
 
 def _base_lm(model: nn.Module) -> Any:
@@ -78,19 +82,15 @@ def _describe(model: nn.Module) -> tuple[Any, list[_Layer]]:
         raise ValueError("gradient checkpointing recomputes the modules' own pass")
     if getattr(config, "hidden_act", None) != "silu" or getattr(config, "pretraining_tp", 1) != 1:
         raise ValueError(f"hidden_act {getattr(config, 'hidden_act', None)!r}: only silu MLPs are fused")
-    layers = lm.model.layers
-    out: list[_Layer] = []
-    for layer in layers:
-        if type(layer).__name__ not in _LAYERS:
-            raise ValueError(f"{type(layer).__name__} is not a decoder layer the fused pass knows ({sorted(_LAYERS)})")
-        attn, mlp = layer.self_attn, layer.mlp
-        if getattr(attn, "sliding_window", None) or hasattr(attn, "q_norm"):
-            raise ValueError("sliding-window attention or query/key norms are not fused")
-        norm_in, eps_in = _norm_weight(layer.input_layernorm)
-        norm_post, eps_post = _norm_weight(layer.post_attention_layernorm)
-        out.append(_Layer(make_family([attn.q_proj, attn.k_proj, attn.v_proj]), make_family([attn.o_proj]),
-                          make_family([mlp.gate_proj, mlp.up_proj]), make_family([mlp.down_proj]),
-                          norm_in, eps_in, norm_post, eps_post))
+    # Mistral's attention reads its window from the config, Qwen2's and Qwen3's from the layer's type
+    # (their configs set sliding_window to None unless use_sliding_window)
+    windows = {"full_attention"} | set(getattr(config, "layer_types", None) or ())
+    if getattr(config, "sliding_window", None) is not None or windows != {"full_attention"}:
+        raise ValueError(f"sliding-window attention (sliding_window {getattr(config, 'sliding_window', None)}, "
+                         f"layer types {sorted(windows)}) is not fused")
+    if getattr(config, "attention_dropout", 0.0):
+        raise ValueError(f"attention_dropout {config.attention_dropout} is not fused")
+    out = [_layer(layer) for layer in lm.model.layers]
     fused = {id(m.module) for layer in out for fam in (layer.qkv, layer.o, layer.gate_up, layer.down)
              for m in fam.members if m.rank is not None}
     for name, module in model.named_modules():
@@ -100,6 +100,25 @@ def _describe(model: nn.Module) -> tuple[Any, list[_Layer]]:
         raise ValueError("no LoRA layer in the decoder layers")
     _norm_weight(lm.model.norm)
     return lm, out
+
+
+def _layer(layer: Any) -> _Layer:
+    if type(layer).__name__ not in _LAYERS:
+        raise ValueError(f"{type(layer).__name__} is not a decoder layer the fused pass knows ({sorted(_LAYERS)})")
+    attn, mlp = layer.self_attn, layer.mlp
+    if getattr(attn, "sliding_window", None):
+        raise ValueError("sliding-window attention is not fused")
+    norm_in, eps_in = _norm_weight(layer.input_layernorm)
+    norm_post, eps_post = _norm_weight(layer.post_attention_layernorm)
+    out = _Layer(make_family([attn.q_proj, attn.k_proj, attn.v_proj]), make_family([attn.o_proj]),
+                 make_family([mlp.gate_proj, mlp.up_proj]), make_family([mlp.down_proj]),
+                 norm_in, eps_in, norm_post, eps_post)
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        (out.q_norm, eps_q), (out.k_norm, eps_k) = _norm_weight(attn.q_norm), _norm_weight(attn.k_norm)
+        if eps_q != eps_k or out.q_norm.shape != (attn.head_dim,):
+            raise ValueError("query and key norms of other epsilons or shapes than one a head are not fused")
+        out.eps_qk = eps_q
+    return out
 
 
 class FusedPass:
@@ -151,7 +170,8 @@ class FusedPass:
         heads, kv_heads = self.heads, self.kv_heads
         for layer in self.layers:
             x = RmsNorm.apply(h, layer.norm_in, layer.eps_in)
-            q, k, v = Qkv.apply(x, flat, layer.qkv, cos, sin, heads, kv_heads)
+            q, k, v = Qkv.apply(x, flat, layer.qkv, cos, sin, heads, kv_heads, layer.q_norm, layer.k_norm,
+                                layer.eps_qk)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scaling,
                                                enable_gqa=kv_heads != heads)
             h = h + Linear.apply(a, flat, layer.o, True)

@@ -43,12 +43,13 @@ class ModelFamily:
 FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("llama", ("llama",), "LlamaDecoderLayer", fused=True, gguf="llama",
                 notes="RMSNorm, SiLU gate, grouped-query attention (SmolLM2, tiny-base, small-base)"),
-    ModelFamily("mistral", ("mistral",), "MistralDecoderLayer", gguf="mistral",
-                notes="a Llama with sliding-window attention where its config sets a window"),
+    ModelFamily("mistral", ("mistral",), "MistralDecoderLayer", fused=True, gguf="mistral",
+                notes="a Llama with sliding-window attention where its config sets a window (the fused pass "
+                      "refuses those)"),
     ModelFamily("qwen2", ("qwen2",), "Qwen2DecoderLayer", fused=True, gguf="qwen2",
                 notes="biases on q, k and v; an output layer wider than its tokenizer (Qwen2.5: 151,936 for 151,665 "
                       "ids)"),
-    ModelFamily("qwen3", ("qwen3",), "Qwen3DecoderLayer", gguf="qwen3",
+    ModelFamily("qwen3", ("qwen3",), "Qwen3DecoderLayer", fused=True, gguf="qwen3",
                 notes="an RMSNorm on each head's queries and keys before the rotary embedding"),
     ModelFamily("gemma2", ("gemma2",), "Gemma2DecoderLayer", gguf="gemma2",
                 notes="norms scale by 1 + w, four norms a layer, GELU gate, embeddings times sqrt(d), soft-capped "

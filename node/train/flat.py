@@ -4,7 +4,10 @@ AdamW's for-loop form was 13,000 operations and 420 reads of the step count on t
 
 The parameters keep their objects and names (checkpoints, the merged generation copy and exports read them
 as before); each one's ``.data`` is a view of ``flat`` and its ``.grad`` a view of ``flat.grad``, kept
-attached between steps. ``mask`` (optional) is 1 on the entries that belong to a parameter: the adapters'
+attached between steps. The gradient buffer is the group's (``grad``): the fused pass writes the adapters'
+gradients into views of it, whatever ``flat.grad`` then holds, so every update puts it back as ``flat.grad``
+and the parameters' ``.grad`` (``zero_grad``, ``masked_grad``): a ``zero_grad()`` from outside (an
+optimizer's or a module's, which set ``.grad`` to None) between steps loses nothing. ``mask`` (optional) is 1 on the entries that belong to a parameter: the adapters'
 block-diagonal B matrices hold zeros between their blocks, whose gradients are masked before use.
 
 A checkpoint keeps the optimizer's state in the per-parameter form a plain optimizer writes
@@ -26,12 +29,13 @@ class FlatGroup:
         self.params, self.flat, self.mask = params, flat, mask
         if flat.grad is None:
             flat.grad = torch.zeros_like(flat)
+        self.grad: Tensor = flat.grad
         base = flat.data.storage_offset()
         self.specs = [(p.data.storage_offset() - base, tuple(p.shape), tuple(p.stride())) for p in params]
         for p in params:
             if p.data.untyped_storage().data_ptr() != flat.data.untyped_storage().data_ptr():
                 raise ValueError("a parameter of a flat group is not a view of its flat tensor")
-        self._grads = [self.view(flat.grad, i) for i in range(len(params))]
+        self._grads = [self.view(self.grad, i) for i in range(len(params))]
         self.attach_grads()
 
     @classmethod
@@ -54,12 +58,15 @@ class FlatGroup:
         return tensor.as_strided(shape, stride, tensor.storage_offset() + offset)
 
     def attach_grads(self) -> None:
+        """``grad`` as ``flat.grad`` and its views as the parameters' ``.grad``, wherever something replaced them."""
+        if self.flat.grad is not self.grad:
+            self.flat.grad = self.grad
         for p, g in zip(self.params, self._grads):
-            p.grad = g
+            if p.grad is not g:
+                p.grad = g
 
     def zero_grad(self) -> None:
-        assert self.flat.grad is not None
-        self.flat.grad.zero_()
+        self.grad.zero_()
         self.attach_grads()
 
     def touch(self) -> None:
@@ -75,10 +82,10 @@ class FlatGroup:
                     p.add_(0)
 
     def masked_grad(self) -> Tensor:
-        """``flat.grad`` with the entries that belong to no parameter set to zero (in place)."""
-        grad = self.flat.grad
-        assert grad is not None
-        return grad if self.mask is None else grad.mul_(self.mask)
+        """``grad`` with the entries that belong to no parameter set to zero (in place), attached as ``flat.grad``
+        for the optimizer."""
+        self.attach_grads()
+        return self.grad if self.mask is None else self.grad.mul_(self.mask)
 
 
 def per_parameter_state(optimizer: torch.optim.Optimizer, groups: list[FlatGroup]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import node.generation.sampling as generation
 import node.generation.static as generation_static
@@ -109,6 +110,74 @@ def test_the_backend_asks_for_graphs_only_on_cuda():
                       ("cpu", True, False): (False, False), ("cpu", True, True): (False, False),
                       ("cuda", False, False): (False, False), ("cuda", False, True): (False, False),
                       ("cuda", True, False): (True, False), ("cuda", True, True): (True, True)}
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts, while ``counting``, the operations by which the host reads device values: a scalar's read
+    (``.item()``, ``bool()``, ``int()``), a result whose size depends on values (``nonzero``) and a copy from
+    another device into CPU memory (``.cpu()``; a non-blocking copy to pinned memory, which does not wait, is
+    counted too); the test counts ``.tolist()`` beside it."""
+
+    SCALAR = {"aten.item", "aten.is_nonzero", "aten._local_scalar_dense", "aten.nonzero"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting = False
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.counting:
+            name = str(func.overloadpacket)
+            sources = [a for a in args if isinstance(a, torch.Tensor)]
+            to_host = isinstance(out, torch.Tensor) and out.device.type == "cpu" and any(
+                t.device.type != "cpu" for t in sources)
+            if name in self.SCALAR or (name in ("aten._to_copy", "aten.copy_") and to_host):
+                self.reads.append(name)
+        return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_captured_decode_loop_reads_the_device_at_most_once_a_window(monkeypatch, device):
+    """The decode loop over the static cache (``generation.hf.cuda_graphs``), sampling at temperature:
+    from its first decode step to its last, the host reads device values at most once every
+    ``live_check_interval`` steps (every step on the CPU, where the read costs nothing; every 8th on CUDA,
+    a non-blocking copy it looks at once it has arrived), never inside a step (on CUDA the step is captured
+    in a graph, and a read there would break the capture). Caught: an ``.item()``, ``int()`` or ``.tolist()``
+    in the step (two reads a step on the CPU), the probe reading every step on CUDA."""
+    policy = _cuda_policy() if device == "cuda" else _policy("tiny-base")
+    counter = _HostReads()
+    steps = []
+    run, loop = generation_static.StaticDecoder.run, generation._static_loop
+
+    def counted_run(self, key, step_fn, step):
+        counter.counting = True  # from the first decode step (the prefill and the set-up before it are not)
+        steps.append(step)
+        return run(self, key, step_fn, step)
+
+    def counted_loop(*args, **kwargs):
+        out = loop(*args, **kwargs)
+        counter.counting = False  # what generate reads once, after the loop, is not the loop's
+        return out
+
+    def counted_tolist(self):  # on the CPU it dispatches no operation
+        if counter.counting:
+            counter.reads.append("tolist")
+        return tolist(self)
+
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(generation_static.StaticDecoder, "run", counted_run)
+    monkeypatch.setattr(generation, "_static_loop", counted_loop)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    prompts = _prompts(policy)
+    with counter:
+        out = generate(policy.model, policy.tokenizer, prompts, max_new_tokens=24, temperature=0.8,
+                       generator=torch.Generator(device=policy.device).manual_seed(3), device=policy.device,
+                       max_len=policy.context_length, cuda_graphs=True)
+    window = generation.live_check_interval(policy.device)
+    assert out.completion_mask.any() and len(steps) >= 2
+    assert len(counter.reads) <= -(-len(steps) // window), (len(steps), window, counter.reads)
+    assert not generation_static._warned, generation_static._warned  # on CUDA: captured, not fallen back
 
 
 def _cuda_policy() -> Policy:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import node.generation.static as generation_static
 from node.config import AdapterConfig, ModelConfig
 from node.generation.sampling import generate
 from node.policy.model import build_policy, load_base
@@ -21,12 +22,15 @@ from swarm.memory import InMemoryHub
 
 
 @contextlib.contextmanager
-def _pushed(vocab: int, ids: list[int], boost: float = 30.0) -> Iterator[None]:
-    """Every output layer of ``vocab`` logits (the policy's, a merged copy's) adds ``boost`` to ``ids``."""
+def _pushed(vocab: int, ids: list[int], boost: float = 30.0, device: str = "cpu") -> Iterator[None]:
+    """Every output layer of ``vocab`` logits (the policy's, a merged copy's) adds ``boost`` to ``ids`` (held on
+    ``device``: a captured decode step copies nothing from the host)."""
+    index = torch.tensor(ids, device=device)
+
     def hook(module: nn.Module, _inputs: tuple, out: torch.Tensor) -> torch.Tensor | None:
         if isinstance(module, nn.Linear) and module.out_features == vocab:
             out = out.clone()
-            out[..., ids] += boost
+            out[..., index] += boost
             return out
         return None
 
@@ -37,21 +41,32 @@ def _pushed(vocab: int, ids: list[int], boost: float = 30.0) -> Iterator[None]:
         handle.remove()
 
 
-def _policy():
-    return build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+def _policy(device: str = "cpu"):
+    return build_policy(ModelConfig(name_or_path="tiny-base", device=device), AdapterConfig(), seed=0)
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                       reason="no CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 @pytest.mark.parametrize("greedy", [False, True])
-def test_a_model_pushed_towards_its_special_tokens_never_samples_them(greedy):
-    policy = _policy()
+def test_a_model_pushed_towards_its_special_tokens_never_samples_them(greedy, static, device):
+    """The dynamic loop and the static cache's (``generation.hf.cuda_graphs``: on CUDA each decode step a
+    captured graph, with the mask inside it), on the CPU and on CUDA."""
+    generation_static._warned.clear()
+    policy = _policy(device)
     tok = policy.tokenizer
     stops = stop_ids(policy.model, tok)
     banned = banned_ids(tok, stops)
     assert stops == (tok.eos_token_id,) and set(banned) == {tok.bos_token_id, tok.pad_token_id, tok.unk_token_id}
     prompts = [[tok.bos_token_id, *tok("12+7=", add_special_tokens=False)["input_ids"]]] * 8
+    with _pushed(len(tok), list(banned), device=device):
+        out = generate(policy.model, tok, prompts, max_new_tokens=12, greedy=greedy, device=policy.device,
+                       generator=torch.Generator(device=policy.device).manual_seed(0), cuda_graphs=static)
+    assert not generation_static._warned, generation_static._warned  # on CUDA: captured, not fallen back
     with _pushed(len(tok), list(banned)):
-        out = generate(policy.model, tok, prompts, max_new_tokens=12, greedy=greedy,
-                       generator=torch.Generator().manual_seed(0))
         # without the mask the push wins: the base model's argmax after the prompt is a special token
         raw, _ = load_base(ModelConfig(name_or_path="tiny-base", device="cpu"))
         logits = raw(input_ids=torch.tensor(prompts[:1])).logits[0, -1]
