@@ -231,7 +231,7 @@ def test_remix_node_trains_end_to_end_and_resumes(tmp_path):
     last = rows[1]
     assert last["eval_by_dataset"] == {"add": pytest.approx(last["eval_accuracy"])}
     usage = last["routing_usage"]["add"]
-    assert len(usage) == node.policy.remix.attach.num_layers and all(sum(layer) == 16 * 2 for layer in usage)
+    assert len(usage) == node.policy.remix.num_layers and all(sum(layer) == 16 * 2 for layer in usage)
     assert 2 / 4 - 1e-9 <= last["routing_balance"] <= 1.0 and last["routing_specialisation"] == 0.0  # one dataset
     assert sorted(last["routing_lora_norm"]) == ["0", "1", "2", "3"]
     assert max(last["routing_lora_norm"].values()) > 0  # the LoRAs trained so far have moved
