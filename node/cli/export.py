@@ -60,6 +60,8 @@ class ExportResult:
     kind: Literal["adapter", "merged", "remix"]
     notes: list[str] = field(default_factory=list)
     """One line each, for the user: what a loader can and cannot do with this folder."""
+    targets: list[str] = field(default_factory=list)
+    """The layers that carry the adapter, by leaf name (``adapter.target_modules: auto`` resolved)."""
 
 
 def base_reference(model: ModelConfig) -> str:
@@ -113,8 +115,22 @@ def export_run(run: RunStep, out: Path, *, merged: bool = False, dtype: ExportDt
         result = _export_merged(policy, out, dtype)
     else:
         result = _export_adapter(run, policy, out, dtype)
+    result.targets = _adapted_layers(policy)
     (out / "README.md").write_text(model_card(run, result, dtype, command))
     return result
+
+
+def _adapted_layers(policy: object) -> list[str]:
+    """The leaf names the run's adapter sits on, in the model's order (ReMix: its family's MLP projections)."""
+    remix = getattr(policy, "remix", None)
+    if remix is not None:
+        return list(remix.projections)
+    names: list[str] = []
+    for name, module in policy.model.named_modules():  # type: ignore[attr-defined]
+        leaf = name.rsplit(".", 1)[-1]
+        if hasattr(module, "lora_A") and hasattr(module, "get_base_layer") and leaf not in names:
+            names.append(leaf)
+    return names
 
 
 def _export_adapter(run: RunStep, policy: object, out: Path, dtype: ExportDtype) -> ExportResult:
@@ -199,7 +215,8 @@ def model_card(run: RunStep, result: ExportResult, dtype: ExportDtype, command: 
         f"tasks ({cfg.train.loss.upper()} loss, {cfg.train.advantage} advantages).", "",
         f"- base model: `{base}`" + (f" (folder `{base_folder}`)" if base_folder != base else ""),
         f"- adapter: {cfg.adapter.kind}, rank {cfg.adapter.rank}, alpha {cfg.adapter.alpha:g}, "
-        f"targets {', '.join(cfg.adapter.target_modules)}" + (", trained norms" if cfg.adapter.train_norms else ""),
+        f"targets {', '.join(result.targets)}" + (" (auto: the model family's)" if cfg.adapter.target_modules == "auto"
+                                                    else "") + (", trained norms" if cfg.adapter.train_norms else ""),
         f"- datasets: {datasets}",
         f"- steps: {run.step}",
         f"- mode: {run.mode}" + (f" (swarm {cfg.swarm.swarm_id})" if run.mode == "swarm" else ""),

@@ -50,9 +50,11 @@ class AdapterConfig(Section):
     rank: int = Field(8, ge=1)
     alpha: float = Field(16.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
+    target_modules: Literal["auto"] | list[str] = Field(
+        "auto", description="the linear layers that get an adapter, by leaf name: 'auto' takes the model "
+        "family's attention and MLP projections (node/policy/families.py: q_proj ... down_proj for a Llama, qkv_proj, "
+        "o_proj, gate_up_proj, down_proj for a Phi-3), so one config serves every family; on a model of no known "
+        "family, every linear layer inside its decoder layers (docs/models.md)")
     train_norms: bool = Field(True, description="also train RMSNorm weights (peft modules_to_save)")
     norm_lr: float = Field(1e-2, gt=0)
     remix: RemixConfig = RemixConfig()

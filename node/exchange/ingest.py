@@ -19,8 +19,9 @@ seconds, ``not_needed`` once the step has all the groups it can use). Checks run
   (``foreign_dataset``), at most ``max_seeds_per_peer_epoch`` distinct seeds per author and epoch
   (``seed_cap``: a new seed makes the task source build a new table);
 * each rollout as this node would have generated it: at most our own ``max_new_tokens`` (or the wider
-  limit for re-tokenized text), and with our prompt within our model's context (``too_long``), ids in the vocabulary, an EOS at the end exactly when
-  ``finish_reason`` says so (``eos_mismatch``), no other special token (``special_token``), re-tokenized
+  limit for re-tokenized text), and with our prompt within our model's context (``too_long``), ids in the
+  vocabulary, an EOS at the end exactly when ``finish_reason`` says so (``eos_mismatch``; a special token
+  there that our model does not end at, another model's stop, and any inside: ``special_token``), re-tokenized
   text our tokenizer spells exactly (``untokenizable``: characters outside its vocabulary), ids that
   decode -- special tokens not skipped -- to exactly the scored text (``text_mismatch``), behaviour
   log-probs no lower than ``min_logprob`` (``bad_logprobs``);
@@ -50,11 +51,7 @@ import torch
 from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings, answer_token_span
 from node.exchange.scoring import ScoringWorker
 from node.generation.rollouts import encode_prompt
-from node.policy.logprobs import (
-    logit_micro_batches,
-    right_pad,
-    shared_prompt_logprobs,
-)
+from node.policy.logprobs import logit_micro_batches, right_pad, shared_prompt_logprobs
 from node.policy.model import Policy
 from node.policy.remix.logprobs import routed_logprobs
 from node.policy.special import stop_ids
@@ -399,8 +396,9 @@ class Ingestor:
             return None, None, "too_long"
         if any(i >= self._vocab_size for i in ids):
             return None, None, "bad_token_id"
-        if ends_with_eos != (bool(ids) and ids[-1] in self._stops):
-            return None, None, "eos_mismatch"
+        if ends_with_eos != (bool(ids) and ids[-1] in self._stops):  # a special id: an honest author's stop
+            other_stop = ends_with_eos and bool(ids) and ids[-1] in self._special
+            return None, None, "special_token" if other_stop else "eos_mismatch"
         body = ids[:-1] if ends_with_eos else ids
         if any(i in self._special for i in body):
             return None, None, "special_token"

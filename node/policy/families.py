@@ -10,11 +10,17 @@ A model is matched by its config's ``model_type``. A model of no family here sti
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+"""``adapter.target_modules: auto``: the family's attention and MLP projections (``resolve_targets``)."""
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -89,3 +95,28 @@ def decoder_linear_names(model: nn.Module) -> list[str]:
         if inside and isinstance(module, nn.Linear) and parts[-1] not in names:
             names.append(parts[-1])
     return names
+
+
+def resolve_targets(model: nn.Module, requested: str | Sequence[str]) -> list[str]:
+    """The leaf names of the linear layers an adapter goes on: ``requested`` when it lists them, else (``auto``)
+    the family's attention and MLP projections, or on a model of no family here every linear layer inside its
+    decoder layers (logged: the node has not tested that family). Names the model lacks are the caller's to
+    refuse."""
+    if requested != AUTO:
+        return list(requested)
+    family = family_of(model)
+    if family is not None:
+        return list(family.targets)
+    names = decoder_linear_names(model)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    logger.warning("model_type %r is of no family the node has tested (%s): adapter.target_modules=auto adapts "
+                   "every linear layer inside its decoder layers (%s); docs/models.md says what to expect",
+                   model_type, ", ".join(f.name for f in FAMILIES), ", ".join(names) or "none found")
+    return names
+
+
+def mlp_projections(model: nn.Module) -> tuple[str, ...]:
+    """The MLP projections ReMix routes its LoRAs on: the family's (Phi-3: ``gate_up_proj``, ``down_proj``),
+    a Llama's on a model of no family here (``attach_remix`` refuses the model when they are missing)."""
+    family = family_of(model)
+    return family.mlp if family is not None else MLP

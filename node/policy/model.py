@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from node.config import AdapterConfig, ModelConfig
 from node.errors import PolicyError
+from node.policy.families import resolve_targets
 from node.policy.special import mask_output
 from node.sources.check import Finding, check_agreement_with, check_folder, refuse
 from node.sources.embedded.catalog import embedded_names
@@ -148,18 +149,20 @@ def _norm_module_names(model: nn.Module) -> list[str]:
 def _attach_lora(model: PreTrainedModel, cfg: AdapterConfig) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
+    targets = resolve_targets(model, cfg.target_modules)
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [t for t in cfg.target_modules if t not in present]
-    if missing:
-        raise PolicyError(
-            f"adapter.target_modules {missing} are not modules of this model; it has e.g. "
-            f"{sorted(n for n in present if n.endswith('proj'))[:8]}"
-        )
+    missing = [t for t in targets if t not in present]
+    if missing or not targets:
+        linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        what = (f"adapter.target_modules {missing} are not modules of this model" if targets else
+                "adapter.target_modules=auto found no linear layer inside this model's decoder layers")
+        raise PolicyError(f"{what}; name some of its own: it has e.g. {sorted(linear - {'lm_head'})[:8]}")
+    logger.info("LoRA on %s", ", ".join(targets))
     lora = LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft accepts floats
         lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules),
+        target_modules=targets,
         modules_to_save=_norm_module_names(model) if cfg.train_norms else None,
         bias="none",
         task_type="CAUSAL_LM",

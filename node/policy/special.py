@@ -54,16 +54,29 @@ def sampling_bias(tokenizer: Any, stops: Sequence[int], vocab: int, device: torc
 
 def mask_output(model: Any, tokenizer: Any) -> None:
     """Make ``model``'s output layer add ``sampling_bias`` to its logits (a non-persistent buffer
-    ``logit_bias`` on that layer, moved with the model and shared by copies of it, and a forward hook)."""
+    ``logit_bias`` on that layer, moved with the model and shared by copies of it, and a forward hook).
+
+    A model that soft-caps its logits after the output layer (Gemma 2: ``cap * tanh(logits / cap)``) would
+    turn the ``-inf`` into ``-cap`` there, and a banned token into a possible one: its hook adds the bias to
+    the model's output logits instead, after the cap."""
     head = model.get_output_embeddings()
     bias = sampling_bias(tokenizer, stop_ids(model, tokenizer), int(head.weight.shape[0]), head.weight.device)
     head.register_buffer("logit_bias", bias, persistent=False)
-    head.register_forward_hook(_add_logit_bias)
+    if getattr(getattr(model, "config", None), "final_logit_softcapping", None):
+        model.register_forward_hook(_add_bias_after_cap)
+    else:
+        head.register_forward_hook(_add_logit_bias)
 
 
 def _add_logit_bias(module: Any, _inputs: Any, out: torch.Tensor) -> torch.Tensor:
     bias: torch.Tensor = module.logit_bias
     return out + bias.to(out.dtype)
+
+
+def _add_bias_after_cap(model: Any, _inputs: Any, out: Any) -> Any:
+    bias: torch.Tensor = model.get_output_embeddings().logit_bias
+    out.logits = out.logits + bias.to(out.logits.dtype)
+    return out
 
 
 def output_bias(model: Any) -> torch.Tensor | None:

@@ -114,14 +114,17 @@ def init_source(cfg: NodeConfig) -> RunStep | None:
 
 
 def _shape_differences(cfg: NodeConfig, source: NodeConfig) -> list[str]:
-    """``field=theirs (this node: ours)`` for each setting that makes the two adapters' weights not fit."""
+    """``field=theirs (this node: ours)`` for each setting that makes the two adapters' weights not fit.
+    ``target_modules: auto`` names its layers only once the model is loaded (``node.policy.families``):
+    against a list, the checkpoint's tensor names decide when they load (a one-line refusal there)."""
     pairs = [(f"model.{name}", getattr(source.model, name), getattr(cfg.model, name))
              for name in ("name_or_path", "gguf_file")]
     pairs += [(f"adapter.{name}", getattr(source.adapter, name), getattr(cfg.adapter, name)) for name in _SHAPE]
     if cfg.adapter.kind == "remix" and source.adapter.kind == "remix":
         pairs += [(f"adapter.remix.{name}", getattr(source.adapter.remix, name), getattr(cfg.adapter.remix, name))
                   for name in ("n", "k", "scale")]
-    return [f"{name}={theirs!r} (this node: {ours!r})" for name, theirs, ours in pairs if theirs != ours]
+    return [f"{name}={theirs!r} (this node: {ours!r})" for name, theirs, ours in pairs
+            if theirs != ours and not (name == "adapter.target_modules" and "auto" in (theirs, ours))]
 
 
 def load_init_state(run: RunStep) -> dict[str, Any]:

@@ -51,7 +51,6 @@ MEANINGS = {
     "adapter.rank": "LoRA rank (remix: the rank of each of its n LoRAs)",
     "adapter.alpha": "LoRA scale numerator (the update is scaled by alpha / rank)",
     "adapter.dropout": "LoRA dropout",
-    "adapter.target_modules": "the linear layers that get an adapter",
     "adapter.norm_lr": "learning rate of the trained RMSNorm weights (train_norms)",
     "adapter.remix.n": "LoRAs a routed module holds",
     "adapter.remix.k": "LoRAs a token is routed to",

@@ -78,3 +78,20 @@ def trained_run(tmp_path_factory):
 def trained_lora_run(tmp_path_factory):
     """A finished tiny run whose adapter is LoRA only (no trained norms): what vLLM's LoRARequest takes."""
     return _train_run(tmp_path_factory.mktemp("trained-lora") / "run", "adapter.train_norms=false")
+
+
+@pytest.fixture(scope="session")
+def family_folder(tmp_path_factory):
+    """``family_folder(name)``: the folder of the tiny random model of family ``name`` (``tests/node/families.py``),
+    saved with its family's tokenizer, built once a session."""
+    from tests.node.families import build_tiny, family_tokenizer, save_tiny
+
+    folders = {}
+
+    def folder(name: str):
+        if name not in folders:
+            tokenizer = family_tokenizer(name)
+            folders[name] = save_tiny(build_tiny(name, tokenizer), tokenizer, tmp_path_factory.mktemp(name))
+        return folders[name]
+
+    return folder

@@ -150,6 +150,14 @@ def _p2pd_children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if "p2pd" in p.name()}
 
 
+def assert_no_p2pd_left(before: set[int], timeout: float = 15.0) -> None:
+    """Every p2pd daemon started since ``before`` (``_p2pd_children()`` then) has exited within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while _p2pd_children() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _p2pd_children() - before, "p2pd left behind"
+
+
 def test_tiny_and_small_nodes_exchange_over_real_transports(tmp_path, small_base):
     swarm = ["swarm.epoch_seconds=5", "swarm.startup_timeout=30", "swarm.swarm_id=hetero-test"]
     nodes: dict[str, Node] = {}
@@ -185,7 +193,4 @@ def test_tiny_and_small_nodes_exchange_over_real_transports(tmp_path, small_base
     finally:
         for node in nodes.values():
             node.close()
-    deadline = time.monotonic() + 15
-    while _p2pd_children() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _p2pd_children() - before, "p2pd left behind"
+    assert_no_p2pd_left(before)

@@ -104,3 +104,43 @@ def test_a_folder_that_is_no_run_or_a_step_not_kept_is_a_one_line_error(tmp_path
     missing = trained_run.run_dir / "checkpoints" / "step_000003"
     with pytest.raises(ConfigError, match=r"no such checkpoint \(it has \[2, 4\]\)"):
         init_source(make_config(str(tmp_path / "new"), f"adapter.init_from={missing}"))
+
+
+LLAMA_LIST = "adapter.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+
+
+def test_a_run_of_an_explicit_target_list_resumes_with_auto_and_seeds_an_auto_run(tmp_path):
+    """Runs recorded before ``auto`` became the default name a Llama's seven projections: such a run resumes
+    under ``auto`` (the same layers), and ``adapter.init_from`` takes it for an ``auto`` run; a run of other
+    layers is refused in one line when its tensors load. Mutation seen failing: ``_shape_differences``
+    comparing ``auto`` with a list as unequal (the init_from refused)."""
+    from node.errors import PolicyError
+
+    run = tmp_path / "old"
+    node = _node(make_config(str(run), LLAMA_LIST, "train.steps=1", "train.checkpoint_every=1"))
+    try:
+        node.run()
+    finally:
+        node.close()
+    resumed = _node(make_config(str(run), "train.steps=2"))
+    try:
+        assert resumed.cfg.adapter.target_modules == "auto" and resumed.step == 1
+        assert _same(resumed.policy.trainable_state(), _saved(run, 1))
+    finally:
+        resumed.close()
+    assert init_source(make_config(str(tmp_path / "new"), f"adapter.init_from={run}")) is not None
+    other = tmp_path / "other"
+    node = _node(make_config(str(other), "adapter.target_modules=[q_proj]", "train.steps=1", "train.checkpoint_every=1"))
+    try:
+        node.run()
+    finally:
+        node.close()
+    from node.run.node import Node
+
+    refusing = Node(make_config(str(tmp_path / "new2"), f"adapter.init_from={other}"), show_progress=False)
+    try:
+        with pytest.raises(PolicyError, match="checkpoint adapters do not match this policy") as refused:
+            refusing.setup()
+    finally:
+        refusing.close()
+    assert "\n" not in str(refused.value)

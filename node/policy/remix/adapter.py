@@ -13,6 +13,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
+from node.policy.families import MLP, mlp_projections
 from node.policy.remix.ops import (
     LayerRouting,
     RemixError,
@@ -23,7 +24,8 @@ from node.policy.remix.ops import (
 
 logger = logging.getLogger(__name__)
 
-MLP_PROJECTIONS: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+MLP_PROJECTIONS: tuple[str, ...] = MLP
+"""A Llama's MLP projections; a model's own are its family's (``RemixAdapter.projections``)."""
 RoutingMode = Literal["deterministic", "sampled"]
 
 
@@ -73,6 +75,7 @@ class RemixAdapter:
     def __init__(self, model: nn.Module, spec: RemixSpec) -> None:
         self.model = model
         self.spec = spec
+        self.projections = mlp_projections(model)  # the family's MLP projections (node.policy.families)
         self._layers = decoder_layers(model)
         self._routings = [LayerRouting() for _ in self._layers]
         self._routers: list[nn.Linear] = []
@@ -92,14 +95,17 @@ class RemixAdapter:
             routing = self._routings[index]
             mlp = layer.mlp
             wrapped: dict[str, RemixLinear] = {}
-            for name in MLP_PROJECTIONS:
-                base = getattr(mlp, name)
+            for name in self.projections:
+                base = getattr(mlp, name, None)
                 if not isinstance(base, nn.Linear):
-                    raise RemixError(f"layer {index}: mlp.{name} is {type(base).__name__}, not nn.Linear")
+                    raise RemixError(f"layer {index}: mlp.{name} is {type(base).__name__}, not nn.Linear: ReMix "
+                                     f"takes the MLP projections {list(self.projections)} of a family in "
+                                     "node/policy/families.py; use adapter.kind=lora for this model")
                 wrapped[name] = RemixLinear(base, spec.n, spec.rank, spec.omega, routing)
                 setattr(mlp, name, wrapped[name])
-            weight = wrapped["gate_proj"].lora_A
-            router = nn.Linear(wrapped["gate_proj"].base.in_features, spec.n, bias=False)
+            first = wrapped[self.projections[0]]  # reads the layer's input, as the router does
+            weight = first.lora_A
+            router = nn.Linear(first.base.in_features, spec.n, bias=False)
             router.to(device=weight.device, dtype=weight.dtype)
             nn.init.zeros_(router.weight)
             layer.remix_router = router

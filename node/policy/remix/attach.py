@@ -1,9 +1,10 @@
 """ReMix: a routed mixture of LoRAs on the MLP projections of every decoder layer.
 
-Each MLP projection (``gate_proj``, ``up_proj``, ``down_proj``) of decoder layer ``l`` holds n LoRAs; a
-router per layer (``nn.Linear(D, n, bias=False)``, zero-initialised so routing starts uniform) reads the
-layer input averaged over the *prompt* tokens (detached) and picks k of them per sequence, all with the
-same fixed weight ``omega`` (see ``docs/algorithms.md``, section ReMix).
+Each MLP projection of decoder layer ``l`` (its family's, ``node.policy.families``: ``gate_proj``,
+``up_proj``, ``down_proj``, or a Phi-3's ``gate_up_proj`` and ``down_proj``) holds n LoRAs; a router per
+layer (``nn.Linear(D, n, bias=False)``, zero-initialised so routing starts uniform) reads the layer input
+averaged over the *prompt* tokens (detached) and picks k of them per sequence, all with the same fixed
+weight ``omega`` (see ``docs/algorithms.md``, section ReMix).
 
 Usage, generation (deterministic top-k)::
 

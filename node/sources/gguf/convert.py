@@ -134,7 +134,11 @@ def convert_gguf(path: Path, out: Path, *, name: str, source: dict[str, Any], gg
     architecture, types = check_supported(path)
     echo(f"{name}: de-quantizing {sum(types.values())} tensors ({', '.join(f'{n} {t}' for t, n in sorted(types.items()))}) "
          f"of a {architecture} GGUF to float32")
-    tokenizer, loaded = load_from_gguf(path)
+    try:
+        tokenizer, loaded = load_from_gguf(path)
+    except (NotImplementedError, ValueError, KeyError) as exc:  # e.g. a Llama GGUF named exactly "mistral"
+        raise PolicyError(f"{path.name}: transformers {_versions()['transformers']} cannot convert this {architecture} "
+                          f"GGUF ({str(exc).strip().splitlines()[0][:160]})") from None
     source_tokenizer = read_source_tokenizer(path)
     model = plain_copy(loaded)
     del loaded

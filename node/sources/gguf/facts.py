@@ -25,6 +25,9 @@ SPECIAL_KEYS: dict[str, str] = {
     "pad": "tokenizer.ggml.padding_token_id",
     "unk": "tokenizer.ggml.unknown_token_id",
 }
+# Ids a GGUF states end a turn besides its eos (llama.cpp's end-of-turn and end-of-message tokens: Gemma's
+# <end_of_turn>, Phi-3's <|end|>), which an instruct model's generation config lists as eos ids.
+END_KEYS: tuple[str, ...] = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 def _byte_alphabet() -> dict[int, str]:
@@ -64,19 +67,21 @@ class SourceTokenizer:
     add_bos_token: bool | None
     chat_template: str | None
     tokens: list[str] | None = None
+    end_ids: tuple[int, ...] = ()  # END_KEYS: ids that end a turn besides the eos (Gemma's <end_of_turn>)
 
     def summary(self) -> dict[str, Any]:
         """What ``build_info.json`` keeps: everything but the token list itself (its hash stays)."""
         return {"model": self.model, "pre": self.pre, "n_tokens": self.n_tokens, "vocab_sha256": self.vocab_sha256,
                 "special_ids": dict(self.special_ids), "add_bos_token": self.add_bos_token,
-                "chat_template": self.chat_template}
+                "chat_template": self.chat_template, "end_ids": list(self.end_ids)}
 
     @classmethod
     def from_summary(cls, record: dict[str, Any]) -> SourceTokenizer:
         return cls(model=record.get("model"), pre=record.get("pre"), n_tokens=int(record["n_tokens"]),
                    vocab_sha256=str(record["vocab_sha256"]),
                    special_ids={str(k): int(v) for k, v in record.get("special_ids", {}).items()},
-                   add_bos_token=record.get("add_bos_token"), chat_template=record.get("chat_template"))
+                   add_bos_token=record.get("add_bos_token"), chat_template=record.get("chat_template"),
+                   end_ids=tuple(int(i) for i in record.get("end_ids", [])))
 
 
 def read_source_tokenizer(path: Path) -> SourceTokenizer:
@@ -111,4 +116,5 @@ def read_source_tokenizer(path: Path) -> SourceTokenizer:
     return SourceTokenizer(model=model, pre=scalar("tokenizer.ggml.pre"),
                            n_tokens=len(tokens), vocab_sha256=tokens_sha256(tokens), special_ids=special,
                            add_bos_token=None if add_bos is None else bool(add_bos),
-                           chat_template=scalar("tokenizer.chat_template"), tokens=tokens)
+                           chat_template=scalar("tokenizer.chat_template"), tokens=tokens,
+                           end_ids=tuple(dict.fromkeys(int(scalar(k)) for k in END_KEYS if scalar(k) is not None)))

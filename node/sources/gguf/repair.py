@@ -4,9 +4,10 @@ transformers 5.17 converts SmolLM2's GGUF with ``eos_token`` ``<|im_start|>`` (i
 the file states ``tokenizer.ggml.eos_token_id = 2`` and ``padding_token_id = 2``; a node trained on that
 conversion samples completions that never end where the model ends them. The fields a GGUF states and a
 conversion can get wrong without changing the vocabulary are set back to the file's values here: special
-tokens, the ids in the model's config and generation config, the chat template, and, for a byte-level BPE
-(``tokenizer.ggml.model = gpt2``, which decodes losslessly), decoding that loses text (``clean_up_tokenization_spaces``,
-a decoder other than byte-level). Each repair is returned as a record for ``build_info.json``; what cannot be
+tokens, whether a BOS is added (a Gemma GGUF's is lost), the ids in the model's config and generation config
+(with the end-of-turn id a GGUF states among its eos ids), the chat template, and, for a byte-level BPE
+(``tokenizer.ggml.model = gpt2``, which decodes losslessly), decoding that loses text
+(``clean_up_tokenization_spaces``, a decoder other than byte-level). Each repair is returned as a record for ``build_info.json``; what cannot be
 repaired (a different vocabulary) is left to the checks, which refuse it.
 """
 
@@ -80,10 +81,39 @@ def _repair_decoding(tokenizer: Any) -> list[dict[str, Any]]:
     return repairs
 
 
+def _repair_end_ids(model: Any, source: SourceTokenizer) -> list[dict[str, Any]]:
+    """The ids the GGUF says end a turn (``END_KEYS``) among the generation config's eos ids, after its own eos:
+    transformers keeps only ``tokenizer.ggml.eos_token_id``, so an instruct model converted from a GGUF would
+    never stop at its end of turn."""
+    holder = model.generation_config
+    found = holder.eos_token_id
+    ids = [found] if isinstance(found, int) else list(found or [])
+    missing = [i for i in source.end_ids if i not in ids]
+    if not missing:
+        return []
+    holder.eos_token_id = [*ids, *missing]
+    return [_record("generation_config.eos_token_id", found, holder.eos_token_id)]
+
+
+def _repair_bos(tokenizer: Any, source: SourceTokenizer) -> list[dict[str, Any]]:
+    """Whether encoding adds a BOS, as the GGUF states (``tokenizer.ggml.add_bos_token``): transformers 5.19
+    converts a Gemma GGUF, which states it, to a tokenizer that adds none."""
+    if source.add_bos_token is None or tokenizer.bos_token_id is None:
+        return []
+    ids = tokenizer("a")["input_ids"]
+    adds = bool(ids) and ids[0] == tokenizer.bos_token_id
+    if adds == source.add_bos_token:
+        return []
+    tokenizer.add_bos_token = source.add_bos_token
+    return [_record("add_bos_token", adds, source.add_bos_token)]
+
+
 def repair_from_source(tokenizer: Any, model: Any, source: SourceTokenizer) -> list[dict[str, Any]]:
     """Set what ``tokenizer`` and ``model`` get wrong of what ``source`` states; the repairs made, in order."""
     repairs = _repair_special_tokens(tokenizer, source)
+    repairs += _repair_bos(tokenizer, source)
     repairs += _repair_config_ids(model, source)
+    repairs += _repair_end_ids(model, source)
     template = getattr(tokenizer, "chat_template", None)
     if source.chat_template is not None and template != source.chat_template:
         tokenizer.chat_template = source.chat_template
