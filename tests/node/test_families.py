@@ -12,6 +12,7 @@ learns a task is not shown here (docs/models.md says so)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,17 @@ from tests.node.families import NAMES, TINY, TITLES, build_tiny, family_tokenize
 from tests.node.test_special_tokens import _pushed
 from tests.node.tiny_gguf import write_model_gguf
 
+DEVICE = os.environ.get("SWARM_NODE_TEST_DEVICE", "cpu")
+"""Where the policies of the training, sampling and mask rows run: the CPU here; ``scripts/gpu_check.sh`` runs
+those rows again with ``SWARM_NODE_TEST_DEVICE=cuda`` (the family matrix on the card)."""
+
 
 def _policy(folder: Path, **adapter: Any) -> Policy:
-    return build_policy(ModelConfig(name_or_path=str(folder), device="cpu"), AdapterConfig(**adapter), seed=0)
+    return build_policy(ModelConfig(name_or_path=str(folder), device=DEVICE), AdapterConfig(**adapter), seed=0)
+
+
+def _generator(policy: Policy, seed: int) -> torch.Generator:
+    return torch.Generator(device=policy.device).manual_seed(seed)
 
 
 def _prompt(policy: Policy, text: str = "What is 12+7?") -> list[int]:
@@ -57,7 +66,7 @@ def _adapter_moved(policy: Policy, scale: float = 0.05) -> None:
     with torch.no_grad():
         for p in policy.model.parameters():
             if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=generator) * scale)
+                p.add_((torch.randn(p.shape, generator=generator) * scale).to(p.device))
 
 
 def _frozen(policy: Policy) -> dict[str, torch.Tensor]:
@@ -161,8 +170,7 @@ def test_a_step_with_signal_moves_the_adapter_and_not_the_base(name, family_fold
     trainer = _trainer(policy)
     assert (trainer.fused is not None) == family_named(name).fused
     prompt = _prompt(policy)
-    out = generate(policy.model, policy.tokenizer, [prompt] * 4, max_new_tokens=6,
-                   generator=torch.Generator().manual_seed(0))
+    out = generate(policy.model, policy.tokenizer, [prompt] * 4, max_new_tokens=6, generator=_generator(policy, 0))
     rows = [out.row(i) for i in range(4)]
     group = TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=[r[0] for r in rows],
                        anchor_logprobs=[r[1] for r in rows], rewards=[1.0, 0.0, 1.0, 0.0])
@@ -187,7 +195,7 @@ def test_the_sampling_loops_logprobs_are_the_training_passs(name, family_folder)
     _adapter_moved(policy)
     tok = policy.tokenizer
     prompts = [_prompt(policy), _prompt(policy), _prompt(policy, "Add 3 and 40."), _prompt(policy, "Hi")]
-    out = generate(policy.model, tok, prompts, max_new_tokens=10, generator=torch.Generator().manual_seed(3))
+    out = generate(policy.model, tok, prompts, max_new_tokens=10, generator=_generator(policy, 3))
     mask = out.completion_mask
     assert int(mask.sum(1).max()) >= 8, "completions long enough to pass Gemma's window of 8"
     with torch.no_grad():
@@ -216,14 +224,13 @@ def test_the_mask_holds_with_an_output_layer_wider_than_the_tokenizer(name, gree
     stops = stop_ids(policy.model, tok)
     forbidden = [*banned_ids(tok, stops), *range(len(tok), width)]
     prompts = [_prompt(policy)] * 6
-    with _pushed(width, forbidden, boost=30.0):
+    with _pushed(width, forbidden, boost=30.0, device=DEVICE):
         raw, _ = load_base(ModelConfig(name_or_path=str(folder), device="cpu"))
         with torch.no_grad():
             assert int(raw(input_ids=torch.tensor(prompts[:1])).logits[0, -1].argmax()) in forbidden
-        out = generate(policy.model, tok, prompts, max_new_tokens=8, greedy=greedy,
-                       generator=torch.Generator().manual_seed(0))
+        out = generate(policy.model, tok, prompts, max_new_tokens=8, greedy=greedy, generator=_generator(policy, 0))
         with torch.no_grad():  # -inf, not merely low: Gemma 2 soft-caps its logits after the output layer
-            logits = policy.model(input_ids=torch.tensor(prompts[:1])).logits[0, -1]
+            logits = policy.model(input_ids=torch.tensor(prompts[:1], device=policy.device)).logits[0, -1].cpu()
     assert torch.isneginf(logits[forbidden]).all() and torch.isfinite(logits[list(stops)]).all()
     drawn = out.completion_ids[out.completion_mask].tolist()
     assert drawn and not set(drawn) & set(forbidden)

@@ -30,7 +30,7 @@ def _pushed(vocab: int, ids: list[int], boost: float = 30.0, device: str = "cpu"
     def hook(module: nn.Module, _inputs: tuple, out: torch.Tensor) -> torch.Tensor | None:
         if isinstance(module, nn.Linear) and module.out_features == vocab:
             out = out.clone()
-            out[..., index] += boost
+            out[..., index if index.device == out.device else index.to(out.device)] += boost
             return out
         return None
 
