@@ -101,6 +101,29 @@ def test_an_architecture_transformers_cannot_convert_is_one_line_naming_those_it
     assert not any(p.is_dir() for p in cache.iterdir())  # nothing half-made left
 
 
+@pytest.mark.parametrize("error", [AttributeError("'GGUFTokenizerSkeleton' object has no attribute 'bos_token_id'"),
+                                   TypeError("unsupported operand"), KeyError("mistral")])
+def test_a_gguf_the_library_fails_on_is_one_line_naming_its_version(tmp_path: Path, cache: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     error: Exception) -> None:
+    """transformers failing inside its own conversion (5.17 on a llama-architecture GGUF that states no bos:
+    an AttributeError) is a one-line refusal naming its version, and nothing half-made is cached. Mutation
+    caught: AttributeError left out of the conversion's ``except`` (the traceback reaches the user)."""
+    import transformers
+
+    def fail(*_args: object, **_kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr("node.sources.gguf.convert.load_from_gguf", fail)
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    with pytest.raises(PolicyError) as caught:
+        convert_local_gguf(gguf, echo=_quiet)
+    message = str(caught.value)
+    assert "\n" not in message and f"transformers {transformers.__version__} cannot convert this llama GGUF" in message
+    assert type(error).__name__ in message
+    assert not any(p.is_dir() for p in cache.iterdir())
+
+
 def test_a_quantization_the_gguf_package_cannot_read_is_one_line(tmp_path: Path, cache: Path) -> None:
     gguf = write_tiny_gguf(tmp_path / "q81.gguf", matrix_type=GGMLQuantizationType.Q8_1)
     with pytest.raises(PolicyError, match=r"^q81.gguf: tensor types \['Q8_1'\] cannot be de-quantized .*Q4_1"):

@@ -136,9 +136,13 @@ def convert_gguf(path: Path, out: Path, *, name: str, source: dict[str, Any], gg
          f"of a {architecture} GGUF to float32")
     try:
         tokenizer, loaded = load_from_gguf(path)
-    except (NotImplementedError, ValueError, KeyError) as exc:  # e.g. a Llama GGUF named exactly "mistral"
+    # the library failing on this file: a Llama GGUF named exactly "mistral" (5.19), a llama-architecture GGUF
+    # that states an eos and no bos (5.17 reads a bos id it does not have: AttributeError)
+    except (NotImplementedError, ValueError, KeyError, AttributeError, TypeError, IndexError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
         raise PolicyError(f"{path.name}: transformers {_versions()['transformers']} cannot convert this {architecture} "
-                          f"GGUF ({str(exc).strip().splitlines()[0][:160]})") from None
+                          f"GGUF ({type(exc).__name__}: {first}); a newer transformers may (scripts/test.sh "
+                          "installs the newest the project admits)") from None
     source_tokenizer = read_source_tokenizer(path)
     model = plain_copy(loaded)
     del loaded
