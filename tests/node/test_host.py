@@ -24,7 +24,7 @@ import pytest
 from protocol.descriptor import SwarmDescriptor, TaskSet, owner_text, parse_descriptor
 from protocol.identity import Identity
 from tests.chromium import Chromium, chromium_or_skip
-from tests.swarm.batches import make_batch
+from tests.swarm.batches import Publishing, make_batch, published_per_epoch, saved_pulled
 from tests.swarm.conftest import free_port, make_transport, wait_for  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,17 +237,6 @@ def test_a_host_without_torch_serves_its_swarm(host: tuple[HostProcess, str], ma
     assert (proc.run_dir / "host.png").stat().st_size > 10_000
 
 
-def _published(trace: Path, epoch_seconds: float) -> dict[int, int]:
-    """Epoch -> the batches a member stored a manifest of (its own trace's ``pub`` events)."""
-    out: dict[int, int] = {}
-    for line in trace.read_text().splitlines():
-        event = json.loads(line)
-        if event.get("ev") == "pub" and event.get("ok"):
-            epoch = int(float(event["created"]) // epoch_seconds)
-            out[epoch] = out.get(epoch, 0) + 1
-    return out
-
-
 @pytest.mark.slow  # 26 s at a load average of 5, 37 s at 7 (two starts of a host process, 6-second epochs)
 def test_a_host_killed_and_restarted_counts_what_its_members_published(tmp_path: Path, make_transport: Any) -> None:  # noqa: F811
     """``kill -9`` the host while two members publish, leave it down more than an epoch, start it again: its
@@ -263,42 +252,23 @@ def test_a_host_killed_and_restarted_counts_what_its_members_published(tmp_path:
     proc = HostProcess(tmp_path, descriptor, loopback_listen(address))
     members = [make_transport(initial_peers=[address], epoch_seconds=epoch, request_timeout=5.0,
                               trace_path=str(tmp_path / f"m{i}.trace")) for i in range(2)]
-    stop = threading.Event()
-
-    def publish(k: int, node: Any) -> None:
-        i = 0
-        while not stop.wait(2.0):
-            node.publish(make_batch(node.identity, index=100 * k + i))
-            i += 1
-
-    threads = [threading.Thread(target=publish, args=(k, m), daemon=True) for k, m in enumerate(members)]
-    for thread in threads:
-        thread.start()
+    publishing = Publishing(members, every=2.0)
+    saved = proc.run_dir / "members.json"
     try:
         assert wait_for(lambda: len([m for m in proc.doc()["members"] if m["announced"] >= 2]) == 2, timeout=30), \
             proc.doc()["members"]
-
-        def saved_pulled(epoch_index: int) -> int:
-            """The batches of ``epoch_index`` pulled that the host's members.json holds now."""
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads((proc.run_dir / "members.json").read_text())
-                return sum(len(m["epochs"].get(str(epoch_index), [[], [], []])[1]) for m in doc["members"])
-            return 0
-
         # Killed mid-epoch, once the file holds batches of that epoch: saved within seconds, not at its end.
-        assert wait_for(lambda: saved_pulled(int(time.time() // epoch)) > 0 and (time.time() / epoch) % 1 < 0.8,
+        assert wait_for(lambda: saved_pulled(saved, int(time.time() // epoch)) > 0 and (time.time() / epoch) % 1 < 0.8,
                         timeout=4 * epoch)
         killed = int(time.time() // epoch)
         proc.kill()
-        kept = saved_pulled(killed)
+        kept = saved_pulled(saved, killed)
         time.sleep(1.5 * epoch)  # the members go on publishing to each other: at least one whole epoch unseen
         proc = HostProcess(tmp_path, descriptor, loopback_listen(address))
         assert wait_for(lambda: all(m.network_status().initial_back is not None for m in members), timeout=20), \
             [m.network_status() for m in members]
         time.sleep(epoch)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=10)
+        publishing.stop()
 
         def published() -> dict[str, int]:
             return {m.identity.peer_id: m.stats()["batches_published"] for m in members}
@@ -307,10 +277,7 @@ def test_a_host_killed_and_restarted_counts_what_its_members_published(tmp_path:
             return {m["peer_id"]: m["totals"]["announced"] for m in proc.doc()["members"]}
 
         assert wait_for(lambda: announced() == published(), timeout=4 * epoch), (announced(), published())
-        per_epoch: dict[int, int] = {}
-        for i in range(2):
-            for e, n in _published(tmp_path / f"m{i}.trace", epoch).items():
-                per_epoch[e] = per_epoch.get(e, 0) + n
+        per_epoch = published_per_epoch([tmp_path / f"m{i}.trace" for i in range(2)], epoch)
         history = {h["epoch"]: h for h in proc.doc()["history"]}
         shown = {e: h["announced"] for e, h in history.items() if h["announced"]}
         assert shown == per_epoch, (shown, per_epoch)
@@ -319,7 +286,7 @@ def test_a_host_killed_and_restarted_counts_what_its_members_published(tmp_path:
         assert proc.doc()["host"]["counters"]["census_new"] > 0
         assert "back" in members[0].network_status().reason
     finally:
-        stop.set()
+        publishing.stop()
         assert proc.stop() == 0, proc.stderr()[-2000:]
 
 

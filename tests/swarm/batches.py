@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from protocol.identity import Identity
 from protocol.records import Rollout, RolloutBatch, RolloutGroup, SamplingParams
@@ -43,3 +48,48 @@ def make_batch(
         groups=tuple(groups),
     )
 
+
+
+class Publishing:
+    """Each of ``nodes`` (transports) publishes a fresh batch every ``every`` seconds, on a thread of its own,
+    until ``stop()``: members that keep talking while a test kills and restarts their host."""
+
+    def __init__(self, nodes: Sequence[Any], every: float) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._publish, args=(k, node, every), daemon=True)
+                         for k, node in enumerate(nodes)]
+        for thread in self._threads:
+            thread.start()
+
+    def _publish(self, k: int, node: Any, every: float) -> None:
+        i = 0
+        while not self._stop.wait(every):
+            node.publish(make_batch(node.identity, index=100 * k + i))
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+def published_per_epoch(traces: Sequence[Path], epoch_seconds: float) -> dict[int, int]:
+    """Epoch -> the batches the members whose ``traces`` these are stored a manifest of (``pub`` events)."""
+    out: dict[int, int] = {}
+    for trace in traces:
+        for line in trace.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("ev") == "pub" and event.get("ok"):
+                epoch = int(float(event["created"]) // epoch_seconds)
+                out[epoch] = out.get(epoch, 0) + 1
+    return out
+
+
+def saved_pulled(members_json: Path, epoch_index: int) -> int:
+    """The batches of ``epoch_index`` a host's saved member table (``members.json``) holds as pulled (0 while the
+    file is missing or half-written)."""
+    try:
+        doc = json.loads(members_json.read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(len(m["epochs"].get(str(epoch_index), [[], [], []])[1]) for m in doc["members"])

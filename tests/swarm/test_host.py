@@ -5,11 +5,9 @@ hosts' health, and a member that joins again through a peer it met when its host
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,7 +17,7 @@ from protocol.records import Manifest
 from swarm.host import HostLimits, SwarmHost
 from swarm.members import MemberTable, behind_nat
 from swarm.transport import SwarmTransport
-from tests.swarm.batches import make_batch
+from tests.swarm.batches import Publishing, make_batch, published_per_epoch, saved_pulled
 from tests.swarm.conftest import fast_settings, free_port, p2pd_pid, wait_for
 
 A = "/ip4/203.0.113.2/tcp/31337/p2p/12D3KooWSGJwbGPGkUnb1XsUSZox7jyoFP1HhmHPF5USADDTe8zk"
@@ -229,17 +227,6 @@ def test_a_restarted_host_keeps_its_peer_id_address_and_member_table(tmp_path, m
         again.close()
 
 
-def _published_per_epoch(trace: Path, epoch_seconds: float) -> dict[int, int]:
-    """Epoch -> the batches a member stored a manifest of (its trace's ``pub`` events)."""
-    out: dict[int, int] = {}
-    for line in trace.read_text().splitlines():
-        event = json.loads(line)
-        if event.get("ev") == "pub" and event.get("ok"):
-            epoch = int(float(event["created"]) // epoch_seconds)
-            out[epoch] = out.get(epoch, 0) + 1
-    return out
-
-
 def test_a_host_that_died_mid_epoch_counts_what_its_members_published(tmp_path, make_transport) -> None:  # noqa: ANN001
     """A host whose process stops without a word (its network side gone, nothing saved at the end: what ``kill -9``
     leaves) while two members publish, down an epoch and a half, then started again on its file: its totals and its
@@ -256,43 +243,24 @@ def test_a_host_that_died_mid_epoch_counts_what_its_members_published(tmp_path, 
     address = first.wait_until_listening(20)
     members = [make_transport(initial_peers=address, epoch_seconds=epoch, trace_path=str(tmp_path / f"m{i}.trace"))
                for i in range(2)]
-    stop = threading.Event()
-
-    def publish(k: int, node: SwarmTransport) -> None:
-        i = 0
-        while not stop.wait(1.0):
-            node.publish(make_batch(node.identity, index=100 * k + i))
-            i += 1
-
-    threads = [threading.Thread(target=publish, args=(k, m), daemon=True) for k, m in enumerate(members)]
-    for thread in threads:
-        thread.start()
+    publishing = Publishing(members, every=1.0)
     again: SwarmHost | None = None
     try:
-        def saved_pulled(epoch_index: int) -> int:
-            try:
-                doc = json.loads(state.read_text())
-            except (OSError, ValueError):
-                return 0
-            return sum(len(m["epochs"].get(str(epoch_index), [[], [], []])[1]) for m in doc["members"])
-
-        assert wait_for(lambda: saved_pulled(int(time.time() // epoch)) > 0 and (time.time() / epoch) % 1 < 0.7,
+        assert wait_for(lambda: saved_pulled(state, int(time.time() // epoch)) > 0 and (time.time() / epoch) % 1 < 0.7,
                         timeout=6 * epoch)
         died = int(time.time() // epoch)
         first._stop.set()  # dies: its thread and network side stop, nothing more is saved
         assert first._thread is not None
         first._thread.join(timeout=10)
         first.transport.close()
-        kept = saved_pulled(died)
+        kept = saved_pulled(state, died)
         time.sleep(1.5 * epoch)  # the members go on publishing to each other
         again = SwarmHost(settings, Identity.generate(), other_hosts=[], state_path=state, save_every=0.5)
         again.start()
         assert again.wait_until_listening(20) == address
         assert wait_for(lambda: all(m.network_status().initial_back is not None for m in members), timeout=10)
         time.sleep(epoch)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=10)
+        publishing.stop()
         host = again
 
         def announced() -> dict[str, int]:
@@ -300,16 +268,13 @@ def test_a_host_that_died_mid_epoch_counts_what_its_members_published(tmp_path, 
 
         published = {m.identity.peer_id: m.stats()["batches_published"] for m in members}
         assert wait_for(lambda: announced() == published, timeout=4 * epoch), (announced(), published)
-        per_epoch: dict[int, int] = {}
-        for i in range(2):
-            for e, n in _published_per_epoch(tmp_path / f"m{i}.trace", epoch).items():
-                per_epoch[e] = per_epoch.get(e, 0) + n
+        per_epoch = published_per_epoch([tmp_path / f"m{i}.trace" for i in range(2)], epoch)
         history = {h["epoch"]: h for h in host.snapshot(history=60)["history"]}
         assert {e: h["announced"] for e, h in history.items() if h["announced"]} == per_epoch
         assert per_epoch.get(died) and per_epoch.get(died + 1), (died, per_epoch)
         assert history[died]["pulled"] >= kept > 0 and host.snapshot()["counters"]["census_new"] > 0
     finally:
-        stop.set()
+        publishing.stop()
         first.close()  # idempotent: its p2pd must not outlive a failure above
         if again is not None:
             again.close()
