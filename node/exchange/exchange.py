@@ -156,6 +156,10 @@ class SwarmExchange:
         """What training kept out of each author's text this step; an author whose text keeps failing is banned."""
         self.ingestor.record_screened(by_peer)
 
+    def banned(self, peer_id: str) -> bool:
+        """Whether this node's screen has banned ``peer_id`` (its text keeps failing the screen's bounds)."""
+        return self.ingestor.banned(peer_id)
+
     def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
         """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).
 
