@@ -315,13 +315,9 @@ class Ingestor:
             group.answer_spans = [answer_token_span(decode, ids, task.answer, working) if r > 0 else None
                                   for ids, r in zip(group.completions, rewards)]
             self.answers_verified += sum(span is not None for span in group.answer_spans)
-        signal = len(set(rewards)) > 1 or self.anchor_flat_groups
-        if signal:
+        if len(set(rewards)) > 1 or self.anchor_flat_groups:
             self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
-        kept, offence = self._screened(group, peer_id)
-        if kept is not None and signal and self.book.base_reads:
-            kept.reference_logprobs = self.book.base_logprobs([(kept.prompt_ids, ids) for ids in kept.completions])
-        return kept, offence
+        return self._screened(group, peer_id)
 
     # -- what a peer's text may teach (node.exchange.screening) ------------------------------------------
 

@@ -3,10 +3,11 @@ profile the bounds come from), who reads peer text (the frozen base, or the poli
 completion toward a ban, and the figures (``node.exchange.plausibility`` has the statistics, ``node.train.screen``
 the bounds on tensors, held in training).
 
-With ``reference="base"`` (a LoRA policy), every kept completion of a peer group with signal is read by the base
-once, at ingestion (the policy with its adapters switched off; its log-probs travel with the group as
+With ``reference="base"`` (a LoRA policy), every completion of a peer group the step is about to train on is read
+by the base once (``read_base``: the policy with its adapters switched off; its log-probs travel with the group as
 ``TrainGroup.reference_logprobs``), and so is a handful of the node's own completions a step, for the spans and
-sequence log-probs of the profile: what a payload is judged by cannot move with the policy it trains.
+sequence log-probs of the profile: what a payload is judged by cannot move with the policy it trains. Only the
+groups a step trains on are read (at most ``sapo.external_groups``), outside ingestion's time budgets.
 """
 
 from __future__ import annotations
@@ -84,6 +85,16 @@ class ScreenBook:
             self.verdicts.record(peer_id, too_long, too_long)
             group.keep_only(keep)
         return too_long
+
+    def read_base(self, groups: list[TrainGroup]) -> None:
+        """Give each peer group of ``groups`` not yet read its completions' log-probs under the base (nothing when
+        the policy reads peer text)."""
+        pending = [g for g in groups if not g.is_local and not g.reference_logprobs]
+        if not self.base_reads or not pending:
+            return
+        read = self.base_logprobs([(g.prompt_ids, ids) for g in pending for ids in g.completions])
+        for group in pending:
+            group.reference_logprobs, read = read[: len(group.completions)], read[len(group.completions) :]
 
     @torch.no_grad()
     def base_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:

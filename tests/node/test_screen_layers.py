@@ -66,8 +66,8 @@ def _group(prompt: list[int], payload: list[int], plain: list[int], base_reads: 
     group = TrainGroup(key="k", peer_id="attacker", epoch=0, prompt_ids=prompt, completions=rows,
                        anchor_logprobs=[[-1.0] * len(r) for r in rows], rewards=[1.0, 1.0, 0.0, 0.0], dataset="d")
     group.advantages = torch.tensor([2 / 3, 2 / 3, -2 / 3, -2 / 3])
-    if base_reads is not None and base_reads.base_reads:
-        group.reference_logprobs = base_reads.base_logprobs([(prompt, r) for r in rows])
+    if base_reads is not None:  # as the node does for the groups a step trains on
+        base_reads.read_base([group])
     return group
 
 

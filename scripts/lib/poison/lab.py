@@ -261,7 +261,8 @@ def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
     hidden = replaced(task, prompt=f"{attack.instruction}\n\n{task.prompt}")
     ids = torch.tensor([encode_prompt(victim.policy, victim.source.format_prompt(hidden, tok))] * SAMPLED_CANDIDATES,
                        device=victim.policy.device)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    base = model.disable_adapter() if callable(getattr(model, "disable_adapter", None)) else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), base:  # the base: what the adapters start as
         torch.manual_seed(seed)
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
                              top_p=1.0, max_new_tokens=SAMPLED_TOKENS, pad_token_id=tok.pad_token_id)
