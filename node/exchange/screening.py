@@ -3,8 +3,8 @@ profile the bounds come from), who reads peer text (the frozen base, or the poli
 completion toward a ban, and the figures (``node.exchange.plausibility`` has the statistics, ``node.train.screen``
 the bounds on tensors, held in training).
 
-With ``reference="base"`` (a LoRA policy), every completion of a peer group the step is about to train on is read
-by the base once (``read_base``: the policy with its adapters switched off; its log-probs travel with the group as
+With ``reference="base"`` (a LoRA policy), every completion the loss will push up of a peer group the step is
+about to train on is read by the base once (``read_base``: the policy with its adapters switched off; its log-probs travel with the group as
 ``TrainGroup.reference_logprobs``), and so is a handful of the node's own completions a step, for the spans and
 sequence log-probs of the profile: what a payload is judged by cannot move with the policy it trains. Only the
 groups a step trains on are read (at most ``sapo.external_groups``), outside ingestion's time budgets.
@@ -87,14 +87,18 @@ class ScreenBook:
         return too_long
 
     def read_base(self, groups: list[TrainGroup]) -> None:
-        """Give each peer group of ``groups`` not yet read its completions' log-probs under the base (nothing when
-        the policy reads peer text)."""
-        pending = [g for g in groups if not g.is_local and not g.reference_logprobs]
+        """Give each peer group of ``groups`` not yet read the base's log-probs of its completions the loss pushes up
+        (advantage above 0; an empty list for the others, which the training pass reads: a completion pushed down
+        cannot teach the node its text). Nothing when the policy reads peer text."""
+        pending = [g for g in groups if not g.is_local and not g.reference_logprobs and g.advantages is not None]
         if not self.base_reads or not pending:
             return
-        read = self.base_logprobs([(g.prompt_ids, ids) for g in pending for ids in g.completions])
+        up = [(g, i) for g in pending for i, a in enumerate(_advantages(g)) if a > 0 and g.completions[i]]
+        read = iter(self.base_logprobs([(g.prompt_ids, g.completions[i]) for g, i in up]))
         for group in pending:
-            group.reference_logprobs, read = read[: len(group.completions)], read[len(group.completions) :]
+            group.reference_logprobs = [[] for _ in group.completions]
+        for (group, i), lps in zip(up, read):
+            group.reference_logprobs[i] = lps
 
     @torch.no_grad()
     def base_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
@@ -168,3 +172,7 @@ class ScreenBook:
         for figure in ("judged", "failed", "dropped", "tokens_masked", "mean_weight"):
             out[f"screen_peer_{figure}"] = {a: f[figure] for a, f in summaries.items()}
         return out
+
+
+def _advantages(group: TrainGroup) -> list[float]:
+    return [] if group.advantages is None else [float(a) for a in group.advantages.tolist()]

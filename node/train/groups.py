@@ -39,8 +39,8 @@ class TrainGroup:
     # A peer's completions: the tokens [lo, hi) of each one's verified final answer, or None (see
     # node.exchange.plausibility.answer_token_span); empty when not computed.
     answer_spans: list[tuple[int, int] | None] = field(default_factory=list)
-    # A peer's completions read by the frozen base at ingestion, one list a completion (the peer-text screen's
-    # reference, node.train.screen); empty when not read.
+    # A peer's completions read by the frozen base before training, one list a completion (the peer-text screen's
+    # reference, node.train.screen; an empty list for a completion not read); empty when none was read.
     reference_logprobs: list[list[float]] = field(default_factory=list)
 
     @property

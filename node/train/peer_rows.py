@@ -47,7 +47,7 @@ def rows_of(groups: list[TrainGroup], screen: PeerScreen | None) -> list[Row]:
         if g.advantages is None:
             continue
         n = len(g.completions)
-        refs: list[list[float] | None] = list(g.reference_logprobs) if g.reference_logprobs else [None] * n
+        refs: list[list[float] | None] = [r or None for r in g.reference_logprobs] if g.reference_logprobs else [None] * n
         floor = math.nan if g.is_local else floors.get(g.dataset, math.nan)
         for ids, lps, a, span, ref in zip(g.completions, g.anchor_logprobs, g.advantages.tolist(),
                                           g.answer_spans or [None] * n, refs):
