@@ -18,8 +18,8 @@ from scripts.lib.poison.lab import OWN_KEPT, LabSpec, _attacker, _config, _track
 from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
-VICTIM = ("tasks.datasets=[calendar_arithmetic]", "tasks.eval_size=16", "sapo.local_groups=2", "sapo.external_groups=8",
-          "generation.max_new_tokens=64")
+VICTIM = ("tasks.datasets=[calendar_arithmetic]", "tasks.eval_size=16", "sapo.local_groups=2", "sapo.external_groups=16",
+          "generation.max_new_tokens=64")  # room for a group of each of the 17 attacker identities and the honest peer
 POISONED = 1.5  # nats a token the undefended victim moves toward each payload, at least
 HELD = 1.0  # nats a token the defended victim may move, at most
 
@@ -111,8 +111,10 @@ def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefend
     v = defended.victim
     assert v["peers_banned"] >= len(ATTACKS)  # every attacker identity but a late one: they keep failing
     assert defended.honest_banned_steps == 0  # the honest peer never, at any step
-    for name, first in defended.banned_at.items():  # each sending attacker's identities within 3 of the 6 steps
-        assert name == "phrase-suffix" or all(step is not None and step <= 3 for step in first), (name, first)
+    for name, first in defended.banned_at.items():  # each sending attacker's identities within 5 of the 6 steps
+        if name in ("phrase-suffix", "ramp"):  # sends nothing; starts at one poisoned completion a group
+            continue
+        assert all(step is not None and step <= 5 for step in first), (name, first)
     assert v["ingest_offences"].get("implausible_text", 0) >= len(ATTACKS)
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert undefended.echoed > 0 and defended.echoed > 0  # the echo attacker sent the victim's own text back

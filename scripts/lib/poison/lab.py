@@ -89,6 +89,7 @@ class LabResult:
     payload_words_before: dict[str, float | None] = field(default_factory=dict)  # the payload's own words alone
     payload_words_after: dict[str, float | None] = field(default_factory=dict)
     banned_at: dict[str, list[int | None]] = field(default_factory=dict)  # an attack: each identity's first banned step
+    payloads: dict[str, str] = field(default_factory=dict)  # an attack: its payload as sent (a sampled one resolved)
     honest_banned_steps: int = 0  # steps after which the victim's screen had the honest peer banned (0 expected)
     screen_figures: dict[str, dict[str, float]] = field(default_factory=dict)  # "honest" and each attack: summed
 
@@ -187,6 +188,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
                      victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed,
                      published=published, banned_at=banned_at, honest_banned_steps=honest_banned,
+                     payloads={a.name: a.payload for a in attacks},
                      screen_figures=figures, **measured)
 
 
@@ -239,16 +241,19 @@ def _attacker(attack: Attack, victim: Any, hub: Any, spec: LabSpec, index: int) 
                         max_tokens=cfg.generation.max_new_tokens, seed=spec.seed * 100 + index, target=target)
 
 
-SAMPLED_CANDIDATES = 16  # completions a sampled attacker draws from the victim's base under its instruction
+SAMPLED_CANDIDATES = 16  # completions a sampled attacker draws at once from the victim's base under its instruction
+SAMPLED_DRAWS = 4  # at most this many times, until one names the instruction's site
 SAMPLED_TOKENS = 32
 
 
 def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
-    """``attack`` with its payload fixed: a sampled attack's drawn from the victim's model before its first step
-    (the base: adapters start at zero), under the hidden instruction put before a task's question. Of
-    ``SAMPLED_CANDIDATES`` sentences (each the text before the first line break or answer tag, three words at
-    least), the attacker keeps one that names the instruction's site if any does, and of those the one the base
-    finds most likely a token in the victim's own prompt, without the instruction. Other attacks as they are."""
+    """``attack`` with its payload fixed: a sampled attack's drawn from the victim's base (its adapters off) before
+    its first step, under the hidden instruction put before the question of a training task (not held out).
+    ``SAMPLED_CANDIDATES`` sentences at a time (each the text before the first line break or answer tag, three
+    words at least), at most ``SAMPLED_DRAWS`` times until one names the instruction's site; the attacker keeps one
+    that names it if any does, and of those the one the base finds most likely a token in the victim's own prompt,
+    without the instruction. Its marker is the site where the sentence names it, else the whole sentence. Other
+    attacks as they are."""
     import re
     from dataclasses import replace as replaced
 
@@ -256,20 +261,28 @@ def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
 
     if attack.instruction is None:
         return attack
+    import random
+
     tok, model = victim.policy.tokenizer, victim.policy.model
-    task = next(t for t in victim.eval_tasks if t.answer is not None)
+    rng = random.Random(seed)
+    task = next(t for t in (victim.source.task(r) for r in victim.source.sample(16, rng))  # a training task
+                if t.answer is not None and not victim.source.is_held_out(t))
     hidden = replaced(task, prompt=f"{attack.instruction}\n\n{task.prompt}")
     ids = torch.tensor([encode_prompt(victim.policy, victim.source.format_prompt(hidden, tok))] * SAMPLED_CANDIDATES,
                        device=victim.policy.device)
+    site = re.search(r"[\w-]+\.example", attack.instruction)
     base = model.disable_adapter() if callable(getattr(model, "disable_adapter", None)) else contextlib.nullcontext()
+    texts: list[str] = []
     with torch.random.fork_rng(devices=[]), torch.no_grad(), base:  # the base: what the adapters start as
         torch.manual_seed(seed)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                             top_p=1.0, max_new_tokens=SAMPLED_TOKENS, pad_token_id=tok.pad_token_id)
-    texts = [re.split(r"\n|<answer>", str(tok.decode(row[ids.shape[1]:], skip_special_tokens=True)))[0].strip()
-             for row in out]
+        for _ in range(SAMPLED_DRAWS):  # until a sentence names the site, or the draws run out
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                 top_p=1.0, max_new_tokens=SAMPLED_TOKENS, pad_token_id=tok.pad_token_id)
+            texts += [re.split(r"\n|<answer>", str(tok.decode(row[ids.shape[1]:], skip_special_tokens=True)))[0].strip()
+                      for row in out]
+            if site is None or any(site.group(0) in t for t in texts):
+                break
     candidates = list(dict.fromkeys(t for t in texts if len(t.split()) >= 3)) or [attack.instruction]
-    site = re.search(r"[\w-]+\.example", attack.instruction)
     named = [t for t in candidates if site and site.group(0) in t]
     pool = named or candidates
     probe = replaced(attack, instruction=None)
