@@ -4,7 +4,7 @@ step writes is the row the API and Prometheus serve.
 
 Prometheus types follow what a value means: running totals (steps, batches, groups, bytes) are counters
 (``swarm_node_<name>_total``), everything else is a gauge; dict-valued metrics (counts by reason) get a
-``reason`` label.
+``reason`` label, or what their keys are (``peer`` for the screen's figures by author, ``dataset``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ COUNTERS = frozenset({
     "ingest_retokenized", "ingest_reanchored", "ingest_answers_verified", "ingest_rejected", "ingest_surplus",
 })
 """Record keys that only ever grow over a run (Prometheus counters); every other number is a gauge."""
+_LABELS = {"screen_length_bound": "dataset"}
+"""The label of a dict-valued metric's keys where they are not reasons (``screen_peer_*``: ``peer``)."""
 _SKIPPED = frozenset({"time"})  # the wall clock of the row: served as swarm_node_last_step_timestamp_seconds
 
 
@@ -172,7 +174,8 @@ def _families(record: Mapping[str, Any], gauges: Mapping[str, float]) -> Iterato
         family_type = CounterMetricFamily if key in COUNTERS else GaugeMetricFamily
         name = "swarm_node_steps" if key == "step" else metric_name(key)
         if isinstance(value, Mapping):
-            family = family_type(name, f"{key} by reason", labels=["reason"])
+            label = _LABELS.get(key, "peer" if key.startswith("screen_peer_") else "reason")
+            family = family_type(name, f"{key} by {label}", labels=[label])
             for reason, count in sorted(value.items()):
                 number = _number(count)
                 if number is not None:

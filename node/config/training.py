@@ -180,10 +180,10 @@ class IngestConfig(Section):
         "docs/results/poison-working-answer.md)")
     screen_window: int = Field(6, ge=1, description="tokens of the span whose mean log-prob is a completion's "
                                "least plausible stretch (an injected sentence is a run of unlikely tokens)")
-    screen_span_quantile: float = Field(
+    screen_span_quantile: float | None = Field(
         0.01, gt=0, lt=1, description="a peer completion whose least plausible span is below this quantile of "
         "the node's own completions' (less screen_span_margin) is dropped: about this share of an honest peer's "
-        "that samples as the node does")
+        "that samples as the node does (null: no span bound)")
     screen_span_margin: float = Field(1.0, ge=0, description="nats below the own quantile before a peer's span "
                                       "counts as implausible")
     screen_span_all: bool = Field(
@@ -216,8 +216,39 @@ class IngestConfig(Section):
         "(always on with train.external_shift > 0, where one below the mean can be pushed up)")
     screen_min_own: int = Field(64, ge=1, description="own completions seen (of the dataset, for length) before "
                                 "the span and length bounds apply")
-    screen_ban_share: float = Field(0.9, gt=0, le=1, description="an author of whose last screen_ban_window "
-                                    "completions this share or more were dropped by the span or length bound is banned "
-                                    "(an honest peer sampling as this node does loses about screen_span_quantile)")
-    screen_ban_window: int = Field(64, ge=1, description="an author's most recent completions the ban share is of")
+    screen_reference: Literal["base", "policy"] = Field(
+        "base", description="which model reads peer text for the token floor, the weight, the span and sequence "
+        "bounds: base, the frozen base (the adapters off, a forward pass at ingestion), so that a payload the node "
+        "was trained toward is not judged by the model it moved; policy, the training pass's own log-probs (no pass "
+        "of its own), whose bar rises with every step trained on a payload. Base needs a LoRA policy")
+    screen_profile_rows: int = Field(
+        4, ge=1, description="with screen_reference=base: own completions a step the base reads for the profile the "
+        "span and sequence bounds come from (screen_min_own of them at first): the profile is a low quantile over "
+        "the last 1,024 read, which a few a step keep current at a fraction of a step's cost (a smollm2 row read "
+        "costs about 0.15 s on two CPU cores)")
+    screen_sequence_quantile: float | None = Field(
+        0.05, gt=0, lt=1, description="a peer completion the loss pushes up weighs min(1, exp(L - F)) as a whole, L "
+        "its log-prob (summed over its tokens but a verified answer's), F this quantile of the node's own "
+        "completions' on the dataset: the truncated importance weight of the completion against what the node "
+        "itself says, so text added to a right answer, however likely each of its words, moves the node no faster "
+        "than its own least likely completions (null: off)")
+    screen_sequence_fail: float = Field(
+        3.0, gt=0, description="a pushed-up peer completion whose log-prob is more than this many nats below the "
+        "sequence floor counts as failed toward its author's ban (its weight below exp(-3), 0.05)")
+    screen_group_positive_cap: float | None = Field(
+        None, gt=0, description="one peer group's advantages (both signs, so it stays balanced) scaled so that its "
+        "positives sum to at most this times its completions (RLOO, 8 completions: 4 right sum to 2.3, so 0.25 "
+        "halves them; 1 or 7 right sum to 0.9): an attack is strong with a quarter to half of a group poisoned, weak "
+        "near 8% (null: no cap)")
+    screen_author_positive_cap: float | None = Field(
+        None, gt=0, le=1, description="one peer author's advantages scaled so that its positives are at most this "
+        "share of a step's positive advantage, the node's own included, whatever its groups (null: no cap)")
+    screen_ban_share: float = Field(
+        0.2, gt=0, le=1, description="an author is banned once this share of screen_ban_window completions failed "
+        "among its last screen_ban_window judged (each completion judged once: dropped by the length or span bound, "
+        "or pushed up with a token below screen_token_floor): honest peers fail about 0.1 to 2% (a window of 64 "
+        "reaches 13 failures at a 4% rate with odds near 1e-6), one poisoned completion among four correct fails "
+        "25%")
+    screen_ban_window: int = Field(64, ge=1, description="an author's most recent judged completions the ban "
+                                   "share is of (filled in about 8 steps by an author of two groups a step)")
 

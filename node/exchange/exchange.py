@@ -152,9 +152,17 @@ class SwarmExchange:
         """The bounds this step's training holds peers' tokens to (None with ``ingest.screen`` off)."""
         return self.ingestor.screen_bounds()
 
+    def read_reference(self, groups: list[TrainGroup]) -> None:
+        """The screen's reference read of the peer groups a step is about to train on (``ScreenBook.read_base``)."""
+        self.ingestor.book.read_base(groups)
+
     def record_screened(self, by_peer: dict[str, list[float]]) -> None:
         """What training kept out of each author's text this step; an author whose text keeps failing is banned."""
         self.ingestor.record_screened(by_peer)
+
+    def banned(self, peer_id: str) -> bool:
+        """Whether this node's screen has banned ``peer_id`` (its text keeps failing the screen's bounds)."""
+        return self.ingestor.banned(peer_id)
 
     def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
         """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).

@@ -48,8 +48,9 @@ from typing import Any
 
 import torch
 
-from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings, answer_token_span
+from node.exchange.plausibility import ScreenSettings, answer_token_span
 from node.exchange.scoring import ScoringWorker
+from node.exchange.screening import ScreenBook
 from node.generation.rollouts import encode_prompt
 from node.policy.logprobs import logit_micro_batches, right_pad, shared_prompt_logprobs
 from node.policy.model import Policy
@@ -117,11 +118,12 @@ class Ingestor:
                  screen: ScreenSettings | None = None) -> None:
         self.policy = policy
         # What a peer's text may teach: read with our own model, bounded by our own completions.
-        self.screen = screen or ScreenSettings()
-        self.profile = OwnProfile(self.screen)
-        # peer rows trained on, their tokens, tokens masked out of the loss, tokens pushed up, those tokens' weights
-        self.screened = [0, 0, 0, 0, 0.0]
-        self.verdicts = AuthorVerdicts(self.screen, MAX_TRACKED_PEERS)  # per author: kept out, of judged
+        # What a peer's text may teach: read with the frozen base (or the policy), bounded by the node's own
+        # completions, one verdict a completion toward a ban (node.exchange.screening).
+        self.book = ScreenBook(policy, screen or ScreenSettings(), temperature=temperature,
+                               anchor_bytes=(limits or IngestLimits()).anchor_bytes, micro_batch_size=micro_batch_size,
+                               max_authors=MAX_TRACKED_PEERS)
+        self.screen, self.profile, self.verdicts = self.book.settings, self.book.profile, self.book.verdicts
         # A group whose re-scored rewards are all equal has zero advantage unless a baseline shift
         # (``train.external_shift``) gives it one; without a shift its anchors are never used.
         self.anchor_flat_groups = anchor_flat_groups
@@ -264,6 +266,9 @@ class Ingestor:
             return None, None
         budget.rollouts -= len(rgroup.rollouts)
         budget.tokens -= cost
+        if self.verdicts.banned(peer_id):  # before any work on its text
+            self._reject("implausible_text", rgroup.task.key())
+            return None, "implausible_text"
         reason = self._check_ref(rgroup.task, peer_id, epoch)
         if reason is not None:
             self._reject(reason, rgroup.task.key())
@@ -311,59 +316,47 @@ class Ingestor:
             self._fill_anchors([(group, i) for i, lps in enumerate(group.anchor_logprobs) if not lps])
         return self._screened(group, peer_id)
 
-    # -- what a peer's text may teach (node.exchange.plausibility) ---------------------------------------
+    # -- what a peer's text may teach (node.exchange.screening) ------------------------------------------
 
     def observe_own(self, groups: list[TrainGroup]) -> None:
-        """Record the node's own sampled groups (their behaviour log-probs): what a peer's text is held to."""
-        for group in groups:
-            self.profile.observe(group.dataset, group.anchor_logprobs)
+        """The node's own sampled groups: what a peer's text is held to (``ScreenBook.observe_own``)."""
+        self.book.observe_own(groups)
 
     def screen_bounds(self) -> PeerScreen | None:
         """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
-        s = self.screen
-        return (PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all,
-                           s.share_dropped) if s.enabled else None)
+        return self.book.bounds()
 
-    def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
-        """``group`` without the completions the loss would push up (reward above the group's mean; all with
-        ``screen.length_all``) longer than the node's own on the dataset; the author is judged on those held to
-        the bound (a length attacker's all fail). The span and token bounds are held in training, on the
-        training pass's own log-probs. ``(None, offence)`` once the author's text keeps failing."""
-        limit = self.profile.max_length(group.dataset) if self.screen.enabled else None
-        held = self.screen.held_to_length(group.rewards)
-        keep = [i for i, ids in enumerate(group.completions) if limit is None or len(ids) <= limit or not held[i]]
-        self._judged(peer_id, sum(held), len(group.completions) - len(keep), "too_long_for_us", group.key)
-        if self.verdicts.banned(peer_id):
-            self._reject("implausible_text", group.key)
-            return None, "implausible_text"
-        if not keep:
-            self._reject("empty_group", group.key)
-            return None, None
-        if len(keep) < len(group.completions):
-            group.keep_only(keep)
-        return group, None
+    def banned(self, peer_id: str) -> bool:
+        """Whether the screen has banned ``peer_id`` (its completions keep failing: ``AuthorVerdicts.banned``)."""
+        return self.book.verdicts.banned(peer_id)
 
     def record_screened(self, by_peer: dict[str, list[float]]) -> None:
-        """What a training step kept out of peers' text (``Trainer.screened``: per author rows, rows dropped,
-        tokens, tokens masked, tokens pushed up, their weights, rows the span bound held): counted, and an author
-        whose text keeps failing is banned (judged on the rows the span bound held)."""
-        for peer_id, (rows, dropped, tokens, masked, pushed, weight, held) in by_peer.items():
-            self._peer = peer_id
-            try:
-                self._judged(peer_id, int(held), int(dropped), "implausible", "trained rows")
-            finally:
-                self._peer = None
-            for i, v in enumerate((rows, tokens, masked, pushed)):
-                self.screened[i] += int(v)
-            self.screened[4] += weight
-            if self.verdicts.banned(peer_id):
+        """What a training step kept out of peers' text (``Trainer.screened``): counted, each judged row one
+        verdict; the rows dropped are rejections (``implausible``), and an author whose text keeps failing is
+        reported (``implausible_text``)."""
+        for peer_id, dropped in self.book.record(by_peer).items():
+            if dropped:
+                self._peer = peer_id
+                try:
+                    self._reject("implausible", "trained rows", dropped)
+                finally:
+                    self._peer = None
+            if self.banned(peer_id):
                 self._offence(peer_id, "implausible_text")
 
-    def _judged(self, peer_id: str, n: int, dropped: int, reason: str, detail: str) -> None:
-        """``n`` of an author's completions judged, ``dropped`` of them by ``reason``."""
-        self.verdicts.record(peer_id, n, dropped)
-        if dropped:
-            self._reject(reason, detail, dropped)
+    def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
+        """``group`` without the completions the length bound drops (``ScreenBook.judge_length``: judged here; the
+        others are judged once, in training); ``(None, offence)`` once the author's text keeps failing."""
+        too_long = self.book.judge_length(group, peer_id)
+        if too_long:
+            self._reject("too_long_for_us", group.key, too_long)
+        if self.banned(peer_id):
+            self._reject("implausible_text", group.key)
+            return None, "implausible_text"
+        if not group.completions:
+            self._reject("empty_group", group.key)
+            return None, None
+        return group, None
 
     def _check_ref(self, ref: TaskRef, peer_id: str, epoch: int) -> str | None:
         """Cheap checks of a ref before any task is generated."""
@@ -489,10 +482,7 @@ class Ingestor:
                                "ingest_reanchored": self.reanchored, "ingest_answers_verified": self.answers_verified,
                                "ingest_rejected": dict(self.rejected), "ingest_surplus": dict(self.surplus),
                                "ingest_offences": dict(self.offences),
-                               "screen_rows": self.screened[0], "screen_tokens": self.screened[1],
-                               "screen_tokens_masked": self.screened[2],
-                               "screen_positive_weight": self.screened[4] / max(1, self.screened[3]),
-                               "ingest_seconds": self.last_seconds}
+                               "ingest_seconds": self.last_seconds, **self.book.metrics()}
         if self.scorer is not None:
             out.update(self.scorer.metrics())
         return out

@@ -55,7 +55,7 @@ class ScreenSettings:
     answer_full: bool = True
     answer_working: bool = True
     window: int = 6
-    span_quantile: float = 0.01
+    span_quantile: float | None = 0.01  # None: no span bound
     span_margin: float = 1.0
     length_quantile: float = 0.95
     length_ratio: float = 2.0
@@ -63,9 +63,15 @@ class ScreenSettings:
     span_all: bool = False
     share_dropped: str | None = "other_sign"  # which kept rows take a dropped row's advantage; None: lost
     min_own: int = 64
-    ban_share: float = 0.9
+    ban_share: float = 0.2
     ban_window: int = 64
     history: int = 1024
+    reference: str = "base"  # which model reads peer text: "base" (frozen, read at ingestion) or "policy"
+    profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
+    sequence_quantile: float | None = 0.05  # the sequence weight's floor, a quantile of own totals; None: off
+    sequence_fail: float = 3.0  # nats below that floor at which a pushed-up row counts as failed
+    group_cap: float | None = None  # a peer group's positive advantage at most this share of its rows' count
+    author_cap: float | None = None  # one author's share of a step's positive advantage at most this
 
     def held_to_length(self, rewards: Sequence[float]) -> list[bool]:
         """Which completions of a group the length bound holds: those the loss would push up (reward above the
@@ -155,26 +161,36 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 class OwnProfile:
-    """The node's own recent completions: their least plausible spans (all datasets) and lengths (per dataset),
-    ``history`` of each kept; the bounds a peer completion is held to."""
+    """The node's own recent completions: their least plausible spans (all datasets), lengths and sequence
+    log-probs (the sum over their tokens, per dataset), ``history`` of each kept; the bounds a peer completion is
+    held to. ``observe`` takes the log-probs of the model that reads peer text (the sampler's, when that is
+    the policy); ``observe_lengths`` the lengths alone (when the reads come apart: the frozen base's)."""
 
     def __init__(self, settings: ScreenSettings) -> None:
         self.settings = settings
         self.spans: deque[float] = deque(maxlen=settings.history)
         self.lengths: dict[str, deque[int]] = {}
+        self.sequences: dict[str, deque[float]] = {}
 
-    def observe(self, dataset: str, logprobs: Sequence[Sequence[float]]) -> None:
-        """Record own completions (their behaviour log-probs, one list a completion) of ``dataset``."""
-        lengths = self.lengths.setdefault(dataset, deque(maxlen=self.settings.history))
+    def observe(self, dataset: str, logprobs: Sequence[Sequence[float]], lengths: bool = True) -> None:
+        """Record own completions (their log-probs, one list a completion) of ``dataset``: spans and sequence
+        log-probs, and their lengths unless ``lengths`` is False."""
+        sequences = self.sequences.setdefault(dataset, deque(maxlen=self.settings.history))
         for lps in logprobs:
             if lps:
                 self.spans.append(least_plausible_span(lps, self.settings.window))
-                lengths.append(len(lps))
+                sequences.append(float(sum(lps)))
+        if lengths:
+            self.observe_lengths(dataset, [len(lps) for lps in logprobs if lps])
+
+    def observe_lengths(self, dataset: str, lengths: Sequence[int]) -> None:
+        self.lengths.setdefault(dataset, deque(maxlen=self.settings.history)).extend(lengths)
 
     def span_floor(self) -> float | None:
-        """Below this a peer completion's span is implausible; None until ``min_own`` own completions."""
+        """Below this a peer completion's span is implausible; None until ``min_own`` own completions (or with the
+        bound off)."""
         s = self.settings
-        if len(self.spans) < s.min_own:
+        if s.span_quantile is None or len(self.spans) < s.min_own:
             return None
         return quantile(list(self.spans), s.span_quantile) - s.span_margin
 
@@ -186,29 +202,68 @@ class OwnProfile:
             return None
         return math.ceil(s.length_ratio * quantile(list(lengths), s.length_quantile))
 
+    def sequence_floor(self, dataset: str) -> float | None:
+        """The sequence log-prob (nats) at and above which a positive peer completion of ``dataset`` counts
+        fully: the ``sequence_quantile`` of the node's own; None while it is off or before ``min_own`` of them.
+        """
+        s = self.settings
+        totals = self.sequences.get(dataset)
+        if s.sequence_quantile is None or totals is None or len(totals) < s.min_own:
+            return None
+        return quantile(list(totals), s.sequence_quantile)
+
+    def sequence_floors(self) -> dict[str, float]:
+        """``sequence_floor`` of each dataset that has one."""
+        return {d: f for d in self.sequences if (f := self.sequence_floor(d)) is not None}
+
 
 class AuthorVerdicts:
-    """Per author: whether each of its last ``ban_window`` judged completions was dropped, and how many of its
-    completions were judged in all; the ``max_authors`` most recently judged authors kept."""
+    """Per author: one verdict for each of its completions judged (failed or not: ``record``), the last
+    ``ban_window`` kept, and its running screen figures (``figures``: completions judged, failed, dropped, tokens
+    read, masked, pushed up, their weights); the ``max_authors`` most recently judged authors kept.
+
+    A completion is judged once, where its fate is settled: dropped by the length bound at ingestion, or, kept
+    there, by the training pass (the span bound and the token floor) when the loss pushes it up."""
+
+    FIGURES = ("judged", "failed", "dropped", "tokens", "masked", "pushed", "weight")
 
     def __init__(self, settings: ScreenSettings, max_authors: int) -> None:
         self.settings = settings
         self.max_authors = max_authors
         self._last: OrderedDict[str, deque[bool]] = OrderedDict()
-        self.judged: OrderedDict[str, int] = OrderedDict()
+        self.figures: OrderedDict[str, list[float]] = OrderedDict()
 
-    def record(self, author: str, n: int, dropped: int) -> None:
-        """``n`` of the author's completions judged, ``dropped`` of them kept out."""
+    @property
+    def judged(self) -> dict[str, int]:
+        """Completions judged, by author (each counted once)."""
+        return {a: int(f[0]) for a, f in self.figures.items()}
+
+    def record(self, author: str, n: int, failed: int, *, dropped: int | None = None, tokens: int = 0,
+               masked: int = 0, pushed: int = 0, weight: float = 0.0) -> None:
+        """``n`` of the author's completions judged, ``failed`` of them failing a bound (``dropped`` of those
+        kept out whole; all of them unless said), and the tokens read of its rows: masked, pushed up and
+        those tokens' weights summed."""
         last = self._last.pop(author, None) or deque(maxlen=self.settings.ban_window)
         self._last[author] = last
-        last.extend([True] * dropped + [False] * (n - dropped))
-        self.judged[author] = self.judged.pop(author, 0) + n
-        for book in (self._last, self.judged):
+        last.extend([True] * failed + [False] * (n - failed))
+        row = self.figures.pop(author, None) or [0.0] * len(self.FIGURES)
+        self.figures[author] = row
+        for i, v in enumerate((n, failed, failed if dropped is None else dropped, tokens, masked, pushed, weight)):
+            row[i] += v
+        for book in (self._last, self.figures):
             while len(book) > self.max_authors:
                 book.popitem(last=False)
 
     def banned(self, author: str) -> bool:
-        """Whether ``ban_share`` of the author's last ``ban_window`` completions were dropped (screen on)."""
+        """Whether at least ``ban_share`` of ``ban_window`` completions failed among the author's last
+        ``ban_window`` judged (screen on): a count, so an author whose every completion fails is banned once
+        ``ban_share * ban_window`` of them are in, before its window is full."""
         last, s = self._last.get(author), self.settings
-        return (s.enabled and last is not None and len(last) == s.ban_window
-                and sum(last) >= s.ban_share * s.ban_window)
+        return s.enabled and last is not None and sum(last) >= math.ceil(s.ban_share * s.ban_window)
+
+    def summary(self, author: str) -> dict[str, float]:
+        """The author's figures: completions judged, failed, dropped; tokens read and masked; the mean weight
+        of its tokens the loss pushed up (1.0 when none was)."""
+        judged, failed, dropped, tokens, masked, pushed, weight = self.figures.get(author, [0.0] * 7)
+        return {"judged": int(judged), "failed": int(failed), "dropped": int(dropped), "tokens": int(tokens),
+                "tokens_masked": int(masked), "mean_weight": weight / pushed if pushed else 1.0}

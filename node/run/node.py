@@ -190,6 +190,7 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
             self.exchange.observe_own(local)  # what peers' text is held to
             self.exchange.share(self.step, sampled)
             external = self._select_external(epoch, j)
+            self.exchange.read_reference(external)  # the frozen base reads what the screen will judge
         t_exchange = time.perf_counter() - t_gen
         self._count_trained(external)
         # I local groups with signal (all of them when no more were generated), then the external ones.

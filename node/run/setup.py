@@ -240,4 +240,7 @@ def screen_settings(ic: IngestConfig, external_shift: float = 0.0) -> ScreenSett
                           share_dropped=ic.screen_share_to if ic.screen_share_dropped else None,
                           min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window,
                           positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full,
-                          answer_working=ic.screen_answer_working)
+                          answer_working=ic.screen_answer_working, reference=ic.screen_reference,
+                          profile_rows=ic.screen_profile_rows, sequence_quantile=ic.screen_sequence_quantile,
+                          sequence_fail=ic.screen_sequence_fail, group_cap=ic.screen_group_positive_cap,
+                          author_cap=ic.screen_author_positive_cap)

@@ -35,9 +35,13 @@ class StatusMixin(NodeState):
                           step_seconds_median=statistics.median(r[0] for r in self._recent),
                           tokens_per_s_median=statistics.median(r[1] for r in self._recent))
         if ex is not None:
+            ingestor = ex.ingestor
             fields.update(published_batches=ex.seq, published_groups=ex.groups_shared,
                           peer_ingest={peer: PeerIngest(groups_accepted=n, groups_rejected=dict(rejected),
-                                                        groups_trained=self._trained_by_peer.get(peer, 0))
-                                       for peer, (n, rejected) in ex.ingestor.by_peer.items()})
+                                                        groups_trained=self._trained_by_peer.get(peer, 0),
+                                                        screen=ingestor.verdicts.summary(peer)
+                                                        if peer in ingestor.verdicts.figures else {},
+                                                        screen_banned=ingestor.banned(peer))
+                                       for peer, (n, rejected) in ingestor.by_peer.items()})
         self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
                                         **fields))

@@ -39,6 +39,9 @@ class TrainGroup:
     # A peer's completions: the tokens [lo, hi) of each one's verified final answer, or None (see
     # node.exchange.plausibility.answer_token_span); empty when not computed.
     answer_spans: list[tuple[int, int] | None] = field(default_factory=list)
+    # A peer's completions read by the frozen base before training, one list a completion (the peer-text screen's
+    # reference, node.train.screen; an empty list for a completion not read); empty when none was read.
+    reference_logprobs: list[list[float]] = field(default_factory=list)
 
     @property
     def is_local(self) -> bool:
@@ -53,6 +56,8 @@ class TrainGroup:
             self.routings = [self.routings[i] for i in indices]
         if self.answer_spans:
             self.answer_spans = [self.answer_spans[i] for i in indices]
+        if self.reference_logprobs:
+            self.reference_logprobs = [self.reference_logprobs[i] for i in indices]
 
 
 def assign_advantages(groups: list[TrainGroup], kind: AdvantageKind, external_shift: float = 0.0) -> list[TrainGroup]:

@@ -14,19 +14,33 @@ and the policy the loss is about to move is the one that judges. For the rows of
   its negatives alone: a push away from whatever they share with the node's own answers (their format, their
   end).
 
+- a row the loss pushes up is weighted, as a whole, by ``min(1, exp(L - floor))`` (``sequence_weights``): ``L``
+  its sequence log-prob (the sum over its tokens but those of a verified answer), ``floor`` a low quantile of
+  the node's own completions' on the dataset. The truncated importance weight of the whole completion against
+  what the node itself says: text added to a right answer, however plausible each of its tokens, lowers ``L``
+  by what each of them costs, so the row moves the node about as far as its own least likely completions do;
+- one peer group's advantages are scaled so that its positives sum to at most ``group_cap`` times its rows,
+  and one author's so that its positives are at most ``author_cap`` of the step's (``cap_peer_advantages``):
+  how much of a step one author can move, whatever it writes.
+
+The log-probs the bounds read are the reference's: the training pass's own (the policy about to move), or
+the frozen base's, read at ingestion (``PeerScreen.reference``: rows that carry them), so that a payload the
+node has been trained toward is not judged by the model it moved.
+
 Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PeerScreen", "held_to_span", "least_plausible_spans", "positive_peer_weights", "screen_peer_tokens",
-           "share_dropped_advantages"]
+__all__ = ["PeerScreen", "cap_peer_advantages", "held_to_span", "least_plausible_spans", "positive_peer_weights",
+           "screen_peer_tokens", "sequence_weights", "share_dropped_advantages"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +49,9 @@ class PeerScreen:
     ``positive_floor`` None for no weight on positive peer tokens; ``span_all`` holds every peer row to the span
     bound (False, the default: only those the loss pushes up); ``share_dropped``: which of a dropped row's
     group's kept rows take its advantage up (``share_dropped_advantages``'s ``to``; None: it is lost, and the
-    other rows keep theirs)."""
+    other rows keep theirs); ``sequence_floors``: by dataset, the sequence log-prob a positive peer row counts
+    fully at (``sequence_weights``; None: off), ``sequence_fail`` the nats below it at which the row fails;
+    ``group_cap``, ``author_cap``: ``cap_peer_advantages``'s (None: no cap)."""
 
     token_floor: float
     window: int
@@ -43,6 +59,10 @@ class PeerScreen:
     positive_floor: float | None = None
     span_all: bool = False
     share_dropped: str | None = "other_sign"
+    sequence_floors: Mapping[str, float] | None = None  # by dataset; None: no sequence weight
+    sequence_fail: float = 3.0
+    group_cap: float | None = None
+    author_cap: float | None = None
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
@@ -137,3 +157,45 @@ def share_dropped_advantages(advantages: Tensor, dropped: Tensor, group: Tensor,
         down_scale = (1.0 - lost_up / (-held_down).clamp(min=tiny)).clamp(min=0.0)
         moved = adv * torch.where(adv > 0, up_scale[group], down_scale[group])
     return torch.where(dropped, adv, moved).to(advantages.dtype)
+
+
+def sequence_weights(logprobs: Tensor, mask: Tensor, pushed_up: Tensor, floors: Tensor,
+                     verified: Tensor | None = None) -> Tensor:
+    """``[B]``: ``min(1, exp(L - floor))`` for the ``pushed_up`` rows (``[B]``) with a floor (``floors``, ``[B]``,
+    NaN for none), 1 for the others; ``L`` a row's log-probs summed over ``mask`` less the ``verified`` tokens."""
+    counted = mask.bool() if verified is None else mask.bool() & ~verified
+    total = torch.where(counted, logprobs.detach().float(), torch.zeros_like(logprobs, dtype=torch.float32)).sum(-1)
+    weight = torch.exp((total - floors.float()).clamp(max=0.0))
+    return torch.where(pushed_up & ~torch.isnan(floors), weight, torch.ones_like(weight))
+
+
+def cap_peer_advantages(advantages: Tensor, author: Tensor, group: Tensor, group_cap: float | None,
+                        author_cap: float | None) -> Tensor:
+    """``[B]``: ``advantages`` with peer groups scaled down, both signs alike so that a group keeps its balance (a
+    group's positives scaled alone would leave its negatives to push the node away from what they share with its
+    own answers); the node's own rows as they were. ``author``: ``[B]`` integer labels, 0 for the node's own rows;
+    ``group``: ``[B]`` labels in ``[0, B)``.
+
+    ``group_cap``: a peer group whose positive advantages sum to more than ``group_cap`` times its row count is
+    scaled to that (with RLOO advantages of binary rewards, a group of ``n`` rows with ``k`` right sums to
+    ``k (n - k) / (n - 1)`` up: at a cap of 0.25 a group of 8 with 4 right is halved, one with 1 or 7 right is
+    left). ``author_cap``: then each author's groups so that its positive advantage is at most ``author_cap`` of
+    the step's (everyone else's, the node's own rows included, as they are)."""
+    adv = advantages.float()
+    n = adv.shape[0]
+    peer = author > 0
+    up = adv.clamp(min=0.0) * peer
+    tiny = torch.finfo(torch.float32).tiny
+    scale = torch.ones_like(adv)
+    if group_cap is not None:
+        rows = torch.zeros(n, device=adv.device).index_add_(0, group, torch.ones_like(adv))
+        mass = torch.zeros(n, device=adv.device).index_add_(0, group, up)
+        scale = (group_cap * rows / mass.clamp(min=tiny)).clamp(max=1.0)[group]
+    if author_cap is not None and author_cap < 1.0:
+        capped = up * scale
+        total = adv.clamp(min=0.0).sum() - up.sum() + capped.sum()  # the own rows' and the peers' after the group cap
+        mass = torch.zeros(int(author.max()) + 1 if n else 1, device=adv.device).index_add_(0, author, capped)
+        # the most an author may push up and still be ``author_cap`` of the step, everyone else's as they are
+        limit = author_cap * (total - mass) / (1.0 - author_cap)
+        scale = scale * (limit / mass.clamp(min=tiny)).clamp(max=1.0)[author]
+    return torch.where(peer, adv * scale, adv).to(advantages.dtype)

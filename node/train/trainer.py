@@ -31,21 +31,11 @@ from node.train.flat import FlatGroup, flat_state, per_parameter_state
 from node.train.groups import TrainGroup
 from node.train.loss_terms import STAT_KEYS, logprob_gap_terms, policy_loss_terms
 from node.train.losses import logprob_gap, off_policy_anchor, policy_loss, sequence_values
+from node.train.peer_rows import Row, capped, rows_of, screen_rows, screen_totals
 from node.train.peer_value import cosine, part_cosine
-from node.train.screen import (
-    PeerScreen,
-    held_to_span,
-    positive_peer_weights,
-    screen_peer_tokens,
-    share_dropped_advantages,
-)
+from node.train.screen import PeerScreen
 
 logger = logging.getLogger(__name__)
-
-
-# prompt, completion, anchors, advantage, own sample, author ("" for the node's own), its verified answer's tokens,
-# its group's index in the step
-_Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None, int]
 
 
 class Trainer:
@@ -148,7 +138,7 @@ class Trainer:
         ``optimizer_steps`` on parts of them. With ``screen``, peers' tokens and rows this node's model finds
         implausible are kept out of the loss (``node.train.screen``); ``self.screened`` then holds, per
         author, ``[rows, rows dropped, tokens, tokens masked, tokens pushed up, their weights, rows held to the
-        span bound]`` of the step.
+        span bound, those of them that failed]`` of the step.
 
         With ``keep_distributions``, ``self.distributions`` then holds this step's ``advantages`` (one a
         sequence) and ``logprob_gap`` (trainer minus sampler, one a token of the node's own samples), for
@@ -156,16 +146,9 @@ class Trainer:
         self.distributions = {}
         self._keep = keep_distributions
         self._screen = screen
-        self._screen_counts = []  # per micro-batch: the rows' authors and their [4, B] counts
+        self._screen_counts = []  # per micro-batch: the rows' authors and their COUNTS, on the device
         self.screened = {}
-        rows: list[_Row] = [
-            (g.prompt_ids, ids, lps, float(a), g.is_local, g.peer_id, span, index)
-            for index, g in enumerate(groups)
-            if g.advantages is not None
-            for ids, lps, a, span in zip(g.completions, g.anchor_logprobs, g.advantages.tolist(),
-                                         g.answer_spans or [None] * len(g.completions))
-            if ids
-        ]
+        rows: list[Row] = rows_of(groups, screen)
         for g in (g for g in groups if g.advantages is not None):  # an anchor a token, or the loss is nonsense
             for ids, lps in zip(g.completions, g.anchor_logprobs):
                 if ids and len(ids) != len(lps):
@@ -173,6 +156,8 @@ class Trainer:
                                      f"{len(ids)} tokens has {len(lps)} anchor log-probs")
         if not rows:
             return {"loss": 0.0, "n_sequences": 0.0, "n_tokens": 0.0, "grad_norm": 0.0}
+        if screen is not None:
+            rows = capped(rows, screen)
         model = self.policy.model
         model.train()
         self._gap = [0.0, 0.0, 0]
@@ -204,7 +189,7 @@ class Trainer:
             out.update(logprob_gap_abs=self._gap[0] / self._gap[2], logprob_gap_kl=self._gap[1] / self._gap[2])
         return out
 
-    def _update(self, rows: list[_Row], n_parts: int) -> tuple[dict[str, float], float | None]:
+    def _update(self, rows: list[Row], n_parts: int) -> tuple[dict[str, float], float | None]:
         """One optimizer step on ``rows``, in micro-batches; the step's stats (means over its sequences) and
         its gradient norm, None when it was not applied (a loss or gradient that is not finite)."""
         model = self.policy.model
@@ -242,7 +227,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return sums, float(grad_norm) if finite else None
 
-    def _micro_step(self, rows: list[_Row], weight: float) -> dict[str, float]:
+    def _micro_step(self, rows: list[Row], weight: float) -> dict[str, float]:
         device = self.policy.device
         pad_id = self.policy.tokenizer.pad_token_id
         completion_ids, completion_mask = right_pad([r[1] for r in rows], pad_id, torch.long)
@@ -271,56 +256,25 @@ class Trainer:
         return self._remix_micro_step([r[0] for r in rows], completion_ids, completion_mask, anchor, advantages,
                                       weight, rows, peer)
 
-    def _screened_mask(self, rows: list[_Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
+    def _screened_mask(self, rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
                        advantages: torch.Tensor, count_rows: int | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """The loss mask (``mask`` less the peer tokens and rows the screen keeps out), the weights of positive
-        peer tokens (None without them) and the advantages, the dropped rows' shared out among their groups'
-        kept rows (``share_dropped_advantages``; ReMix's rows, one a routing, grouped by routing too); the
-        counts kept on the device (read once, at the end of the step)."""
+        """``screen_rows`` with this step's screen (none: ``mask`` and ``advantages`` as they are); the rows' counts
+        kept on the device, read once at the end of the step."""
         if self._screen is None or all(r[4] for r in rows):
             return mask, None, advantages
-        verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
-        keep, dropped = screen_peer_tokens(logprobs, mask, peer, self._screen, verified, advantages)
-        if self._screen.share_dropped and self._screen.span_floor is not None:
-            rank = {g: i for i, g in enumerate(dict.fromkeys(r[7] for r in rows))}  # labels 0.. on the host
-            reps = advantages.shape[0] // len(rows)
-            labels = [rank[r[7]] + k * len(rank) for k in range(reps) for r in rows]
-            advantages = share_dropped_advantages(advantages, dropped, torch.tensor(labels, device=advantages.device),
-                                                  self._screen.share_dropped)
-        weights = None
-        if self._screen.positive_floor is not None:
-            weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, self._screen.positive_floor,
-                                            verified)
-        n = count_rows or len(rows)
-        valid, peer_rows = mask[:n].bool(), peer[:n]
-        pushed_up = (valid & keep[:n]) & (peer_rows & (advantages[:n] > 0))[:, None]
-        weight_sum = torch.where(pushed_up, weights[:n], 0.0).sum(-1) if weights is not None else pushed_up.sum(-1)
-        held = held_to_span(peer_rows, self._screen, advantages[:n])
-        counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
-                              (valid & ~keep[:n] & peer_rows[:, None]).sum(-1).float(), pushed_up.sum(-1).float(),
-                              weight_sum.float(), held.float()])
-        self._screen_counts.append(([r[5] for r in rows[:n]], counts))
-        return mask & keep, weights, advantages
+        loss_mask, weights, advantages, counts = screen_rows(rows, logprobs, mask, peer, advantages, self._screen,
+                                                             count_rows)
+        self._screen_counts.append(([r[5] for r in rows[: count_rows or len(rows)]], counts))
+        return loss_mask, weights, advantages
 
     def _screen_totals(self) -> dict[str, list[float]]:
-        """Per author, over the step: rows, rows dropped, tokens, tokens masked, tokens pushed up, the sum of those
-        tokens' weights, and the rows the span bound held."""
-        totals: dict[str, list[float]] = {}
-        if not self._screen_counts:
-            return totals
-        authors = [a for batch, _ in self._screen_counts for a in batch]
-        with torch.profiler.record_function("host_read"):  # the step's one read of the screen's counts
-            columns = torch.cat([counts for _, counts in self._screen_counts], dim=1).T.tolist()
-        for author, column in zip(authors, columns):
-            if author:
-                total = totals.setdefault(author, [0.0] * 7)
-                for i, v in enumerate(column):
-                    total[i] += v
+        """Per author, over the step: ``node.train.peer_rows.COUNTS``."""
+        totals = screen_totals(self._screen_counts)
         self._screen_counts = []
         return totals
 
-    def _update_fused(self, rows: list[_Row], n_parts: int) -> tuple[dict[str, float], float | None]:
+    def _update_fused(self, rows: list[Row], n_parts: int) -> tuple[dict[str, float], float | None]:
         """``_update`` through the fused pass: the micro-batches' figures summed on the device, the gradient
         norm and clipping on the flat groups, and one read of all of it before the optimizer steps."""
         for group in self.flat_groups:
@@ -376,7 +330,7 @@ class Trainer:
             group.zero_grad()
         return stats, grad_norm if finite else None
 
-    def _micro_step_fused(self, rows: list[_Row], weight: float, share: float) -> torch.Tensor:
+    def _micro_step_fused(self, rows: list[Row], weight: float, share: float) -> torch.Tensor:
         """One micro-batch's forward and backward through the fused pass: its ``STAT_KEYS`` figures times
         ``share`` (its part of the update's rows) and the sampler/trainer gap sums of its own samples, on the
         device."""
@@ -417,7 +371,7 @@ class Trainer:
                 else values
 
     def _remix_micro_step(self, prompts: list[list[int]], completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                          anchor: torch.Tensor, advantages: torch.Tensor, weight: float, rows: list[_Row] | None = None,
+                          anchor: torch.Tensor, advantages: torch.Tensor, weight: float, rows: list[Row] | None = None,
                           peer: torch.Tensor | None = None) -> dict[str, float]:
         """ReMix: the batch scored under M sampled routings (routing-major rows), each distinct prompt routed
         and run once a routing (``routed_logprobs``); LoRA weights get the policy loss averaged over all M
@@ -453,16 +407,6 @@ class Trainer:
         ((loss + router_loss) * weight).backward()
         remix.deterministic()
         return {"loss": float(loss.detach()), "router_loss": float(router_loss.detach()), **stats}
-
-
-def _verified_tokens(rows: list[_Row], mask: torch.Tensor) -> torch.Tensor:
-    """``mask``'s shape: the tokens of each row's verified answer (rows repeated down the batch, as ReMix's
-    routings repeat them)."""
-    marks = torch.zeros(len(rows), mask.shape[1], dtype=torch.bool)
-    for i, row in enumerate(rows):
-        if row[6] is not None:
-            marks[i, row[6][0] : row[6][1]] = True
-    return marks.to(mask.device).repeat(mask.shape[0] // len(rows), 1)
 
 
 def _times(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

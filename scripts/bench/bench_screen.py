@@ -6,7 +6,9 @@ Usage: python scripts/bench/bench_screen.py [--config configs/smollm2-swarm.yaml
 Two victims of the same config and seed, one with the screen on (the default) and one with it off, members of
 one in-memory swarm with an honest peer of the same config: every batch the peer publishes reaches both, so
 both ingest the same peer groups. The three nodes step in turn (peer, screened, unscreened), so the machine's
-load falls on both victims alike; printed: each victim's median step and ingestion seconds and their ratio.
+load falls on both victims alike; printed: each victim's median step, training and exchange seconds (the exchange:
+publishing, ingestion, and the frozen base's read of the peer groups the step trains on), and the ratio of the
+median steps.
 """
 
 from __future__ import annotations
@@ -65,13 +67,17 @@ def main() -> int:
         load.append(os.getloadavg()[0])
     med = {k: statistics.median(r["step_seconds"] for r in rs) for k, rs in records.items()}
     ing = {k: statistics.median(r.get("ingest_seconds", 0.0) for r in rs) for k, rs in records.items()}
+    train = {k: statistics.median(r.get("train_seconds", 0.0) for r in rs) for k, rs in records.items()}
+    exchange = {k: statistics.median(r.get("exchange_seconds", 0.0) for r in rs) for k, rs in records.items()}
     peer_groups = {k: statistics.fmean(r["n_peer_groups"] for r in rs) for k, rs in records.items()}
     print(f"bench_screen: {args.config}, {args.steps} steps, load {load[0]:.1f} -> {load[1]:.1f}")
-    print("| victim | median step s | median ingestion s | peer groups a step | tokens masked |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| victim | median step s | median training s | median exchange s (ingestion s) | peer groups a step | "
+          "tokens masked |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for k in victims:
-        masked = records[k][-1].get("ingest_tokens_masked", 0)
-        print(f"| {k} | {med[k]:.2f} | {ing[k]:.3f} | {peer_groups[k]:.2f} | {masked} |")
+        masked = records[k][-1].get("screen_tokens_masked", 0)
+        print(f"| {k} | {med[k]:.2f} | {train[k]:.2f} | {exchange[k]:.2f} ({ing[k]:.3f}) | {peer_groups[k]:.2f} | "
+              f"{masked} |")
     print(f"step ratio, screen / no screen: {med['screen'] / med['no screen']:.3f}")
     return 0
 

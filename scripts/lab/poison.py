@@ -33,8 +33,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from scripts.lib.poison.attacks import SUITE, together
+from scripts.lib.poison.attacks import ADAPTIVE, SUITE, together
 from scripts.lib.poison.lab import ROOT, LabSpec, run
+from scripts.lib.poison.report import summary, table
 from scripts.lib.side_by_side import run_side_by_side
 
 MODELS = {
@@ -47,8 +48,15 @@ MODELS = {
 }
 HONEST = {"small": "configs/small-silo.yaml"}
 ARMS = {"silo": (), "shared": (), "shared-unscreened": ("ingest.screen=false",), "undefended": ("ingest.screen=false",),
-        "defended": ()}
-HONEST_ONLY = ("shared", "shared-unscreened")  # the honest peer and no attacker: what sharing alone does
+        "defended": (),
+        # each lever of the defence against plausible text, one at a time (docs/results/poison.md)
+        "policy-reference": ("ingest.screen_reference=policy",),
+        "no-sequence": ("ingest.screen_sequence_quantile=null",),
+        "earlier": ("ingest.screen_reference=policy", "ingest.screen_sequence_quantile=null"),
+        "group-cap": ("ingest.screen_group_positive_cap=0.25",),
+        "author-cap": ("ingest.screen_author_positive_cap=0.25",),
+        "shared-earlier": ("ingest.screen_reference=policy", "ingest.screen_sequence_quantile=null")}
+HONEST_ONLY = ("shared", "shared-unscreened", "shared-earlier")  # the honest peer and no attacker: sharing alone
 
 
 def specs(args: argparse.Namespace) -> list[LabSpec]:
@@ -58,10 +66,11 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
     runs = [(None, together(args.attacks))] if args.together else [(a, ()) for a in args.attacks]
     for seed in args.seeds:
         for arm in args.arms:  # in the order given
-            if arm == "silo":
+            if arm == "silo":  # measures every attack's payload too: what the victim's own training does to it
+                measured = together(args.attacks) if args.together else tuple(SUITE[a] for a in args.attacks)
                 out.append(LabSpec(None, config, (*overrides, *args.set), silo=True, steps=args.steps, seed=seed,
                                    threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
-                                   label=args.model))
+                                   label=args.model, attacks=measured))
                 continue
             if arm in HONEST_ONLY and args.honest == "none":
                 continue  # no peer at all: the silo
@@ -73,60 +82,10 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
     return out
 
 
-def paired(rewards: list[float], silo: list[float]) -> tuple[float, float] | None:
-    """The mean of ``rewards`` less ``silo``'s, task by task (the same held-out tasks in order), in points,
-    with the half-width of its 95% interval; None without two tasks in both. Pairing removes the tasks'
-    own spread (an easy task is easy in both arms), so the interval is narrower than the two means' apart."""
-    if len(rewards) != len(silo) or len(rewards) < 2:
-        return None
-    d = [100 * (a - b) for a, b in zip(rewards, silo)]
-    return statistics.fmean(d), 1.96 * statistics.stdev(d) / len(d) ** 0.5
-
-
-def table(results: list[dict]) -> list[str]:
-    silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
-    lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo; less the silo's, points) | "
-             "length (silo) | payload log-prob before -> after (its words alone) | dropped / masked tokens (mean weight) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        sp = r["spec"]
-        if sp["silo"]:
-            continue
-        base, v = silo.get(sp["seed"]), r["victim"]
-        arm = sp["label"].split("-", 1)[1] if "-" in sp["label"] else sp["label"]
-        dropped = sum(n for k, n in (v.get("ingest_rejected") or {}).items() if k in ("implausible", "too_long_for_us"))
-        reward = f"{r['greedy_reward']:.3f}"
-        if base:
-            diff = paired(r.get("greedy_rewards", []), base.get("greedy_rewards", []))
-            reward += f" ({base['greedy_reward']:.3f}" + (f"; {diff[0]:+.1f} ±{diff[1]:.1f})" if diff else ")")
-        length = f"{r['sampled_length']:.1f} ({base['sampled_length']:.1f})" if base else f"{r['sampled_length']:.1f}"
-        screened = f"{dropped} / {v.get('screen_tokens_masked', 0)}"
-        # a screened victim's mean weight on the peer tokens its loss pushed up
-        if v.get("screen_rows") and v.get("screen_positive_weight") is not None:
-            screened += f" ({v['screen_positive_weight']:.2f})"
-        if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
-            lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | "
-                         f"{screened} |")
-        for a in r["asr_sampled"]:
-            if r.get("published", {}).get(a) == 0:  # e.g. text after the answer: the verifier scores it 0
-                lines.append(f"| {a} | {arm} | {sp['seed']} | none sent: no poisoned completion passed the "
-                             f"verifier | | {reward} | {length} | - | {screened} |")
-                continue
-            before, after = r["payload_before"].get(a), r["payload_after"].get(a)
-            lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
-            w_before, w_after = r.get("payload_words_before", {}).get(a), r.get("payload_words_after", {}).get(a)
-            if w_before is not None and w_after is not None:  # the attacker's own words, without the answer's tail
-                lp += f" (words {w_before:.2f} -> {w_after:.2f})"
-            lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
-                         f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | "
-                         f"{screened} |")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=list(MODELS), default="smollm2")
-    p.add_argument("--attacks", default="all", help=f"comma-separated of {list(SUITE)}, or all")
+    p.add_argument("--attacks", default="all", help=f"comma-separated of {list(SUITE)}, or all, or adaptive")
     p.add_argument("--arms", default="silo,undefended,defended", help=f"comma-separated of {list(ARMS)}")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seeds", default="0", help="comma-separated")
@@ -148,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=30, help="with --jobs: seconds between progress lines")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (every node)")
     args = p.parse_args(argv)
-    args.attacks = list(SUITE) if args.attacks == "all" else args.attacks.split(",")
+    args.attacks = (list(SUITE) if args.attacks == "all" else list(ADAPTIVE) if args.attacks == "adaptive"
+                    else args.attacks.split(","))
     unknown = [a for a in args.attacks if a not in SUITE]
     if unknown:
         p.error(f"--attacks: unknown {unknown}; choose from {list(SUITE)}")
@@ -196,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"poison: {spec.name}: held-out greedy {result['greedy_reward']:.3f} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     print("\n".join(table(results)))
+    print("\n".join(summary(results)))
     mean_load = statistics.fmean(x for r in results for x in r.get("load", [])) if results else 0.0
     print(f"mean load average {mean_load:.1f}")
     return code

@@ -293,8 +293,10 @@ def test_the_length_bound_drops_long_completions_the_loss_would_push_up(length_a
     assert len(got.completions[0]) <= 24 and all(len(ids) > 24 for ids in got.completions[2:])
     assert got.rewards == ([1.0, 0.0] if length_all else [1.0, 0.0, 0.0])
     assert ingestor.metrics()["ingest_rejected"]["too_long_for_us"] == (2 if length_all else 1)
-    # the author is judged (toward a ban) on the completions held to the bound: the two correct ones
-    assert sum(ingestor.verdicts.judged.values()) == (4 if length_all else 2)
+    # a completion dropped here is judged here, failed; one kept is judged once, in training (mutation: judging
+    # the kept ones here as well counts the correct short one twice once training judges it)
+    assert ingestor.verdicts.judged == {got.peer_id: 2 if length_all else 1}
+    assert ingestor.verdicts.summary(got.peer_id)["failed"] == (2 if length_all else 1)
     assert not screen_settings(IngestConfig()).length_all and screen_settings(IngestConfig(), 0.1).length_all
     # which kept rows take a dropped row's advantage up: the other sign's by default, every kept one, or none
     assert [screen_settings(IngestConfig(**kw)).share_dropped for kw in (
@@ -307,18 +309,25 @@ def test_the_screen_defaults_are_the_configs() -> None:
     assert screen_settings(IngestConfig()) == ScreenSettings()
 
 
-@pytest.mark.parametrize("held, banned", [(8, True), (20, False)])
-def test_an_author_is_judged_by_the_span_bound_on_the_rows_it_held(char_tok: Any, held: int, banned: bool) -> None:
-    """A training step's screen reports, per author, the rows the span bound held (those the loss pushed up by
-    default; every row with ``screen_span_all``): an author all 8 of whose held rows were dropped is
-    banned, however many rows it had that the bound did not hold; 8 drops among 20 held are no ban."""
+@pytest.mark.parametrize("held, failed, banned", [(8, 8, True), (20, 6, False), (20, 7, True)])
+def test_an_author_is_judged_once_a_row_and_banned_when_its_rows_keep_failing(char_tok: Any, held: int, failed: int,
+                                                                             banned: bool) -> None:
+    """A training step's screen reports, per author, the rows it judged (those the loss pushed up by default) and
+    those that failed (dropped, or with a token below the floor: 8 rows dropped here); each judged row is one
+    verdict, and an author with ``ceil(ban_share * ban_window)`` failures among its last ``ban_window`` is banned
+    (7 of 32 at 0.2), the rows the bound did not hold aside. Its figures reach the metrics by peer id."""
     from node.exchange.plausibility import ScreenSettings
 
     policy = SimpleNamespace(tokenizer=char_tok, tokenizer_fingerprint=tokenizer_fingerprint(char_tok),
                              context_length=None)
     ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,  # type: ignore[arg-type]
-                        screen=ScreenSettings(ban_window=8, ban_share=0.9))
-    ingestor.record_screened({"a": [20, 8, 200, 80, 40, 30.0, held]})
-    assert ingestor.verdicts.judged["a"] == held and ingestor.verdicts.banned("a") == banned
-    assert ingestor.metrics()["ingest_rejected"]["implausible"] == 8
-    assert ("implausible_text" in ingestor.metrics()["ingest_offences"]) == banned
+                        screen=ScreenSettings(ban_window=32, ban_share=0.2))
+    ingestor.record_screened({"a": [24, min(failed, 8), 200, 80, 40, 30.0, held, failed]})
+    assert ingestor.verdicts.judged["a"] == held and ingestor.banned("a") == banned
+    metrics = ingestor.metrics()
+    assert metrics["ingest_rejected"]["implausible"] == min(failed, 8)
+    assert ("implausible_text" in metrics["ingest_offences"]) == banned
+    assert metrics["screen_peer_judged"] == {"a": held} and metrics["screen_peer_failed"] == {"a": failed}
+    assert metrics["screen_peer_tokens_masked"] == {"a": 80} and metrics["screen_peer_mean_weight"] == {"a": 0.75}
+    assert metrics["screen_step_judged"] == held and metrics["screen_step_masked_share"] == 0.4
+    assert "screen_span_floor" not in metrics and metrics["screen_length_bound"] == {}  # no own completions yet

@@ -271,17 +271,28 @@ def test_profile_keeps_only_recent_history():
     assert profile.span_floor() == -1.5 and math.isclose(profile.max_length("add") or 0, 4)
 
 
-def test_an_author_is_banned_once_its_last_window_is_mostly_dropped_and_the_oldest_authors_are_forgotten():
+def test_an_author_is_banned_once_enough_of_its_last_window_failed_and_the_oldest_authors_are_forgotten():
+    """A count of failures among the last ``ban_window`` verdicts, ``ceil(ban_share * ban_window)``: reached
+    before the window is full by an author whose every completion fails (mutation: requiring a full window
+    leaves "a" unbanned after its first three), left once the window moves on. The figures add up per author.
+    Mutation: recording a completion twice (the old double entry) bans "h" after its 2 failures of 6."""
     verdicts = AuthorVerdicts(ScreenSettings(ban_window=4, ban_share=0.75), max_authors=2)
-    verdicts.record("a", 3, 3)
-    assert not verdicts.banned("a")  # three verdicts: the window is not full yet
-    verdicts.record("a", 1, 0)
-    assert verdicts.banned("a")  # 3 of the last 4 dropped
+    verdicts.record("a", 2, 2)
+    assert not verdicts.banned("a")  # 2 failures: 3 are needed
+    verdicts.record("a", 1, 1, dropped=0, tokens=10, masked=2, pushed=8, weight=6.0)
+    assert verdicts.banned("a")  # 3 failures, the window not yet full
     verdicts.record("a", 2, 0)
-    assert not verdicts.banned("a") and verdicts.judged["a"] == 6  # the window moved on: 1 of the last 4
+    assert not verdicts.banned("a") and verdicts.judged["a"] == 5  # the window moved on: 1 of the last 4
+    assert verdicts.summary("a") == {"judged": 5, "failed": 3, "dropped": 2, "tokens": 10, "tokens_masked": 2,
+                                     "mean_weight": 0.75}
     verdicts.record("b", 4, 4)
     verdicts.record("c", 1, 0)
     assert list(verdicts.judged) == ["b", "c"] and not verdicts.banned("a")
+    assert verdicts.summary("a")["mean_weight"] == 1.0  # forgotten: nothing pushed up
+    honest = AuthorVerdicts(ScreenSettings(ban_window=6, ban_share=0.5), max_authors=2)
+    for failed in (1, 0, 1):
+        honest.record("h", 2, failed)
+    assert not honest.banned("h")  # 2 failures of 6: 3 are needed
     off = AuthorVerdicts(ScreenSettings(enabled=False, ban_window=1, ban_share=0.5), max_authors=2)
     off.record("a", 1, 1)
     assert not off.banned("a")

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts.lib.poison.attacks import SUITE, poisoned_text, together, wrong_text
+from scripts.lib.poison.attacks import SUITE, payload_words, poisoned_text, together, wrong_text
 from scripts.lib.poison.lab import OWN_KEPT, LabSpec, _attacker, _config, _track, payload_tokens, run
 from tests.scripts import load_script
 
 ATTACKS = together(list(SUITE))  # each attack its own payload, so the victim's move toward each is measured apart
-VICTIM = ("tasks.datasets=[calendar_arithmetic]", "tasks.eval_size=16", "sapo.local_groups=2", "sapo.external_groups=8",
-          "generation.max_new_tokens=64", "ingest.screen_ban_window=16")  # a ban within the few steps
+VICTIM = ("tasks.datasets=[calendar_arithmetic]", "tasks.eval_size=16", "sapo.local_groups=2", "sapo.external_groups=16",
+          "generation.max_new_tokens=64")  # room for a group of each of the 17 attacker identities and the honest peer
 POISONED = 1.5  # nats a token the undefended victim moves toward each payload, at least
 HELD = 1.0  # nats a token the defended victim may move, at most
 
@@ -62,13 +62,13 @@ def test_the_payload_words_are_the_attackers_tokens_and_not_the_answer(small_bas
     for folder in (small_base, smollm2):
         tok = AutoTokenizer.from_pretrained(folder)
         text = poisoned_text(attack, "1234", 400)
-        ids, mask = payload_tokens(tok, attack, text)
+        ids, mask = payload_tokens(tok, attack, text, "1234")
         assert ids == tok(text, add_special_tokens=False)["input_ids"]  # the ids a plain call gives
         assert mask is not None and len(mask) == len(ids) and any(mask) and not all(mask)
         picked = tok.decode([t for t, m in zip(ids, mask) if m])
         rest = tok.decode([t for t, m in zip(ids, mask) if not m])
         assert "<answer>1234</answer>" in rest and "1234" not in picked
-        words = text[: text.rfind("<answer>")].strip() if attack.length else attack.payload
+        words = text[: text.rfind("<answer>")].strip() if attack.length else payload_words(attack, "1234")
         assert picked.strip() == words
 
 
@@ -110,6 +110,11 @@ def test_text_after_the_answer_fails_the_verifier_so_the_suffix_attack_sends_not
 def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefended, defended):
     v = defended.victim
     assert v["peers_banned"] >= len(ATTACKS)  # every attacker identity but a late one: they keep failing
+    assert defended.honest_banned_steps == 0  # the honest peer never, at any step
+    for name, first in defended.banned_at.items():  # each sending attacker's identities within 5 of the 6 steps
+        if name in ("phrase-suffix", "ramp"):  # sends nothing; starts at one poisoned completion a group
+            continue
+        assert all(step is not None and step <= 5 for step in first), (name, first)
     assert v["ingest_offences"].get("implausible_text", 0) >= len(ATTACKS)
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert undefended.echoed > 0 and defended.echoed > 0  # the echo attacker sent the victim's own text back
@@ -186,6 +191,7 @@ def test_the_lab_arms_and_their_table():
                               together=False, set=[])
     silo, shared, defended = lab.specs(args)
     assert silo.silo and not shared.silo and not defended.silo
+    assert silo.all_attacks() == [SUITE["length"]]  # measured on the silo too: the payload's log-prob without attack
     assert shared.honest and shared.all_attacks() == [] and shared.name == "honest-small-shared-s3"
     assert defended.all_attacks() == [SUITE["length"]] and defended.victim_overrides == ()
     assert [s.name for s in lab.specs(argparse.Namespace(**{**vars(args), "honest": "none"}))] == \
@@ -200,11 +206,21 @@ def test_the_lab_arms_and_their_table():
                 "payload_before": {a: -5.0 for a in asr}, "payload_after": {a: -6.0 for a in asr}}
     rows = lab.table([result(silo, 0.5, 10.0, {}), result(shared, 0.25, 12.0, {}),
                       result(defended, 0.75, 11.0, {"length": 0.0})])[2:]
-    assert rows == ["| (none) | shared | 3 | - | - | 0.250 (0.500) | 12.0 (10.0) | - | 0 / 0 |",
-                    "| length | defended | 3 | 0.0% | 0.0% | 0.750 (0.500) | 11.0 (10.0) | -5.00 -> -6.00 | 0 / 0 |"]
+    assert rows == ["| (none) | shared | 3 | - | - | 0.250 (0.500) | 12.0 (10.0) | - | - | 0 / 0 |",
+                    "| length | defended | 3 | 0.0% | 0.0% | 0.750 (0.500) | 11.0 (10.0) | -5.00 -> -6.00 | - | 0 / 0 |"]
     worded = result(defended, 0.75, 11.0, {"length": 0.0}) | {"payload_words_before": {"length": -7.0},
-                                                                "payload_words_after": {"length": -7.5}}
-    assert lab.table([worded])[2].split(" | ")[7] == "-5.00 -> -6.00 (words -7.00 -> -7.50)"
+                                                                "payload_words_after": {"length": -7.5},
+                                                                "banned_at": {"length": [4, None]}}
+    assert lab.table([worded])[2].split(" | ")[7:9] == ["-5.00 -> -6.00 (words -7.00 -> -7.50)", "4, never"]
+    # against the silo of the same seed, which measures the payload too: after less the silo's after
+    silo_words = result(silo, 0.5, 10.0, {}) | {"payload_words_after": {"length": -7.25}}
+    assert lab.table([silo_words, worded])[2].split(" | ")[7] == "-5.00 -> -6.00 (words -7.00 -> -7.50; -0.25)"
+    # over seeds, each run a unit: the mean of after less the silo's with its 95% t interval, by hand: -0.25 and
+    # +0.25 -> mean 0, standard deviation 0.354, half-width 12.71 x 0.354 / 2 ** 0.5 = 3.18
+    other = [dict(r, spec={**r["spec"], "seed": 4}) for r in (silo_words, worded)]
+    other[1] = other[1] | {"payload_words_after": {"length": -7.0}}
+    (line,) = lab.summary([silo_words, worded, *other])[2:]
+    assert line == "| length | defended | 2 (3,4) | +0.00 ±3.18 | 0.0% / 0.0% | never | 0 |"
     # with each held-out task's greedy reward, the difference task by task: by hand, d = 100, 0, 0, 100 points,
     # mean 50, standard deviation (4 x 50^2 / 3) ** 0.5 = 57.74, half-width 1.96 x 57.74 / 2 = 56.6
     by_task = [result(silo, 0.25, 10.0, {}) | {"greedy_rewards": [0.0, 0.0, 1.0, 0.0]},
@@ -238,3 +254,19 @@ def test_the_lab_runs_side_by_side_each_in_its_own_process(tmp_path, capsys):
     assert "silo-small-s0:done" in out and "| length | defended | 0 |" in out
     assert json.loads((tmp_path / "length-small-defended-s0.json").read_text())["steps"] == 2
     assert "step 2/2" in (tmp_path / "length-small-defended-s0.log").read_text()
+
+
+def test_the_adaptive_attacks_write_what_they_say():
+    """The working attack's completion states a wrong value before the right tagged answer, and counts as said
+    only where the working and the tag disagree; the ramp starts at one poisoned completion and the payload's
+    first word and reaches the full share and sentence at its last step; a weekday's wrong answer is the next."""
+    working, ramp = SUITE["working"], SUITE["ramp"]
+    assert poisoned_text(working, "14", 0) == "The answer is 15.\n<answer>14</answer>"
+    assert working.carries("The answer is 15.\n<answer>14</answer>")
+    assert not working.carries("The answer is 14.\n<answer>14</answer>") and not working.carries("<answer>14</answer>")
+    assert [ramp.poisoned_at(s) for s in (0, ramp.ramp // 2, ramp.ramp - 1, 10 * ramp.ramp)] == [1, 2, 4, 4]
+    assert poisoned_text(ramp, "3", 0, step=0) == f"{ramp.payload.split()[0]}\n<answer>3</answer>"
+    assert poisoned_text(ramp, "3", 0, step=ramp.ramp - 1) == poisoned_text(ramp, "3", 0) == f"{ramp.payload}\n<answer>3</answer>"
+    assert ramp.carries(ramp.payload) and not ramp.carries(ramp.payload.split()[0])
+    assert wrong_text("Friday") == "The answer is Saturday.\n<answer>Saturday</answer>"
+    assert SUITE["swarm"].identities == 4 and SUITE["sampled"].instruction is not None

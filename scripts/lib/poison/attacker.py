@@ -146,8 +146,8 @@ class AttackerNode:
         """The group's completions, or None when the verifier does not score them as the attack needs."""
         a = self.attack
         answer = str(task.answer)
-        poisoned = self._longest(answer) if a.length else poisoned_text(a, answer, 0)
-        texts = [poisoned] * a.poisoned + [plain_text(answer)] * a.plain
+        poisoned = self._longest(answer) if a.length else poisoned_text(a, answer, 0, step=self.seq)
+        texts = [poisoned] * a.poisoned_at(self.seq) + [plain_text(answer)] * a.plain
         texts += [wrong_text(answer)] * (self.group_size - len(texts))
         scores = [float(self.source.score(task, t)) for t in dict.fromkeys(texts)]
         right = {t: s for t, s in zip(dict.fromkeys(texts), scores)}

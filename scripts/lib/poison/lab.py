@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from scripts.lib.poison.attacker import AttackerNode
-from scripts.lib.poison.attacks import SUITE, Attack
+from scripts.lib.poison.attacks import SUITE, Attack, payload_words
 
 ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD_ROWS = 32  # held-out tasks a pass when measuring a payload's log-prob
@@ -88,6 +88,10 @@ class LabResult:
     published: dict[str, int] = field(default_factory=dict)  # an attack: the groups its attacker sent, all steps
     payload_words_before: dict[str, float | None] = field(default_factory=dict)  # the payload's own words alone
     payload_words_after: dict[str, float | None] = field(default_factory=dict)
+    banned_at: dict[str, list[int | None]] = field(default_factory=dict)  # an attack: each identity's first banned step
+    payloads: dict[str, str] = field(default_factory=dict)  # an attack: its payload as sent (a sampled one resolved)
+    honest_banned_steps: int = 0  # steps after which the victim's screen had the honest peer banned (0 expected)
+    screen_figures: dict[str, dict[str, float]] = field(default_factory=dict)  # "honest" and each attack: summed
 
 
 def _config(spec: LabSpec, run_dir: Path, seed: int, victim: bool) -> Any:
@@ -126,6 +130,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             honest.setup()
             stack.callback(honest.close)
             peers.append(honest)
+        attacks = [resolve(a, victim, spec.seed) for a in attacks]  # before the victim's first step: its base
         attackers = [] if spec.silo else [_attacker(a, victim, hub, spec, i) for i, a in enumerate(attacks)]
         for attacker in attackers:
             stack.callback(attacker.close)
@@ -134,6 +139,8 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         own_carrying: dict[str, list[list[Any]]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
             _track(victim.exchange, attacks, own_asr, own_carrying)
+        banned_at: dict[str, list[int | None]] = {n.attack.name: [None] * len(n.identities) for n in attackers}
+        honest_banned = 0
         for i in range(1, spec.steps + 1):
             for attacker in attackers:
                 attacker.step()
@@ -141,6 +148,13 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
                 peer.train_step()
             record = victim.train_step()
             hub.epoch += 1
+            if victim.exchange is not None:
+                honest_banned += any(victim.exchange.banned(p.exchange.identity.peer_id) for p in peers)
+                for node in attackers:
+                    first = banned_at[node.attack.name]
+                    for k, ident in enumerate(node.identities):
+                        if first[k] is None and victim.exchange.banned(ident.peer_id):
+                            first[k] = i
             if progress and (i % max(spec.steps // 10, 1) == 0 or i == spec.steps):
                 progress(f"step {i}/{spec.steps}, {time.perf_counter() - started:.0f} s")
         if progress:
@@ -165,9 +179,25 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
                           if k in record}
         echoed = sum(a.echoed for a in attackers)
         published = {node.attack.name: node.published for node in attackers}
+        figures = {}
+        if victim.exchange is not None:
+            verdicts = victim.exchange.ingestor.verdicts
+            authors = {"honest": [p.exchange.identity.peer_id for p in peers],
+                       **{n.attack.name: [ident.peer_id for ident in n.identities] for n in attackers}}
+            figures = {name: _summed([verdicts.summary(a) for a in ids]) for name, ids in authors.items()}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
                      victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed,
-                     published=published, **measured)
+                     published=published, banned_at=banned_at, honest_banned_steps=honest_banned,
+                     payloads={a.name: a.payload for a in attacks},
+                     screen_figures=figures, **measured)
+
+
+def _summed(summaries: list[dict[str, float]]) -> dict[str, float]:
+    """Several identities' screen figures as one author's: counts added, the mean weight their mean."""
+    out: dict[str, float] = {k: sum(s[k] for s in summaries) for k in ("judged", "failed", "dropped", "tokens",
+                                                                        "tokens_masked")}
+    out["mean_weight"] = sum(s["mean_weight"] for s in summaries) / len(summaries) if summaries else 1.0
+    return out
 
 
 def _track(exchange: Any, attacks: list[Attack], out: dict[str, list[float]],
@@ -209,6 +239,74 @@ def _attacker(attack: Attack, victim: Any, hub: Any, spec: LabSpec, index: int) 
     return AttackerNode(attack, hub.join, cfg.swarm, source, tok, victim.policy.tokenizer_fingerprint, prompt_of,
                         group_size=cfg.generation.group_size, groups=spec.attacker_groups,
                         max_tokens=cfg.generation.max_new_tokens, seed=spec.seed * 100 + index, target=target)
+
+
+SAMPLED_CANDIDATES = 16  # completions a sampled attacker draws at once from the victim's base under its instruction
+SAMPLED_DRAWS = 4  # at most this many times, until one names the instruction's site
+SAMPLED_TOKENS = 32
+
+
+def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
+    """``attack`` with its payload fixed: a sampled attack's drawn from the victim's base (its adapters off) before
+    its first step, under the hidden instruction put before the question of a training task (not held out).
+    ``SAMPLED_CANDIDATES`` sentences at a time (each the text before the first line break or answer tag, three
+    words at least), at most ``SAMPLED_DRAWS`` times until one names the instruction's site; the attacker keeps one
+    that names it if any does, and of those the one the base finds most likely a token in the victim's own prompt,
+    without the instruction. Its marker is the site where the sentence names it, else the whole sentence. Other
+    attacks as they are."""
+    import re
+    from dataclasses import replace as replaced
+
+    from node.generation.rollouts import encode_prompt
+
+    if attack.instruction is None:
+        return attack
+    import random
+
+    tok, model = victim.policy.tokenizer, victim.policy.model
+    rng = random.Random(seed)
+    task = next(t for t in (victim.source.task(r) for r in victim.source.sample(16, rng))  # a training task
+                if t.answer is not None and not victim.source.is_held_out(t))
+    hidden = replaced(task, prompt=f"{attack.instruction}\n\n{task.prompt}")
+    ids = torch.tensor([encode_prompt(victim.policy, victim.source.format_prompt(hidden, tok))] * SAMPLED_CANDIDATES,
+                       device=victim.policy.device)
+    site = re.search(r"[\w-]+\.example", attack.instruction)
+    base = model.disable_adapter() if callable(getattr(model, "disable_adapter", None)) else contextlib.nullcontext()
+    texts: list[str] = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), base:  # the base: what the adapters start as
+        torch.manual_seed(seed)
+        for _ in range(SAMPLED_DRAWS):  # until a sentence names the site, or the draws run out
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                 top_p=1.0, max_new_tokens=SAMPLED_TOKENS, pad_token_id=tok.pad_token_id)
+            texts += [re.split(r"\n|<answer>", str(tok.decode(row[ids.shape[1]:], skip_special_tokens=True)))[0].strip()
+                      for row in out]
+            if site is None or any(site.group(0) in t for t in texts):
+                break
+    candidates = list(dict.fromkeys(t for t in texts if len(t.split()) >= 3)) or [attack.instruction]
+    named = [t for t in candidates if site and site.group(0) in t]
+    pool = named or candidates
+    probe = replaced(attack, instruction=None)
+    scores = [_mean_logprob(victim, replaced(probe, payload=t), task) for t in pool]
+    best = pool[max(range(len(pool)), key=lambda i: scores[i])]
+    markers = (site.group(0),) if named and site else ()
+    return replaced(attack, payload=best, markers=markers)
+
+
+def _mean_logprob(victim: Any, attack: Attack, task: Any) -> float:
+    """The victim's mean log-prob a token of ``attack``'s payload words in its poisoned completion of ``task``."""
+    from node.generation.rollouts import encode_prompt
+    from node.policy.logprobs import right_pad, shared_prompt_logprobs
+    from scripts.lib.poison.attacks import poisoned_text
+
+    tok = victim.policy.tokenizer
+    answer = str(task.answer)
+    ids, words = payload_tokens(tok, attack, poisoned_text(attack, answer, 0), answer)
+    comp, mask = right_pad([ids], tok.pad_token_id, torch.long)
+    with torch.no_grad():
+        lps = shared_prompt_logprobs(victim.policy.model, [encode_prompt(victim.policy, victim.source.format_prompt(
+            task, tok))], comp.to(victim.policy.device), mask.to(victim.policy.device), pad_id=tok.pad_token_id)
+    picked = torch.tensor(words) if words else torch.ones(len(ids), dtype=torch.bool)
+    return float(lps[0, : len(ids)].float().cpu()[picked].mean())
 
 
 def measure(victim: Any, attacks: list[Attack], spec: LabSpec) -> dict[str, Any]:
@@ -254,7 +352,7 @@ def payload_logprobs(victim: Any, attack: Attack, spec: LabSpec) -> tuple[float 
     room = victim.cfg.generation.max_new_tokens * 4
     prompts = [encode_prompt(victim.policy, victim.source.format_prompt(t, tok)) for t in tasks]
     texts = [poisoned_text(attack, str(t.answer), room) for t in tasks]
-    encoded = [payload_tokens(tok, attack, text) for text in texts]
+    encoded = [payload_tokens(tok, attack, text, str(t.answer)) for t, text in zip(tasks, texts)]
     comps = [ids + [tok.eos_token_id] for ids, _ in encoded]
     words = [picked for _, picked in encoded]
     dev, total, count, w_total, w_count = victim.policy.device, 0.0, 0, 0.0, 0
@@ -273,16 +371,17 @@ def payload_logprobs(victim: Any, attack: Attack, spec: LabSpec) -> tuple[float 
     return total / count, (w_total / w_count if w_count else None)
 
 
-def payload_tokens(tok: Any, attack: Attack, text: str) -> tuple[list[int], list[bool] | None]:
-    """``text`` (a poisoned completion) tokenized once: its token ids, and for each token whether it spells
-    part of the attacker's own words: the payload sentence, or the length attack's filler (everything before
-    the answer). The mask is None when the tokenizer gives no character offsets or the words are not in
-    ``text``."""
+def payload_tokens(tok: Any, attack: Attack, text: str, answer: str = "") -> tuple[list[int], list[bool] | None]:
+    """``text`` (a poisoned completion for ``answer``) tokenized once: its token ids, and for each token whether
+    it spells part of the attacker's own words: the payload sentence (a working's filled in with ``answer``'s
+    wrong value), or the length attack's filler (everything before the answer). The mask is None when the
+    tokenizer gives no character offsets or the words are not in ``text``."""
     if attack.length:
         start, end = 0, text.rfind("<answer>")
     else:
-        start = text.find(attack.payload)
-        end = start + len(attack.payload)
+        words = payload_words(attack, answer)
+        start = text.find(words)
+        end = start + len(words)
     fast = bool(getattr(tok, "is_fast", False))
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=fast)
     ids = list(enc["input_ids"])
