@@ -119,7 +119,9 @@ def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefend
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert undefended.echoed > 0 and defended.echoed > 0  # the echo attacker sent the victim's own text back
     assert defended.greedy_reward >= undefended.greedy_reward - 0.05  # learning goes on (it fell undefended)
-    assert defended.honest_read >= 64 and defended.honest_dropped <= 0.05 * defended.honest_read
+    # one verdict a completion (dropped at ingestion, or judged where the loss pushes it up): 35 of the honest
+    # peer's over the 6 steps here; at most one of them dropped
+    assert defended.honest_read >= 24 and defended.honest_dropped <= 0.05 * defended.honest_read
     # each held-out task's greedy reward, in order, for the lab's difference from the silo task by task
     assert len(defended.greedy_rewards) == 8
     assert sum(defended.greedy_rewards) / 8 == pytest.approx(defended.greedy_reward)
