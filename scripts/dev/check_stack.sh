@@ -5,7 +5,7 @@
 # `swarm-node doctor`, and the tests of conversion, loading, doctor and one smollm2 silo step, and the fused
 # training pass against that transformers' and peft's modules on each family (its arithmetic copies theirs), and
 # the family matrix (tests/node/test_families.py: the GGUFs 5.17 cannot convert are refused in one line).
-# scripts/test.sh runs it after the main tests; SWARM_NODE_STACK=skip leaves it out.
+# .ci/run runs it beside scripts/test.sh; SWARM_NODE_STACK=skip leaves it out.
 # torch: SWARM_NODE_STACK_TORCH (default torch==2.13.0, the CPU build scripts/dev/venv.sh installs; the
 # lowest admitted, torch==2.11.0, is PyPI's CUDA build with 3.4 GB of CUDA libraries: set it to run that).
 set -euo pipefail
