@@ -218,9 +218,11 @@ class IngestConfig(Section):
                                 "the span and length bounds apply")
     screen_reference: Literal["base", "policy"] = Field(
         "base", description="which model reads peer text for the token floor, the weight, the span and sequence "
-        "bounds: base, the frozen base (the adapters off, a forward pass at ingestion), so that a payload the node "
-        "was trained toward is not judged by the model it moved; policy, the training pass's own log-probs (no pass "
-        "of its own), whose bar rises with every step trained on a payload. Base needs a LoRA policy")
+        "bounds: base, the frozen base (the adapters off: a forward pass a step over the peer completions the loss "
+        "pushes up), so that a payload the node was trained toward is not judged by the model it moved, but text the "
+        "base writes and the trained node no longer does passes (docs/trust.md); policy, the training pass's own "
+        "log-probs (no pass of its own), whose bar rises with every step trained on a payload. Base needs a LoRA "
+        "policy")
     screen_profile_rows: int = Field(
         4, ge=1, description="with screen_reference=base: own completions a step the base reads for the profile the "
         "span and sequence bounds come from (screen_min_own of them at first): the profile is a low quantile over "
