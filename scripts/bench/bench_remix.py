@@ -34,7 +34,8 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from node.policy.remix.attach import MLP_PROJECTIONS, attach_remix
+from node.policy.families import MLP as MLP_PROJECTIONS
+from node.policy.remix.attach import attach_remix
 from node.sources.embedded.tiny import char_vocab
 
 Step = Callable[[], None]

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from node.policy.families import MLP as MLP_PROJECTIONS
 from node.policy.remix.attach import (
-    MLP_PROJECTIONS,
     RemixAdapter,
     RemixError,
     attach_remix,

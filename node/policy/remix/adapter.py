@@ -13,7 +13,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import nn
 
-from node.policy.families import MLP, mlp_projections
+from node.policy.families import mlp_projections
 from node.policy.remix.ops import (
     LayerRouting,
     RemixError,
@@ -24,8 +24,6 @@ from node.policy.remix.ops import (
 
 logger = logging.getLogger(__name__)
 
-MLP_PROJECTIONS: tuple[str, ...] = MLP
-"""A Llama's MLP projections; a model's own are its family's (``RemixAdapter.projections``)."""
 RoutingMode = Literal["deterministic", "sampled"]
 
 

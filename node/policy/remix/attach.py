@@ -38,13 +38,12 @@ from typing import Literal
 
 from torch import nn
 
-from node.policy.remix.adapter import MLP_PROJECTIONS, RemixAdapter, RemixSpec
+from node.policy.remix.adapter import RemixAdapter, RemixSpec
 from node.policy.remix.ops import RemixError, gumbel_topk, lora_omega, plackett_luce_logprob
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "MLP_PROJECTIONS",
     "RemixAdapter",
     "RemixError",
     "RemixSpec",
