@@ -7,7 +7,10 @@ With ``reference="base"`` (a LoRA policy), every completion the loss will push u
 about to train on is read by the base once (``read_base``: the policy with its adapters switched off; its log-probs travel with the group as
 ``TrainGroup.reference_logprobs``), and so is a handful of the node's own completions a step, for the spans and
 sequence log-probs of the profile: what a payload is judged by cannot move with the policy it trains. Only the
-groups a step trains on are read (at most ``sapo.external_groups``), outside ingestion's time budgets.
+groups a step trains on are read (at most ``sapo.external_groups``), outside ingestion's time budgets. With
+``reference="both"``, the same reads, and the bounds take the lower of the base's and the policy's log-prob of
+each token (the training pass's for a peer's; the behaviour log-probs for the node's own, in the profile): text
+fails if the base would not say it, or the node no longer would.
 """
 
 from __future__ import annotations
@@ -48,16 +51,18 @@ class ScreenBook:
         # The frozen base reads peer text: the adapters switched off for a forward pass (a plain-LoRA policy;
         # ReMix's routed adapters have no such switch).
         model = getattr(policy, "model", None)
-        wants_base = settings.enabled and settings.reference == "base"
+        wants_base = settings.enabled and settings.reference in ("base", "both")
         self.base_reads = (wants_base and getattr(policy, "remix", None) is None
                            and callable(getattr(model, "disable_adapter", None)))
         if wants_base and not self.base_reads and model is not None:
-            logger.warning("ingest.screen_reference=base needs a LoRA policy; the policy reads peer text instead")
+            logger.warning("ingest.screen_reference=%s needs a LoRA policy; the policy reads peer text instead",
+                           settings.reference)
 
     def observe_own(self, groups: list[TrainGroup]) -> None:
         """Record the node's own sampled groups: their behaviour log-probs when the policy reads peer text; with
         the base, their lengths, and ``profile_rows`` of them a step (all while the profile has fewer than
-        ``min_own``) read by the base, a completion of each group in turn."""
+        ``min_own``) read by the base, a completion of each group in turn (with ``both``, each token at the lower
+        of the base's log-prob and its behaviour log-prob, as peer text is read)."""
         if not self.base_reads:
             for group in groups:
                 self.profile.observe(group.dataset, group.anchor_logprobs)
@@ -70,7 +75,10 @@ class ScreenBook:
         turns = [(g, k) for k in range(width) for g in groups if k < len(g.completions) and g.completions[k]][:want]
         if turns:
             read = self.base_logprobs([(g.prompt_ids, g.completions[k]) for g, k in turns])
-            for (group, _), lps in zip(turns, read):
+            lower = s.reference == "both"
+            for (group, k), lps in zip(turns, read):
+                if lower and k < len(group.anchor_logprobs) and len(group.anchor_logprobs[k]) == len(lps):
+                    lps = [min(b, p) for b, p in zip(lps, group.anchor_logprobs[k])]
                 self.profile.observe(group.dataset, [lps], lengths=False)
 
     def judge_length(self, group: TrainGroup, peer_id: str) -> int:
@@ -123,7 +131,8 @@ class ScreenBook:
             return None
         return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all,
                           s.share_dropped, self.profile.sequence_floors() if s.sequence_quantile is not None else None,
-                          s.sequence_fail, s.group_cap, s.author_cap)
+                          s.sequence_fail, s.group_cap, s.author_cap,
+                          lower_of_both=self.base_reads and s.reference == "both")
 
     def record(self, by_peer: dict[str, list[float]]) -> dict[str, int]:
         """A training step's ``Trainer.screened`` (per author, ``node.train.peer_rows.COUNTS``): each judged row one

@@ -79,7 +79,7 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     counts of the first ``count_rows`` rows (all of them by default; ReMix repeats rows down the batch), on the
     device. The bounds read ``reference`` log-probs: a row's own where it carries them, else the training pass's."""
     verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
-    logprobs = _reference(rows, logprobs)
+    logprobs = _reference(rows, logprobs, screen.lower_of_both)
     keep, dropped = screen_peer_tokens(logprobs, mask, peer, screen, verified, advantages)
     if screen.share_dropped and screen.span_floor is not None:
         rank = {g: i for i, g in enumerate(dict.fromkeys(r[7] for r in rows))}  # labels 0.. on the host
@@ -129,10 +129,11 @@ def screen_totals(batches: list[tuple[list[str], torch.Tensor]]) -> dict[str, li
     return totals
 
 
-def _reference(rows: list[Row], logprobs: torch.Tensor) -> torch.Tensor:
+def _reference(rows: list[Row], logprobs: torch.Tensor, lower_of_both: bool = False) -> torch.Tensor:
     """The log-probs the screen reads: each row's reference log-probs where it carries them (the frozen base's,
-    read at ingestion), the training pass's (detached) elsewhere; ``logprobs``' shape (rows repeated down the
-    batch, as ReMix's routings repeat them)."""
+    read at ingestion; with ``lower_of_both``, the lower of those and the training pass's, token by token), the
+    training pass's (detached) elsewhere; ``logprobs``' shape (rows repeated down the batch, as ReMix's routings
+    repeat them)."""
     if all(r[8] is None for r in rows):
         return logprobs
     width = logprobs.shape[1]
@@ -141,7 +142,10 @@ def _reference(rows: list[Row], logprobs: torch.Tensor) -> torch.Tensor:
     carried = torch.tensor([r[8] is not None for r in rows])
     reps = logprobs.shape[0] // len(rows)
     values, carried = values.to(logprobs.device).repeat(reps, 1), carried.to(logprobs.device).repeat(reps)
-    return torch.where(carried[:, None], values, logprobs.detach().float())
+    own = logprobs.detach().float()
+    if lower_of_both:
+        values = torch.minimum(values, own)
+    return torch.where(carried[:, None], values, own)
 
 
 def _verified_tokens(rows: list[Row], mask: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,9 @@ and the policy the loss is about to move is the one that judges. For the rows of
   how much of a step one author can move, whatever it writes.
 
 The log-probs the bounds read are the reference's: the training pass's own (the policy about to move), or
-the frozen base's, read at ingestion (``PeerScreen.reference``: rows that carry them), so that a payload the
-node has been trained toward is not judged by the model it moved.
+the frozen base's, read at ingestion (rows that carry them), so that a payload the node has been trained toward
+is not judged by the model it moved; or, with ``PeerScreen.lower_of_both``, the lower of the two token by
+token, so that text fails if either the node's base or the node it has become would not say it.
 
 Shapes: ``[B, T]`` log-probs and mask, ``[B]`` peer flags. Everything stays on the device.
 """
@@ -51,7 +52,9 @@ class PeerScreen:
     group's kept rows take its advantage up (``share_dropped_advantages``'s ``to``; None: it is lost, and the
     other rows keep theirs); ``sequence_floors``: by dataset, the sequence log-prob a positive peer row counts
     fully at (``sequence_weights``; None: off), ``sequence_fail`` the nats below it at which the row fails;
-    ``group_cap``, ``author_cap``: ``cap_peer_advantages``'s (None: no cap)."""
+    ``group_cap``, ``author_cap``: ``cap_peer_advantages``'s (None: no cap); ``lower_of_both``: a row that carries
+    the base's log-probs is read at the lower of those and the training pass's, token by token (False: the base's
+    alone)."""
 
     token_floor: float
     window: int
@@ -63,6 +66,7 @@ class PeerScreen:
     sequence_fail: float = 3.0
     group_cap: float | None = None
     author_cap: float | None = None
+    lower_of_both: bool = False
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:

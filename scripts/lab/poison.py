@@ -51,6 +51,7 @@ ARMS = {"silo": (), "shared": (), "shared-unscreened": ("ingest.screen=false",),
         "defended": (),
         # each lever of the defence against plausible text, one at a time (docs/results/poison.md)
         "policy-reference": ("ingest.screen_reference=policy",),
+        "both-reference": ("ingest.screen_reference=both",),
         "no-sequence": ("ingest.screen_sequence_quantile=null",),
         "earlier": ("ingest.screen_reference=policy", "ingest.screen_sequence_quantile=null"),
         "group-cap": ("ingest.screen_group_positive_cap=0.25",),

@@ -208,6 +208,80 @@ def test_the_base_reads_a_payload_the_policy_was_trained_toward(small_base: Any)
     assert weights["base"] < 0.2 and weights["policy"] > 0.8, weights
 
 
+def _trained(small_base: Any, reference: str, target: float, sign: float) -> tuple[Any, Any, Any, list[int], list[int],
+                                                                          list[int]]:
+    """A victim (``_victim``, the learning rate 1e-2) trained supervised 7 steps on a payload of 4 tokens near
+    ``target`` nats each under the base, toward it (``sign`` 1) or away from it (-1), as the node's own training
+    moves it toward or away from a text; ``(policy, trainer, book, prompt, payload, plain)``."""
+    policy, trainer, book = _victim(small_base, reference=reference)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 1e-2
+    book.profile.observe("d", [[-6.0] * 40] * 8)
+    prompt = _prompt(policy)
+    payload = _continuation(policy, prompt, 4, target)
+    plain = [t for t in _continuation(policy, prompt, 2, -3.0) if t != payload[0]][:1] * 2
+    for _ in range(7):
+        sft = TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=[payload],
+                         anchor_logprobs=_row_logprobs(policy, prompt, [payload]), rewards=[1.0])
+        sft.advantages = torch.tensor([sign])
+        trainer.step([sft])
+    return policy, trainer, book, prompt, payload, plain
+
+
+def _pushed_weight(trainer: Any, book: Any, prompt: list[int], payload: list[int], plain: list[int]) -> float:
+    """The payload's mean weight a token (0 for a token masked) when the attacker's group is trained on (its two
+    payload rows pushed up)."""
+    trainer.step([_group(prompt, payload, plain, book)], screen=book.bounds())
+    rows, dropped, tokens, masked, pushed, weight, judged, failed = trainer.screened["attacker"]
+    return weight / (2 * len(payload))
+
+
+def test_both_reads_a_payload_at_the_lower_of_the_base_and_the_policy(small_base: Any) -> None:
+    """``screen_reference=both``: text the base writes (tokens of -2.8 to -0.2 nats) that the node was trained away
+    from (below -5 nats a token) weighs about 0.8 read by the base alone, and little read by both (the policy's log-prob, lower,
+    governs); a payload the policy was trained toward (-5-nat tokens under the base) weighs little under both, as
+    under the base alone (the base's, lower). The wrong working an attacker takes from the base itself, against a
+    node that has learned otherwise."""
+    weights = {}
+    for reference in ("base", "both"):
+        policy, trainer, book, prompt, payload, plain = _trained(small_base, reference, -1.0, -1.0)
+        assert _payload_logprob(policy, prompt, payload) < -5.0  # the policy no longer says it
+        weights[reference, "away"] = _pushed_weight(trainer, book, prompt, payload, plain)
+        policy, trainer, book, prompt, payload, plain = _trained(small_base, reference, -5.0, 1.0)
+        assert _payload_logprob(policy, prompt, payload) > -2.0  # the policy now finds it likely
+        weights[reference, "toward"] = _pushed_weight(trainer, book, prompt, payload, plain)
+    assert weights["base", "away"] > 0.7 and weights["both", "away"] < 0.2, weights
+    assert weights["base", "toward"] < 0.2 and weights["both", "toward"] < 0.2, weights
+
+
+def test_both_profiles_the_nodes_own_completions_at_the_lower_of_the_two(small_base: Any) -> None:
+    """With ``both``, the profile the span and sequence bounds come from reads the node's own completions as peer
+    text is read: each token at the lower of the base's log-prob and its behaviour log-prob (here -20, below any
+    the base gives), so that the node's own text and a peer's are held to one measure."""
+    floors = {}
+    for reference in ("base", "both"):
+        policy, _, book = _victim(small_base, reference=reference)
+        prompt = _prompt(policy)
+        rows = [_continuation(policy, prompt, 4, -1.0), _continuation(policy, prompt, 4, -3.0)]
+        book.observe_own([TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=rows,
+                                     anchor_logprobs=[[-20.0] * 4, [-20.0] * 4], rewards=[1.0, 0.0], dataset="d")
+                          for _ in range(2)])
+        floors[reference] = book.profile.sequence_floors()["d"]
+    assert floors["both"] == pytest.approx(-80.0) and floors["base"] > -40.0, floors
+
+
+def test_the_lower_of_both_by_hand() -> None:
+    """``peer_rows._reference``: a row that carries the base's log-probs is read at them, or with ``lower_of_both``
+    at the lower of them and the training pass's, token by token; a row that carries none at the training pass's."""
+    from node.train.peer_rows import _reference
+
+    row = ([1], [5, 6, 7], [0.0] * 3, 1.0, False, "a", None, 0, [-1.0, -4.0, -2.0], float("nan"))
+    bare = ([1], [5, 6], [0.0] * 2, 1.0, False, "a", None, 0, None, float("nan"))
+    policy = torch.tensor([[-3.0, -2.0, -2.5], [-0.5, -0.75, 0.0]])
+    assert _reference([row, bare], policy).tolist() == [[-1.0, -4.0, -2.0], [-0.5, -0.75, 0.0]]
+    assert _reference([row, bare], policy, True).tolist() == [[-3.0, -4.0, -2.5], [-0.5, -0.75, 0.0]]
+
+
 def test_the_group_cap_scales_a_peer_group_down(small_base: Any) -> None:
     """``screen_group_positive_cap`` 0.05 (off by default): a group of four with two right sums to 4/3 up, capped at
     0.2, so the group weighs 0.15 of itself against the node's own; the payload, every other bound let through,
