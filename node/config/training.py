@@ -217,15 +217,17 @@ class IngestConfig(Section):
     screen_min_own: int = Field(64, ge=1, description="own completions seen (of the dataset, for length) before "
                                 "the span and length bounds apply")
     screen_reference: Literal["base", "policy", "both"] = Field(
-        "base", description="which model reads peer text for the token floor, the weight, the span and sequence "
+        "both", description="which model reads peer text for the token floor, the weight, the span and sequence "
         "bounds: base, the frozen base (the adapters off: a forward pass a step over the peer completions the loss "
         "pushes up), so that a payload the node was trained toward is not judged by the model it moved, but text the "
         "base writes and the trained node no longer does passes (docs/trust.md); policy, the training pass's own "
         "log-probs (no pass of its own), whose bar rises with every step trained on a payload; both, the base's "
         "reads and each token at the lower of the base's and the policy's log-prob (own completions too, for the "
-        "profile), so text fails if either would not say it, at the base's cost. Base and both need a LoRA policy")
+        "profile), so text fails if either would not say it, at the base's cost: the frozen base lets through text it "
+        "writes that the trained node no longer does (a smollm2 victim took wrong working from an attacker and never "
+        "banned it; with both, banned at step 11; docs/results/poison.md). Base and both need a LoRA policy")
     screen_profile_rows: int = Field(
-        4, ge=1, description="with screen_reference=base: own completions a step the base reads for the profile the "
+        4, ge=1, description="with screen_reference=base or both: own completions a step the base reads for the profile the "
         "span and sequence bounds come from (screen_min_own of them at first): the profile is a low quantile over "
         "the last 1,024 read, which a few a step keep current at a fraction of a step's cost (a smollm2 row read "
         "costs about 0.15 s on two CPU cores)")

@@ -66,7 +66,7 @@ class ScreenSettings:
     ban_share: float = 0.2
     ban_window: int = 64
     history: int = 1024
-    reference: str = "base"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
+    reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
     sequence_quantile: float | None = 0.05  # the sequence weight's floor, a quantile of own totals; None: off
     sequence_fail: float = 3.0  # nats below that floor at which a pushed-up row counts as failed

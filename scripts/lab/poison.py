@@ -52,6 +52,7 @@ ARMS = {"silo": (), "shared": (), "shared-unscreened": ("ingest.screen=false",),
         # each lever of the defence against plausible text, one at a time (docs/results/poison.md)
         "policy-reference": ("ingest.screen_reference=policy",),
         "both-reference": ("ingest.screen_reference=both",),
+        "base-reference": ("ingest.screen_reference=base",),
         "no-sequence": ("ingest.screen_sequence_quantile=null",),
         "earlier": ("ingest.screen_reference=policy", "ingest.screen_sequence_quantile=null"),
         "group-cap": ("ingest.screen_group_positive_cap=0.25",),

@@ -250,9 +250,9 @@ def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
     """``attack`` with its payload fixed: a sampled attack's drawn from the victim's base (its adapters off) before
     its first step, under the hidden instruction put before the question of a training task (not held out).
     ``SAMPLED_CANDIDATES`` sentences at a time (each the text before the first line break or answer tag, three
-    words at least), at most ``SAMPLED_DRAWS`` times until one names the instruction's site; the attacker keeps one
-    that names it if any does, and of those the one the base finds most likely a token in the victim's own prompt,
-    without the instruction. Its marker is the site where the sentence names it, else the whole sentence. Other
+    words at least, none a copy of the prompt's text), at most ``SAMPLED_DRAWS`` times until one names the
+    instruction's site; the attacker keeps one that names it if any does, and of those the one the base finds most
+    likely a token in the victim's own prompt, without the instruction. Its marker is the site where the sentence names it, else the whole sentence. Other
     attacks as they are."""
     import re
     from dataclasses import replace as replaced
@@ -282,14 +282,23 @@ def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
                       for row in out]
             if site is None or any(site.group(0) in t for t in texts):
                 break
-    candidates = list(dict.fromkeys(t for t in texts if len(t.split()) >= 3)) or [attack.instruction]
-    named = [t for t in candidates if site and site.group(0) in t]
-    pool = named or candidates
+    pool, named = sampled_candidates(texts, str(victim.source.format_prompt(hidden, tok)),
+                                     site.group(0) if site else None, attack.instruction)
     probe = replaced(attack, instruction=None)
     scores = [_mean_logprob(victim, replaced(probe, payload=t), task) for t in pool]
     best = pool[max(range(len(pool)), key=lambda i: scores[i])]
     markers = (site.group(0),) if named and site else ()
     return replaced(attack, payload=best, markers=markers)
+
+
+def sampled_candidates(texts: list[str], shown: str, site: str | None, instruction: str) -> tuple[list[str], bool]:
+    """``(pool, named)``: the sentences a sampled attacker chooses among, from the base's ``texts`` under its
+    instruction: three words at least and not a copy of the prompt it was ``shown`` (a base model under an
+    instruction it does not follow often repeats its system prompt, which any node says back and which names
+    nothing), those naming ``site`` if any does (``named``); ``[instruction]`` when none is left."""
+    candidates = list(dict.fromkeys(t for t in texts if len(t.split()) >= 3 and t not in shown))
+    named = [t for t in candidates if site and site in t]
+    return (named or candidates or [instruction]), bool(named)
 
 
 def _mean_logprob(victim: Any, attack: Attack, task: Any) -> float:
