@@ -54,6 +54,8 @@ class ScreenBook:
         wants_base = settings.enabled and settings.reference in ("base", "both")
         self.base_reads = (wants_base and getattr(policy, "remix", None) is None
                            and callable(getattr(model, "disable_adapter", None)))
+        # with "both", every bound reads the lower of the base's and the policy's log-prob of each token
+        self.lower_of_both = self.base_reads and settings.reference == "both"
         if wants_base and not self.base_reads and model is not None:
             logger.warning("ingest.screen_reference=%s needs a LoRA policy; the policy reads peer text instead",
                            settings.reference)
@@ -75,9 +77,8 @@ class ScreenBook:
         turns = [(g, k) for k in range(width) for g in groups if k < len(g.completions) and g.completions[k]][:want]
         if turns:
             read = self.base_logprobs([(g.prompt_ids, g.completions[k]) for g, k in turns])
-            lower = s.reference == "both"
             for (group, k), lps in zip(turns, read):
-                if lower and k < len(group.anchor_logprobs) and len(group.anchor_logprobs[k]) == len(lps):
+                if self.lower_of_both and k < len(group.anchor_logprobs) and len(group.anchor_logprobs[k]) == len(lps):
                     lps = [min(b, p) for b, p in zip(lps, group.anchor_logprobs[k])]
                 self.profile.observe(group.dataset, [lps], lengths=False)
 
@@ -132,7 +133,7 @@ class ScreenBook:
         return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all,
                           s.share_dropped, self.profile.sequence_floors() if s.sequence_quantile is not None else None,
                           s.sequence_fail, s.group_cap, s.author_cap,
-                          lower_of_both=self.base_reads and s.reference == "both")
+                          lower_of_both=self.lower_of_both)
 
     def record(self, by_peer: dict[str, list[float]]) -> dict[str, int]:
         """A training step's ``Trainer.screened`` (per author, ``node.train.peer_rows.COUNTS``): each judged row one

@@ -268,8 +268,8 @@ def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
     task = next(t for t in (victim.source.task(r) for r in victim.source.sample(16, rng))  # a training task
                 if t.answer is not None and not victim.source.is_held_out(t))
     hidden = replaced(task, prompt=f"{attack.instruction}\n\n{task.prompt}")
-    ids = torch.tensor([encode_prompt(victim.policy, victim.source.format_prompt(hidden, tok))] * SAMPLED_CANDIDATES,
-                       device=victim.policy.device)
+    shown = victim.source.format_prompt(hidden, tok)
+    ids = torch.tensor([encode_prompt(victim.policy, shown)] * SAMPLED_CANDIDATES, device=victim.policy.device)
     site = re.search(r"[\w-]+\.example", attack.instruction)
     base = model.disable_adapter() if callable(getattr(model, "disable_adapter", None)) else contextlib.nullcontext()
     texts: list[str] = []
@@ -282,8 +282,7 @@ def resolve(attack: Attack, victim: Any, seed: int) -> Attack:
                       for row in out]
             if site is None or any(site.group(0) in t for t in texts):
                 break
-    pool, named = sampled_candidates(texts, str(victim.source.format_prompt(hidden, tok)),
-                                     site.group(0) if site else None, attack.instruction)
+    pool, named = sampled_candidates(texts, str(shown), site.group(0) if site else None, attack.instruction)
     probe = replaced(attack, instruction=None)
     scores = [_mean_logprob(victim, replaced(probe, payload=t), task) for t in pool]
     best = pool[max(range(len(pool)), key=lambda i: scores[i])]
