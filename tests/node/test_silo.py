@@ -132,8 +132,9 @@ class _Child:
                     self.proc.kill()
                     self.proc.wait(timeout=30)
                 err = self.stderr()
-                # from the fault handler's dump on, whole: a fixed tail can hold only its module list
-                dump = err.rfind("Fatal Python error")
+                # from the fault handler's first dump on, whole: a fixed tail can hold only its module list, and
+                # walking another thread's frames while it runs can fault, which prints a second, stackless dump
+                dump = err.find("Fatal Python error")
                 shown = err[dump:dump + 30000] if dump >= 0 else err[-6000:]
                 raise AssertionError(f"{path} did not appear after {now - start:.0f} s, the child's log silent for "
                                      f"{now - last_change:.0f} s; its stderr:\n{shown}")
