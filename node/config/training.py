@@ -232,11 +232,14 @@ class IngestConfig(Section):
         "the last 1,024 read, which a few a step keep current at a fraction of a step's cost (a smollm2 row read "
         "costs about 0.15 s on two CPU cores)")
     screen_sequence_quantile: float | None = Field(
-        0.05, gt=0, lt=1, description="a peer completion the loss pushes up weighs min(1, exp(L - F)) as a whole, L "
+        0.25, gt=0, lt=1, description="a peer completion the loss pushes up weighs min(1, exp(L - F)) as a whole, L "
         "its log-prob (summed over its tokens but a verified answer's), F this quantile of the node's own "
         "completions' on the dataset: the truncated importance weight of the completion against what the node "
         "itself says, so text added to a right answer, however likely each of its words, moves the node no faster "
-        "than its own least likely completions (null: off)")
+        "than its own less likely completions (null: off). 0.25: against five attackers that write likely text a "
+        "smollm2 victim's payloads ended within 0.07 nats a token of its silo's and every one was banned by step 8, "
+        "where 0.05 left two 0.5 to 0.6 nats above it and one unbanned until step 12; 0.5 gained nothing more "
+        "and failed three times as many honest completions (docs/results/poison.md)")
     screen_sequence_fail: float = Field(
         3.0, gt=0, description="a pushed-up peer completion whose log-prob is more than this many nats below the "
         "sequence floor counts as failed toward its author's ban (its weight below exp(-3), 0.05)")
