@@ -237,7 +237,7 @@ class IngestConfig(Section):
         "completions' on the dataset: the truncated importance weight of the completion against what the node "
         "itself says, so text added to a right answer, however likely each of its words, moves the node no faster "
         "than its own less likely completions (null: off). 0.25: against five attackers that write likely text a "
-        "smollm2 victim's payloads ended within 0.07 nats a token of its silo's and every one was banned by step 8, "
+        "smollm2 victim's payloads ended at most 0.07 nats a token above its silo's and every one was banned by step 8, "
         "where 0.05 left two 0.5 to 0.6 nats above it and one unbanned until step 12; 0.5 gained nothing more "
         "and failed three times as many honest completions (docs/results/poison.md)")
     screen_sequence_fail: float = Field(
