@@ -31,7 +31,8 @@ def fresh_progress(spec: Any) -> dict[str, Any]:
     n = spec.nodes
     return {"spec": json.loads(json.dumps(asdict(spec))), "step": 0, **{key: [[] for _ in range(n)] for key in PER_STEP},
             "accuracy": [0.0] * n, "evals": [], "costs": dict.fromkeys(COSTS, 0.0),
-            "rejected": {}, "surplus": {}, "seconds": 0.0, "cpu_seconds": 0.0, "segments": []}
+            "rejected": {}, "surplus": {}, "seconds": 0.0, "cpu_seconds": 0.0, "segments": [],
+            "screen_bans": [], "screen_banned_now": []}
 
 
 def step_into(progress: dict[str, Any], i: int, record: dict[str, Any]) -> None:
@@ -47,6 +48,26 @@ def step_into(progress: dict[str, Any], i: int, record: dict[str, Any]) -> None:
     costs["step_seconds"] += float(record["step_seconds"])
     costs["exchange_seconds"] += float(record.get("exchange_seconds", 0.0))
     costs["ingest_seconds"] += float(record.get("ingest_seconds", 0.0))  # this step's
+
+
+def bans_into(progress: dict[str, Any], nodes: list[Any]) -> None:
+    """The peer-text screen's bans among the run's nodes, every one of them honest: each time node ``i``'s
+    screen starts banning node ``j`` (``AuthorVerdicts.banned``), ``[step, i, j, j's figures as i judged them]``
+    is added to ``screen_bans``; ``screen_banned_now`` holds the pairs banned at the last step."""
+    ids = [node.exchange.identity.peer_id if node.exchange is not None else None for node in nodes]
+    before = progress.setdefault("screen_banned_now", [])
+    bans = progress.setdefault("screen_bans", [])
+    now = []
+    for i, node in enumerate(nodes):
+        if node.exchange is None:
+            continue
+        ingestor = node.exchange.ingestor
+        for j, peer_id in enumerate(ids):
+            if j != i and peer_id is not None and ingestor.banned(peer_id):
+                now.append([i, j])
+                if [i, j] not in before:
+                    bans.append([progress["step"], i, j, ingestor.book.verdicts.summary(peer_id)])
+    progress["screen_banned_now"] = now
 
 
 def _wire_counters(nodes: list[Any]) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:

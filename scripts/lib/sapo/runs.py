@@ -33,7 +33,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
 
-from scripts.lib.sapo.progress import PER_STEP, resume, save_progress, step_into, with_segment  # noqa: E402
+from scripts.lib.sapo.progress import (  # noqa: E402
+    PER_STEP,
+    bans_into,
+    resume,
+    save_progress,
+    step_into,
+    with_segment,
+)
 
 # Peer-data treatment, one arm each. The TOPR silo is the baseline of the TOPR and REC arms (on a node's
 # own fresh samples the ratio is 1, so TOPR, its uncorrected form and REC train identically there); the
@@ -410,6 +417,7 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
                     progress["accuracy"][i] = float(record["eval_accuracy"])
                     evals.append(float(record["eval_accuracy"]))
             progress["step"] += 1
+            bans_into(progress, nodes)
             hub.epoch += 1
             if evals:
                 progress["evals"].append([progress["step"], evals])
@@ -421,5 +429,6 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
     node_steps = spec.nodes * spec.steps
     result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "surplus", "seconds",
                                              "cpu_seconds", "segments")}
+    result["screen_bans"] = progress.get("screen_bans", [])  # progress saved before bans were kept has none
     return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(spec.nodes)],
             **result, "cost_per_node_step": {k: v / node_steps for k, v in progress["costs"].items()}}
