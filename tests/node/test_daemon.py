@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -29,15 +30,69 @@ def _start(run_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+class _Output:
+    """A node's merged output, read by a thread from the moment a test first looks at it. A test that stopped
+    reading the pipe would otherwise block the node: a tiny-model node logs kilobytes a second, a pipe holds
+    64 KiB, and a node blocked in a write never reaches the end of its step to answer SIGTERM."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        self.lines: list[str] = []
+        self.ended = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
+
+    def until(self, found, timeout: float) -> list[str]:
+        """The lines up to and including the first for which ``found`` holds (all read so far if none did
+        before the output ended or ``timeout`` passed)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for i, line in enumerate(self.lines):
+                    if found(line):
+                        return self.lines[:i + 1]
+                left = deadline - time.monotonic()
+                if left <= 0 or self.ended:
+                    return list(self.lines)
+                self._changed.wait(min(left, 1.0))
+
+    def text(self, timeout: float = 30.0) -> str:
+        """Everything the node printed, once its output has ended (the process exited)."""
+        self._thread.join(timeout)
+        with self._changed:
+            return "\n".join(self.lines)
+
+
+_OUTPUTS: dict[int, _Output] = {}
+
+
+def _output(proc: subprocess.Popen) -> _Output:
+    if proc.pid not in _OUTPUTS:
+        _OUTPUTS[proc.pid] = _Output(proc)
+    return _OUTPUTS[proc.pid]
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    """Wait for a node that stops on its own; its whole output."""
+    proc.wait(timeout=timeout)
+    return _output(proc).text()
+
+
 def _read_address(proc: subprocess.Popen, timeout: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        m = re.search(r"--initial-peers (\S+)", line)
-        if m:
-            return m.group(1)
-        if time.monotonic() > deadline:
-            break
+    lines = _output(proc).until(lambda line: re.search(r"--initial-peers (\S+)", line) is not None, timeout)
+    m = re.search(r"--initial-peers (\S+)", lines[-1]) if lines else None
+    if m:
+        return m.group(1)
     proc.kill()
     raise AssertionError("node printed no address")
 
@@ -64,13 +119,7 @@ def _stop(proc: subprocess.Popen) -> int:
 
 def _lines_until(proc: subprocess.Popen, marker: str, timeout: float = 120.0) -> list[str]:
     """The node's output up to and including the first line with ``marker``."""
-    deadline = time.monotonic() + timeout
-    lines: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.rstrip("\n"))
-        if marker in line or time.monotonic() > deadline:
-            break
+    lines = _output(proc).until(lambda line: marker in line, timeout)
     assert any(marker in line for line in lines), "\n".join(lines[-40:])
     return lines
 
@@ -105,7 +154,7 @@ def test_a_node_whose_bootstrap_peer_is_dead_says_not_connected_everywhere(tmp_p
         dashboard = _dashboard_network(url)
     finally:
         rc = _stop(proc)
-        rest = proc.stdout.read() if proc.stdout is not None else ""
+        rest = _output(proc).text()
     assert rc == 0, rest[-3000:]
     said = "\n".join(out)
     # `status --run-dir` answered from the moment the run dir existed: "starting", then the node's status; never
@@ -248,7 +297,7 @@ def test_a_fixed_port_and_p2p_identity_keep_the_printed_address_across_restarts(
         proc = _start(run, "train.steps=0", "swarm.p2p_identity_path=p2p.key",
                       f"swarm.host_maddrs=[/ip4/127.0.0.1/tcp/{port}]")
         printed.append(_read_address(proc))
-        out, _ = proc.communicate(timeout=120)
+        out = _finish(proc, timeout=120)
         assert proc.returncode == 0, out[-3000:]
     assert printed[0] == printed[1]
     assert printed[0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
@@ -273,7 +322,7 @@ def test_ctrl_c_at_the_terminal_stops_the_node_cleanly(tmp_path):
         p2pd = _children_p2pd(proc.pid)
         assert len(p2pd) == 1
         os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        out = _finish(proc, timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
