@@ -62,25 +62,48 @@ class ScreenBook:
 
     def observe_own(self, groups: list[TrainGroup]) -> None:
         """Record the node's own sampled groups: their behaviour log-probs when the policy reads peer text; with
-        the base, their lengths, and ``profile_rows`` of them a step (all while the profile has fewer than
-        ``min_own``) read by the base, a completion of each group in turn (with ``both``, each token at the lower
-        of the base's log-prob and its behaviour log-prob, as peer text is read)."""
+        the base, their lengths, and those ``_own_reads`` picks read by the base (with ``both``, each token at the
+        lower of the base's log-prob and its behaviour log-prob, as peer text is read)."""
         if not self.base_reads:
             for group in groups:
                 self.profile.observe(group.dataset, group.anchor_logprobs)
             return
-        s = self.settings
         for group in groups:
             self.profile.observe_lengths(group.dataset, [len(ids) for ids in group.completions if ids])
-        want = s.profile_rows if len(self.profile.spans) >= s.min_own else s.min_own
-        width = max((len(g.completions) for g in groups), default=0)
-        turns = [(g, k) for k in range(width) for g in groups if k < len(g.completions) and g.completions[k]][:want]
+        turns = self._own_reads(groups)
         if turns:
             read = self.base_logprobs([(g.prompt_ids, g.completions[k]) for g, k in turns])
             for (group, k), lps in zip(turns, read):
                 if self.lower_of_both and k < len(group.anchor_logprobs) and len(group.anchor_logprobs[k]) == len(lps):
                     lps = [min(b, p) for b, p in zip(lps, group.anchor_logprobs[k])]
                 self.profile.observe(group.dataset, [lps], lengths=False)
+
+    def _own_reads(self, groups: list[TrainGroup]) -> list[tuple[TrainGroup, int]]:
+        """The own completions the base reads this step, a completion of each group in turn: ``profile_rows``
+        (``min_own`` while the profile's spans are fewer), and besides those every completion of a dataset whose
+        sequence floor still lacks ``min_own`` of them (the floor is per dataset: a few reads a step shared among
+        several datasets would leave it unset for tens of steps)."""
+        s = self.settings
+        want = s.profile_rows if len(self.profile.spans) >= s.min_own else s.min_own
+        missing: dict[str, int] = {}
+        if s.sequence_quantile is not None:
+            for g in groups:
+                missing.setdefault(g.dataset, max(0, s.min_own - len(self.profile.sequences.get(g.dataset, ()))))
+        width = max((len(g.completions) for g in groups), default=0)
+        turns: list[tuple[TrainGroup, int]] = []
+        general = 0
+        for k in range(width):
+            for g in groups:
+                if k >= len(g.completions) or not g.completions[k]:
+                    continue
+                if missing.get(g.dataset, 0) > 0:
+                    missing[g.dataset] -= 1
+                elif general < want:
+                    general += 1
+                else:
+                    continue
+                turns.append((g, k))
+        return turns
 
     def judge_length(self, group: TrainGroup, peer_id: str) -> int:
         """Drop from ``group`` the completions the loss would push up (reward above the group's mean; all with

@@ -270,6 +270,31 @@ def test_both_profiles_the_nodes_own_completions_at_the_lower_of_the_two(small_b
     assert floors["both"] == pytest.approx(-80.0) and floors["base"] > -40.0, floors
 
 
+def test_the_base_reads_each_datasets_own_completions_until_its_sequence_floor_is_set(small_base: Any) -> None:
+    """The sequence floor is per dataset: each own completion of a dataset with fewer than ``min_own`` (8) read is
+    read by the base, so that four datasets of four completions a step all have a floor after two steps; then
+    ``profile_rows`` (1) a step. Mutation caught: the reads chosen without regard to the dataset (``min_own`` at
+    first, then ``profile_rows``, over all datasets), which left the floor unset for tens of steps on a node with
+    several datasets (smollm2-swarm's four; qwen's nine)."""
+    policy, _, book = _victim(small_base, reference="base", min_own=8, profile_rows=1)
+    prompt = _prompt(policy)
+    rows = [_continuation(policy, prompt, 3, t) for t in (-1.0, -2.0, -3.0, -4.0)]
+
+    def step() -> None:
+        book.observe_own([TrainGroup(key=f"k{d}", peer_id="", epoch=0, prompt_ids=prompt, completions=rows,
+                                     anchor_logprobs=[[-1.0] * 3] * 4, rewards=[1.0, 0.0, 0.0, 0.0], dataset=d)
+                          for d in "abcd"])
+
+    step()
+    assert set(book.profile.sequence_floors()) == set(), book.profile.sequences
+    step()
+    assert set(book.profile.sequence_floors()) == set("abcd"), {d: len(v) for d, v in book.profile.sequences.items()}
+    read = len(book.profile.spans)
+    assert read == 32
+    step()
+    assert len(book.profile.spans) == read + 1
+
+
 def test_the_lower_of_both_by_hand() -> None:
     """``peer_rows._reference``: a row that carries the base's log-probs is read at them, or with ``lower_of_both``
     at the lower of them and the training pass's, token by token; a row that carries none at the training pass's."""
