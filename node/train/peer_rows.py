@@ -33,9 +33,11 @@ __all__ = ["COUNTS", "Row", "capped", "rows_of", "screen_rows", "screen_totals"]
 Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None, int, list[float] | None,
             float]
 
-COUNTS = ("rows", "dropped", "tokens", "masked", "pushed", "weight", "judged", "failed")
+COUNTS = ("rows", "dropped", "tokens", "masked", "pushed", "weight", "judged", "failed", "sequence_failed")
 """Per author, what ``screen_totals`` adds up: rows, rows dropped, tokens, tokens masked, tokens pushed up, the sum
-of those tokens' weights, rows judged (held to the span bound: pushed up, by default) and those that failed."""
+of those tokens' weights, rows judged (held to the span bound: pushed up, by default), those that failed, and of
+those the ones whose sequence weight alone was below ``exp(-sequence_fail)`` (neither dropped nor a token
+masked): which bound fails an author."""
 
 
 def rows_of(groups: list[TrainGroup], screen: PeerScreen | None) -> list[Row]:
@@ -104,11 +106,13 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     judged = held_to_span(peer_rows, screen, advantages[:n])
     masked = (valid & ~keep[:n] & peer_rows[:, None]).sum(-1)
     failed = dropped[:n] | (masked > 0)  # one verdict a row: dropped, a token below the floor, or the whole row
+    by_sequence = torch.zeros_like(failed)
     if sequence is not None:  # far below what the node itself says
-        failed = failed | (sequence[:n] < math.exp(-screen.sequence_fail))
+        by_sequence = ~failed & (sequence[:n] < math.exp(-screen.sequence_fail))
+        failed = failed | by_sequence
     counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
                           masked.float(), pushed_up.sum(-1).float(), weight_sum.float(), judged.float(),
-                          (judged & failed).float()])
+                          (judged & failed).float(), (judged & by_sequence).float()])
     return mask & keep, weights, advantages, counts
 
 

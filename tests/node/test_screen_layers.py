@@ -138,10 +138,12 @@ def test_the_sequence_weight_holds_a_payload_of_likely_tokens(small_base: Any) -
     """Eight tokens near -1.8 nats each (above the token floor and the weight's floor, and above the span bound:
     the node's own spans are near -2.5), whose sum is far below the node's own completions' (two tokens, -5 in
     all): weighted as a whole, the payload moves no more than the silo's; with ``screen_sequence_quantile`` off it
-    is learned. Every pushed-up row fails, toward a ban."""
+    is learned. Every pushed-up row fails, toward a ban, by the sequence weight alone (the figure that says which
+    bound failed it)."""
     own = [[-0.2, -4.8]] * 4
     held, book = _attacked(small_base, own, target=-1.8, n=8)
-    assert abs(held) < 0.15 and book.verdicts.summary("attacker")["failed"] == 8, held
+    summary = book.verdicts.summary("attacker")
+    assert abs(held) < 0.15 and summary["failed"] == summary["sequence_failed"] == 8, (held, summary)
     learned, _ = _attacked(small_base, own, target=-1.8, n=8, sequence_quantile=None)
     assert learned > 0.3, learned
 
@@ -175,7 +177,8 @@ def test_the_token_floor_fails_an_author_whose_tokens_the_node_would_not_say(sma
     not (the weight alone keeps the tokens from being learned, but nothing judges the author)."""
     own = [[-13.0] * 40] * 4
     _, book = _attacked(small_base, own, target=-12.0, n=4, ban_window=8, ban_share=0.5)
-    assert book.verdicts.banned("attacker") and book.verdicts.summary("attacker")["tokens_masked"] == 8 * 4
+    summary = book.verdicts.summary("attacker")
+    assert book.verdicts.banned("attacker") and summary["tokens_masked"] == 8 * 4 and summary["sequence_failed"] == 0
     _, open_book = _attacked(small_base, own, target=-12.0, n=4, ban_window=8, ban_share=0.5, token_floor=-1000.0)
     assert not open_book.verdicts.banned("attacker") and open_book.verdicts.summary("attacker")["failed"] == 0
 
@@ -203,7 +206,7 @@ def test_the_base_reads_a_payload_the_policy_was_trained_toward(small_base: Any)
             trainer.step([sft])
         assert _payload_logprob(policy, prompt, payload) > -2.0  # the policy now finds it likely
         trainer.step([_group(prompt, payload, plain, book)], screen=book.bounds())
-        rows, dropped, tokens, masked, pushed, weight, judged, failed = trainer.screened["attacker"]
+        rows, dropped, tokens, masked, pushed, weight, judged, failed, _ = trainer.screened["attacker"]
         weights[reference] = weight / pushed
     assert weights["base"] < 0.2 and weights["policy"] > 0.8, weights
 
@@ -232,7 +235,7 @@ def _pushed_weight(trainer: Any, book: Any, prompt: list[int], payload: list[int
     """The payload's mean weight a token (0 for a token masked) when the attacker's group is trained on (its two
     payload rows pushed up)."""
     trainer.step([_group(prompt, payload, plain, book)], screen=book.bounds())
-    rows, dropped, tokens, masked, pushed, weight, judged, failed = trainer.screened["attacker"]
+    rows, dropped, tokens, masked, pushed, weight, judged, failed, _ = trainer.screened["attacker"]
     return weight / (2 * len(payload))
 
 
