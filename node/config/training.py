@@ -228,7 +228,8 @@ class IngestConfig(Section):
         "banned it; with both, banned at step 11; docs/results/poison.md). Base and both need a LoRA policy")
     screen_profile_rows: int = Field(
         4, ge=1, description="with screen_reference=base or both: own completions a step the base reads for the profile the "
-        "span and sequence bounds come from (screen_min_own of them at first): the profile is a low quantile over "
+        "span and sequence bounds come from (screen_min_own of them at first, and every own completion of a dataset "
+        "whose sequence floor has fewer than screen_min_own: the floor is per dataset): the profile is a low quantile over "
         "the last 1,024 read, which a few a step keep current at a fraction of a step's cost (a smollm2 row read "
         "costs about 0.15 s on two CPU cores)")
     screen_sequence_quantile: float | None = Field(
