@@ -73,13 +73,13 @@ class _Output:
             return "\n".join(self.lines)
 
 
-_OUTPUTS: dict[int, _Output] = {}
+_OUTPUTS: dict[subprocess.Popen, _Output] = {}  # by process object: a pid may be reused within a session
 
 
 def _output(proc: subprocess.Popen) -> _Output:
-    if proc.pid not in _OUTPUTS:
-        _OUTPUTS[proc.pid] = _Output(proc)
-    return _OUTPUTS[proc.pid]
+    if proc not in _OUTPUTS:
+        _OUTPUTS[proc] = _Output(proc)
+    return _OUTPUTS[proc]
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> str:
