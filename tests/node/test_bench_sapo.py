@@ -352,6 +352,9 @@ def test_a_run_keeps_which_nodes_screen_banned_which(tmp_path, monkeypatch):
     run = lib.run_one(spec, work=tmp_path)
     assert sorted(ban[:3] for ban in run["screen_bans"]) == [[1, 0, 1], [1, 1, 0]]
     assert all(set(ban[3]) >= {"judged", "failed", "dropped", "mean_weight"} for ban in run["screen_bans"])
+    # every step, each pair whose text was judged: how an author's failures grew, banned or not
+    assert {tuple(f[:3]) for f in run["screen_figures"]} <= {(s, i, j) for s in (1, 2) for i, j in ((0, 1), (1, 0))}
+    assert all(f[3]["judged"] > 0 and "sequence_failed" in f[3] for f in run["screen_figures"])
 
 
 def test_a_ban_is_kept_when_it_starts_and_again_when_it_starts_anew():
@@ -363,7 +366,7 @@ def test_a_ban_is_kept_when_it_starts_and_again_when_it_starts_anew():
 
     def node(i):
         ingestor = SimpleNamespace(banned=lambda peer_id: peer_id in banned[i],
-                                   book=SimpleNamespace(verdicts=SimpleNamespace(summary=lambda a: {"failed": 13})))
+                                   book=SimpleNamespace(verdicts=SimpleNamespace(summary=lambda a: {"judged": 64, "failed": 13})))
         return SimpleNamespace(exchange=SimpleNamespace(identity=SimpleNamespace(peer_id=f"p{i}"), ingestor=ingestor))
 
     nodes, progress = [node(i) for i in range(3)], {"step": 0}
@@ -371,5 +374,7 @@ def test_a_ban_is_kept_when_it_starts_and_again_when_it_starts_anew():
         banned[0] = bans  # node 0's screen; its own id is never a peer of its own
         progress["step"] = step
         bans_into(progress, nodes)
-    assert progress["screen_bans"] == [[2, 0, 2, {"failed": 13}], [5, 0, 2, {"failed": 13}]]
+    figures = {"judged": 64, "failed": 13}
+    assert progress["screen_bans"] == [[2, 0, 2, figures], [5, 0, 2, figures]]
     assert progress["screen_banned_now"] == [[0, 2]]
+    assert len(progress["screen_figures"]) == 5 * 6  # every judged pair (all of them here), every step

@@ -430,5 +430,6 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
     result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "surplus", "seconds",
                                              "cpu_seconds", "segments")}
     result["screen_bans"] = progress.get("screen_bans", [])  # progress saved before bans were kept has none
+    result["screen_figures"] = progress.get("screen_figures", [])
     return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(spec.nodes)],
             **result, "cost_per_node_step": {k: v / node_steps for k, v in progress["costs"].items()}}
