@@ -71,7 +71,7 @@ __all__ = ["OFFENCES", "REJECT_REASONS", "SURPLUS_REASONS", "IngestLimits", "Ing
 OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout",
                       "implausible_text"})
 """Rejections no honest peer causes: each bans the author (once per call). ``implausible_text``: at least
-``screen_ban_share`` of an author's completions dropped by the span or length bound (``screen_ban_window`` read)."""
+``screen_ban_share`` of an author's last ``screen_ban_window`` completions judged failed a bound of the screen."""
 REJECT_REASONS = frozenset({
     "unknown_task", "foreign_dataset", "seed_cap", "held_out", "too_long", "bad_token_id", "eos_mismatch",
     "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
