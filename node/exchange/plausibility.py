@@ -226,7 +226,8 @@ class AuthorVerdicts:
     A completion is judged once, where its fate is settled: dropped by the length bound at ingestion, or, kept
     there, by the training pass (the span bound and the token floor) when the loss pushes it up."""
 
-    FIGURES = ("judged", "failed", "dropped", "tokens", "masked", "pushed", "weight", "sequence_failed")
+    FIGURES = ("judged", "failed", "dropped", "tokens", "masked", "pushed", "weight", "sequence_failed",
+               "policy_failed")
     FAILED, BY_SEQUENCE = 2, 1  # a completion's verdict in the ban window: failed (by the sequence weight alone)
 
     def __init__(self, settings: ScreenSettings, max_authors: int) -> None:
@@ -241,10 +242,12 @@ class AuthorVerdicts:
         return {a: int(f[0]) for a, f in self.figures.items()}
 
     def record(self, author: str, n: int, failed: int, *, dropped: int | None = None, tokens: int = 0,
-               masked: int = 0, pushed: int = 0, weight: float = 0.0, sequence_failed: int = 0) -> None:
+               masked: int = 0, pushed: int = 0, weight: float = 0.0, sequence_failed: int = 0,
+               policy_failed: int = 0) -> None:
         """``n`` of the author's completions judged, ``failed`` of them failing a bound (``dropped`` of those
-        kept out whole, all of them unless said; ``sequence_failed`` by the sequence weight alone), and the
-        tokens read of its rows: masked, pushed up and those tokens' weights summed."""
+        kept out whole, all of them unless said; ``sequence_failed`` by the sequence weight alone;
+        ``policy_failed`` by the policy's read alone, the base's passing them), and the tokens read of its rows:
+        masked, pushed up and those tokens' weights summed."""
         last = self._last.pop(author, None) or deque(maxlen=self.settings.ban_window)
         self._last[author] = last
         last.extend([self.FAILED] * (failed - sequence_failed) + [self.BY_SEQUENCE] * sequence_failed
@@ -252,7 +255,7 @@ class AuthorVerdicts:
         row = self.figures.pop(author, None) or [0.0] * len(self.FIGURES)
         self.figures[author] = row
         for i, v in enumerate((n, failed, failed if dropped is None else dropped, tokens, masked, pushed, weight,
-                               sequence_failed)):
+                               sequence_failed, policy_failed)):
             row[i] += v
         for book in (self._last, self.figures):
             while len(book) > self.max_authors:
@@ -275,10 +278,11 @@ class AuthorVerdicts:
                 or failed >= math.ceil(s.ban_sequence_share * s.ban_window))
 
     def summary(self, author: str) -> dict[str, float]:
-        """The author's figures: completions judged, failed, dropped, failed by the sequence weight alone; tokens
-        read and masked; the mean weight of its tokens the loss pushed up (1.0 when none was)."""
-        judged, failed, dropped, tokens, masked, pushed, weight, by_sequence = self.figures.get(
+        """The author's figures: completions judged, failed, dropped, failed by the sequence weight alone, failed
+        by the policy's read alone; tokens read and masked; the mean weight of its tokens the loss pushed up (1.0
+        when none was)."""
+        judged, failed, dropped, tokens, masked, pushed, weight, by_sequence, by_policy = self.figures.get(
             author, [0.0] * len(self.FIGURES))
         return {"judged": int(judged), "failed": int(failed), "dropped": int(dropped),
-                "sequence_failed": int(by_sequence), "tokens": int(tokens), "tokens_masked": int(masked),
-                "mean_weight": weight / pushed if pushed else 1.0}
+                "sequence_failed": int(by_sequence), "policy_failed": int(by_policy), "tokens": int(tokens),
+                "tokens_masked": int(masked), "mean_weight": weight / pushed if pushed else 1.0}

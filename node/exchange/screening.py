@@ -167,7 +167,8 @@ class ScreenBook:
             c = dict(zip(COUNTS, values))
             self.verdicts.record(peer_id, int(c["judged"]), int(c["failed"]), dropped=int(c["dropped"]),
                                  tokens=int(c["tokens"]), masked=int(c["masked"]), pushed=int(c["pushed"]),
-                                 weight=c["weight"], sequence_failed=int(c["sequence_failed"]))
+                                 weight=c["weight"], sequence_failed=int(c["sequence_failed"]),
+                                 policy_failed=int(c["policy_failed"]))
             for i, key in enumerate(("rows", "tokens", "masked", "pushed")):
                 self.totals[i] += int(c[key])
             self.totals[4] += c["weight"]
@@ -202,7 +203,8 @@ class ScreenBook:
         if self.settings.sequence_quantile is not None:
             out["screen_sequence_floor"] = self.profile.sequence_floors()
         summaries = {a: self.verdicts.summary(a) for a in self.step_authors}
-        for figure in ("judged", "failed", "dropped", "sequence_failed", "tokens_masked", "mean_weight"):
+        for figure in ("judged", "failed", "dropped", "sequence_failed", "policy_failed", "tokens_masked",
+                       "mean_weight"):
             out[f"screen_peer_{figure}"] = {a: f[figure] for a, f in summaries.items()}
         return out
 

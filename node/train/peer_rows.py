@@ -33,11 +33,13 @@ __all__ = ["COUNTS", "Row", "capped", "rows_of", "screen_rows", "screen_totals"]
 Row = tuple[list[int], list[int], list[float], float, bool, str, tuple[int, int] | None, int, list[float] | None,
             float]
 
-COUNTS = ("rows", "dropped", "tokens", "masked", "pushed", "weight", "judged", "failed", "sequence_failed")
+COUNTS = ("rows", "dropped", "tokens", "masked", "pushed", "weight", "judged", "failed", "sequence_failed",
+          "policy_failed")
 """Per author, what ``screen_totals`` adds up: rows, rows dropped, tokens, tokens masked, tokens pushed up, the sum
-of those tokens' weights, rows judged (held to the span bound: pushed up, by default), those that failed, and of
+of those tokens' weights, rows judged (held to the span bound: pushed up, by default), those that failed, of
 those the ones whose sequence weight alone was below ``exp(-sequence_fail)`` (neither dropped nor a token
-masked): which bound fails an author."""
+masked), and those that failed only because the policy's read is lower than the frozen base's (reference
+``both``: the base's read alone passes them; 0 otherwise): which bound, and which reader, fails an author."""
 
 
 def rows_of(groups: list[TrainGroup], screen: PeerScreen | None) -> list[Row]:
@@ -81,6 +83,8 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     counts of the first ``count_rows`` rows (all of them by default; ReMix repeats rows down the batch), on the
     device. The bounds read ``reference`` log-probs: a row's own where it carries them, else the training pass's."""
     verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
+    both = screen.lower_of_both and any(r[8] is not None for r in rows)
+    base = _reference(rows, logprobs) if both else None  # the frozen base's read alone, for the counts
     logprobs = _reference(rows, logprobs, screen.lower_of_both)
     keep, dropped = screen_peer_tokens(logprobs, mask, peer, screen, verified, advantages)
     if screen.share_dropped and screen.span_floor is not None:
@@ -110,10 +114,26 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     if sequence is not None:  # far below what the node itself says
         by_sequence = ~failed & (sequence[:n] < math.exp(-screen.sequence_fail))
         failed = failed | by_sequence
+    by_policy = torch.zeros_like(failed)
+    if base is not None:  # failed, where the base's read alone passes the row: the policy's read failed it
+        by_policy = failed & ~_fails(rows, base, mask, peer, advantages, screen, verified)[:n]
     counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
                           masked.float(), pushed_up.sum(-1).float(), weight_sum.float(), judged.float(),
-                          (judged & failed).float(), (judged & by_sequence).float()])
+                          (judged & failed).float(), (judged & by_sequence).float(), (judged & by_policy).float()])
     return mask & keep, weights, advantages, counts
+
+
+def _fails(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor, advantages: torch.Tensor,
+           screen: PeerScreen, verified: torch.Tensor | None) -> torch.Tensor:
+    """``[B]``: the rows ``logprobs`` would fail (dropped, a token masked, or the sequence weight below
+    ``exp(-sequence_fail)``), as ``screen_rows`` judges them."""
+    keep, dropped = screen_peer_tokens(logprobs, mask, peer, screen, verified, advantages)
+    failed = dropped | (mask.bool() & ~keep & peer[:, None]).any(-1)
+    if screen.sequence_floors is not None:
+        floors = torch.tensor([r[9] for r in rows], device=mask.device).repeat(mask.shape[0] // len(rows))
+        sequence = sequence_weights(logprobs, mask, peer & (advantages > 0), floors, verified)
+        failed = failed | (sequence < math.exp(-screen.sequence_fail))
+    return failed
 
 
 def screen_totals(batches: list[tuple[list[str], torch.Tensor]]) -> dict[str, list[float]]:

@@ -322,13 +322,14 @@ def test_an_author_is_judged_once_a_row_and_banned_when_its_rows_keep_failing(ch
                              context_length=None)
     ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,  # type: ignore[arg-type]
                         screen=ScreenSettings(ban_window=32, ban_share=0.2))
-    ingestor.record_screened({"a": [24, min(failed, 8), 200, 80, 40, 30.0, held, failed, failed // 2]})
+    ingestor.record_screened({"a": [24, min(failed, 8), 200, 80, 40, 30.0, held, failed, failed // 2, failed // 4]})
     assert ingestor.verdicts.judged["a"] == held and ingestor.banned("a") == banned
     metrics = ingestor.metrics()
     assert metrics["ingest_rejected"]["implausible"] == min(failed, 8)
     assert ("implausible_text" in metrics["ingest_offences"]) == banned
     assert metrics["screen_peer_judged"] == {"a": held} and metrics["screen_peer_failed"] == {"a": failed}
     assert metrics["screen_peer_sequence_failed"] == {"a": failed // 2}
+    assert metrics["screen_peer_policy_failed"] == {"a": failed // 4}
     assert metrics["screen_peer_tokens_masked"] == {"a": 80} and metrics["screen_peer_mean_weight"] == {"a": 0.75}
     assert metrics["screen_step_judged"] == held and metrics["screen_step_masked_share"] == 0.4
     assert "screen_span_floor" not in metrics and metrics["screen_length_bound"] == {}  # no own completions yet

@@ -279,12 +279,13 @@ def test_an_author_is_banned_once_enough_of_its_last_window_failed_and_the_oldes
     verdicts = AuthorVerdicts(ScreenSettings(ban_window=4, ban_share=0.75), max_authors=2)
     verdicts.record("a", 2, 2)
     assert not verdicts.banned("a")  # 2 failures: 3 are needed
-    verdicts.record("a", 1, 1, dropped=0, tokens=10, masked=2, pushed=8, weight=6.0, sequence_failed=1)
+    verdicts.record("a", 1, 1, dropped=0, tokens=10, masked=2, pushed=8, weight=6.0, sequence_failed=1,
+                    policy_failed=1)
     assert verdicts.banned("a")  # 3 failures, the window not yet full
     verdicts.record("a", 2, 0)
     assert not verdicts.banned("a") and verdicts.judged["a"] == 5  # the window moved on: 1 of the last 4
-    assert verdicts.summary("a") == {"judged": 5, "failed": 3, "dropped": 2, "sequence_failed": 1, "tokens": 10,
-                                     "tokens_masked": 2, "mean_weight": 0.75}
+    assert verdicts.summary("a") == {"judged": 5, "failed": 3, "dropped": 2, "sequence_failed": 1,
+                                     "policy_failed": 1, "tokens": 10, "tokens_masked": 2, "mean_weight": 0.75}
     verdicts.record("b", 4, 4)
     verdicts.record("c", 1, 0)
     assert list(verdicts.judged) == ["b", "c"] and not verdicts.banned("a")

@@ -206,7 +206,7 @@ def test_the_base_reads_a_payload_the_policy_was_trained_toward(small_base: Any)
             trainer.step([sft])
         assert _payload_logprob(policy, prompt, payload) > -2.0  # the policy now finds it likely
         trainer.step([_group(prompt, payload, plain, book)], screen=book.bounds())
-        rows, dropped, tokens, masked, pushed, weight, judged, failed, _ = trainer.screened["attacker"]
+        rows, dropped, tokens, masked, pushed, weight, judged, failed, _, _ = trainer.screened["attacker"]
         weights[reference] = weight / pushed
     assert weights["base"] < 0.2 and weights["policy"] > 0.8, weights
 
@@ -235,7 +235,7 @@ def _pushed_weight(trainer: Any, book: Any, prompt: list[int], payload: list[int
     """The payload's mean weight a token (0 for a token masked) when the attacker's group is trained on (its two
     payload rows pushed up)."""
     trainer.step([_group(prompt, payload, plain, book)], screen=book.bounds())
-    rows, dropped, tokens, masked, pushed, weight, judged, failed, _ = trainer.screened["attacker"]
+    rows, dropped, tokens, masked, pushed, weight, judged, failed, _, _ = trainer.screened["attacker"]
     return weight / (2 * len(payload))
 
 
@@ -354,3 +354,25 @@ def test_sequence_weights_by_hand() -> None:
     got = sequence_weights(lps, mask, pushed, torch.tensor([-2.0, -1.0, -1.0, -1.0]))
     assert got.tolist() == pytest.approx([torch.exp(torch.tensor(-4.0)).item(), torch.exp(torch.tensor(-1.0)).item(),
                                           torch.exp(torch.tensor(-9.0)).item(), 1.0])
+
+
+def test_a_row_failed_by_the_policys_read_alone_is_counted_as_such() -> None:
+    """``policy_failed`` (reference both): a pushed-up peer row that fails only because the policy's read is
+    lower than the base's counts there; one the base's read fails too does not, whatever the policy's read
+    (mutation: counting every failure under both, or reading the base's failures from the lower of the two,
+    gives 2 or 0). Worked out by hand: the floor -9.2, rows of three tokens, every other bound off."""
+    from node.train.peer_rows import COUNTS, screen_rows
+    from node.train.screen import PeerScreen
+
+    def row(base: list[float]) -> tuple[Any, ...]:
+        return ([1], [5, 6, 7], [0.0] * 3, 1.0, False, "a", None, 0, base, float("nan"))
+
+    rows = [row([-1.0, -1.0, -1.0]), row([-1.0, -12.0, -1.0]), row([-1.0, -1.0, -1.0]), row([-12.0, -1.0, -1.0])]
+    policy = torch.tensor([[-1.0, -12.0, -1.0], [-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0], [-12.0, -1.0, -1.0]])
+    mask, peer = torch.ones(4, 3, dtype=torch.bool), torch.ones(4, dtype=torch.bool)
+    advantages = torch.ones(4)
+    for both, expected in ((True, 1), (False, 0)):
+        screen = PeerScreen(token_floor=-9.2, window=2, share_dropped=None, lower_of_both=both)
+        _, _, _, counts = screen_rows(rows, policy, mask, peer, advantages, screen)
+        c = dict(zip(COUNTS, counts.sum(-1).tolist()))
+        assert (c["judged"], c["failed"], c["policy_failed"]) == (4, 2 + expected, expected), (both, c)

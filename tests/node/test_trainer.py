@@ -328,7 +328,7 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
             assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
     # rows, rows dropped, tokens, tokens masked, tokens pushed up (the kept row's 3), their weights (no floor: 1),
     # rows the span bound held (both: both are pushed up), of those the rows that failed (the dropped one)
-    assert screened.screened == {"p": [2, 1, 6, 3, 3, 3.0, 2, 1, 0]} and stats["n_sequences"] == 2.0
+    assert screened.screened == {"p": [2, 1, 6, 3, 3, 3.0, 2, 1, 0, 0]} and stats["n_sequences"] == 2.0
     _, plain, plain_grads = _lever_trainer(fused=fused)
     plain.step([_screened_group()])
     assert plain.screened == {} and any(not torch.allclose(a, b, atol=1e-6, rtol=1e-2)
@@ -403,7 +403,7 @@ def test_a_positive_peer_token_weighs_in_proportion_to_its_probability_below_the
     unweighted, _ = policy_loss(lps, anchors, group.advantages, mask, "reinforce")
     got = trainer.step([group], screen=PeerScreen(token_floor=-1e9, window=2, positive_floor=floor))["loss"]
     assert got == pytest.approx(float(expected), rel=1e-5) and abs(float(expected) - float(unweighted)) > 1e-4
-    rows, _, _, _, pushed, weight, _, failed, _ = trainer.screened["p"]
+    rows, _, _, _, pushed, weight, _, failed, _, _ = trainer.screened["p"]
     assert (rows, pushed) == (2, 3) and weight == pytest.approx(float(weights[0][mask[0]].sum()), rel=1e-5)
     assert failed == 0  # weighted, not masked: no bound failed
 
@@ -426,7 +426,7 @@ def test_the_tokens_of_a_verified_answer_escape_the_floor_and_the_weight(fused):
     expected, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, verified, "reinforce")
     got = trainer.step([group], screen=PeerScreen(token_floor=-1e-3, window=2, positive_floor=-1e-3))["loss"]
     assert got == pytest.approx(float(expected), rel=1e-5) and float(expected) != 0.0
-    rows, dropped, tokens, masked, pushed, weight, held, failed, _ = trainer.screened["p"]
+    rows, dropped, tokens, masked, pushed, weight, held, failed, _, _ = trainer.screened["p"]
     assert (rows, dropped, tokens, masked, pushed, weight) == (2, 0, 6, 4, 2, 2.0)  # pushed up at weight 1
     assert (held, failed) == (2, 2)  # both pushed up, each with a token below the floor outside its answer
 

@@ -195,7 +195,8 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
 def _summed(summaries: list[dict[str, float]]) -> dict[str, float]:
     """Several identities' screen figures as one author's: counts added, the mean weight their mean."""
     out: dict[str, float] = {k: sum(s[k] for s in summaries) for k in ("judged", "failed", "dropped", "tokens",
-                                                                        "tokens_masked", "sequence_failed")}
+                                                                        "tokens_masked", "sequence_failed",
+                                                                        "policy_failed")}
     out["mean_weight"] = sum(s["mean_weight"] for s in summaries) / len(summaries) if summaries else 1.0
     return out
 
