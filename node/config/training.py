@@ -258,19 +258,6 @@ class IngestConfig(Section):
         "or pushed up with a token below screen_token_floor or a sequence weight below exp(-screen_sequence_fail)): honest peers fail about 0.1 to 2% (a window of 64 "
         "reaches 13 failures at a 4% rate with odds near 1e-6), one poisoned completion among four correct fails "
         "25%")
-    screen_ban_sequence_share: float | None = Field(
-        None, gt=0, le=1, description="with a value, a completion that failed by the sequence weight alone (weighted "
-        "below exp(-screen_sequence_fail), nothing in it masked or dropped) counts toward a ban only with the other "
-        "failures at this share of screen_ban_window; the rest ban at screen_ban_share (null: every failure counts "
-        "at screen_ban_share). The weight already bounds such a completion's pull, and text the node would not "
-        "write fails this way whoever sends it: an honest peer's longer or differently worded working too")
     screen_ban_window: int = Field(64, ge=1, description="an author's most recent judged completions the ban "
                                    "share is of (filled in about 8 steps by an author of two groups a step)")
 
-    @model_validator(mode="after")
-    def _ban_shares_in_order(self) -> IngestConfig:
-        share, by_sequence = self.screen_ban_share, self.screen_ban_sequence_share
-        if by_sequence is not None and by_sequence < share:
-            raise ValueError(f"ingest.screen_ban_sequence_share ({by_sequence:g}) is below ingest.screen_ban_share "
-                             f"({share:g}); set it at or above that share, or null")
-        return self

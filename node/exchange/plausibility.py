@@ -65,7 +65,6 @@ class ScreenSettings:
     min_own: int = 64
     ban_share: float = 0.2
     ban_window: int = 64
-    ban_sequence_share: float | None = None  # failures by the sequence weight alone ban at this share; None: ban_share
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
@@ -228,12 +227,11 @@ class AuthorVerdicts:
 
     FIGURES = ("judged", "failed", "dropped", "tokens", "masked", "pushed", "weight", "sequence_failed",
                "policy_failed")
-    FAILED, BY_SEQUENCE = 2, 1  # a completion's verdict in the ban window: failed (by the sequence weight alone)
 
     def __init__(self, settings: ScreenSettings, max_authors: int) -> None:
         self.settings = settings
         self.max_authors = max_authors
-        self._last: OrderedDict[str, deque[int]] = OrderedDict()  # per completion: FAILED, BY_SEQUENCE or 0
+        self._last: OrderedDict[str, deque[bool]] = OrderedDict()
         self.figures: OrderedDict[str, list[float]] = OrderedDict()
 
     @property
@@ -250,8 +248,7 @@ class AuthorVerdicts:
         masked, pushed up and those tokens' weights summed."""
         last = self._last.pop(author, None) or deque(maxlen=self.settings.ban_window)
         self._last[author] = last
-        last.extend([self.FAILED] * (failed - sequence_failed) + [self.BY_SEQUENCE] * sequence_failed
-                    + [0] * (n - failed))
+        last.extend([True] * failed + [False] * (n - failed))
         row = self.figures.pop(author, None) or [0.0] * len(self.FIGURES)
         self.figures[author] = row
         for i, v in enumerate((n, failed, failed if dropped is None else dropped, tokens, masked, pushed, weight,
@@ -264,18 +261,9 @@ class AuthorVerdicts:
     def banned(self, author: str) -> bool:
         """Whether at least ``ban_share`` of ``ban_window`` completions failed among the author's last
         ``ban_window`` judged (screen on): a count, so an author whose every completion fails is banned once
-        ``ban_share * ban_window`` of them are in, before its window is full. With ``ban_sequence_share``, the
-        completions that failed by the sequence weight alone (weighted down, nothing in them masked or dropped)
-        count toward a ban only with the rest at that share."""
+        ``ban_share * ban_window`` of them are in, before its window is full."""
         last, s = self._last.get(author), self.settings
-        if not s.enabled or last is None:
-            return False
-        failed = sum(1 for v in last if v)
-        if s.ban_sequence_share is None:
-            return failed >= math.ceil(s.ban_share * s.ban_window)
-        hard = sum(1 for v in last if v == self.FAILED)
-        return (hard >= math.ceil(s.ban_share * s.ban_window)
-                or failed >= math.ceil(s.ban_sequence_share * s.ban_window))
+        return s.enabled and last is not None and sum(last) >= math.ceil(s.ban_share * s.ban_window)
 
     def summary(self, author: str) -> dict[str, float]:
         """The author's figures: completions judged, failed, dropped, failed by the sequence weight alone, failed

@@ -239,7 +239,6 @@ def screen_settings(ic: IngestConfig, external_shift: float = 0.0) -> ScreenSett
                           length_all=ic.screen_length_all or external_shift > 0, span_all=ic.screen_span_all,
                           share_dropped=ic.screen_share_to if ic.screen_share_dropped else None,
                           min_own=ic.screen_min_own, ban_share=ic.screen_ban_share, ban_window=ic.screen_ban_window,
-                          ban_sequence_share=ic.screen_ban_sequence_share,
                           positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full,
                           answer_working=ic.screen_answer_working, reference=ic.screen_reference,
                           profile_rows=ic.screen_profile_rows, sequence_quantile=ic.screen_sequence_quantile,

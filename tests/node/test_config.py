@@ -46,7 +46,6 @@ def test_override_creates_missing_sections():
         ("generation.top_p=1.5", "generation.top_p"),
         ("train.micro_batch_size=fast", "train.micro_batch_size"),
         ("train.logits_memory_mb=0", "train.logits_memory_mb"),
-        ("ingest.screen_ban_sequence_share=0.1", "ingest.screen_ban_sequence_share"),
     ],
 )
 def test_bad_values_name_the_field(override, field):

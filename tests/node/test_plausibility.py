@@ -297,26 +297,3 @@ def test_an_author_is_banned_once_enough_of_its_last_window_failed_and_the_oldes
     off = AuthorVerdicts(ScreenSettings(enabled=False, ban_window=1, ban_share=0.5), max_authors=2)
     off.record("a", 1, 1)
     assert not off.banned("a")
-
-
-def test_failures_by_the_sequence_weight_alone_ban_at_their_own_share_and_the_rest_at_the_ban_share():
-    """With ``ban_sequence_share``, completions that failed by the sequence weight alone count toward a ban only
-    with the others at that share (mutation: counting them at ``ban_share`` bans "s" at its first 3); the other
-    failures still ban at ``ban_share`` alone (mutation: holding every failure to ``ban_sequence_share`` leaves
-    "m" unbanned, 2 masked and 1 weighted down of 8).
-    Without it, every failure counts at ``ban_share`` (mutation: ignoring the sequence failures leaves "t"
-    unbanned)."""
-    settings = ScreenSettings(ban_window=8, ban_share=0.25, ban_sequence_share=0.5)
-    verdicts = AuthorVerdicts(settings, max_authors=4)
-    verdicts.record("s", 4, 3, dropped=0, sequence_failed=3)
-    assert not verdicts.banned("s")  # 3 of 4 needed
-    verdicts.record("s", 1, 1, dropped=0, sequence_failed=1)
-    assert verdicts.banned("s")
-    verdicts.record("m", 4, 2, dropped=0, sequence_failed=0)
-    verdicts.record("m", 4, 1, dropped=0, sequence_failed=1)
-    assert verdicts.banned("m")  # 2 masked, the 2 needed; all 3 failures short of the 4 the other bar needs
-    verdicts.record("n", 8, 3, dropped=0, sequence_failed=2)
-    assert not verdicts.banned("n")  # 1 masked, 3 failures in all
-    one_bar = AuthorVerdicts(ScreenSettings(ban_window=8, ban_share=0.25), max_authors=4)
-    one_bar.record("t", 8, 2, dropped=0, sequence_failed=2)
-    assert one_bar.banned("t")
