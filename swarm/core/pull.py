@@ -194,14 +194,15 @@ class PullMixin(CoreBase):
             return
         pulled = time.monotonic() - started
         reason, offence, groups = await self._verify(manifest, author, data, from_author)
-        self.shared.trace.event(
-            "acc" if reason is None else "rej", author=author[:16], id=manifest.batch_id[:16], seq=manifest.seq,
-            epoch=manifest.epoch, created=round(manifest.created_at, 4), bytes=len(data), pull_s=round(pulled, 4),
-            src=progress.source, **({} if reason is None else {"reason": reason, "offence": offence}))
         with self.shared.lock:
             self.shared.counters["bytes_in"] += len(data)  # pulled, whatever the checks say of it
             book.received(author, len(data), time.monotonic())
             settle(book, manifest, len(data), reason, offence=offence, now=time.monotonic(), groups=groups)
+        # traced once counted: a reader that sees "acc" finds the batch in the node's counters
+        self.shared.trace.event(
+            "acc" if reason is None else "rej", author=author[:16], id=manifest.batch_id[:16], seq=manifest.seq,
+            epoch=manifest.epoch, created=round(manifest.created_at, 4), bytes=len(data), pull_s=round(pulled, 4),
+            src=progress.source, **({} if reason is None else {"reason": reason, "offence": offence}))
         if reason is not None:
             logger.debug("rejected batch %s of %s: %s", manifest.batch_id[:12], author[:12], reason)
 

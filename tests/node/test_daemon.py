@@ -147,10 +147,11 @@ def test_a_node_whose_bootstrap_peer_is_dead_says_not_connected_everywhere(tmp_p
             assert proc.poll() is None and time.monotonic() < deadline, "the node did not train"
             time.sleep(0.5)
         url = (run / "api_url").read_text().strip()
-        status = json.loads(urllib.request.urlopen(url + "api/status", timeout=10).read())
-        prometheus = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
-        shown = subprocess.run([sys.executable, "-m", "node.cli", "status", "--run-dir", str(run)],
-                               capture_output=True, text=True, timeout=60, env=ENV)
+        # what each says is the subject, not how fast a node training on a loaded machine answers
+        status = json.loads(urllib.request.urlopen(url + "api/status", timeout=60).read())
+        prometheus = urllib.request.urlopen(url + "metrics", timeout=60).read().decode()
+        shown = subprocess.run([sys.executable, "-m", "node.cli", "status", "--run-dir", str(run), "--timeout", "60"],
+                               capture_output=True, text=True, timeout=240, env=ENV)
         dashboard = _dashboard_network(url)
     finally:
         rc = _stop(proc)
