@@ -49,9 +49,6 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
         if path.is_file():
             return path.read_text().strip()
         running = running_command(folder)
-        if running is None and not (folder / "config.yaml").is_file() and _fresh(folder):
-            time.sleep(0.25)  # a node that has just created its run dir writes its marker milliseconds later
-            running = running_command(folder)
         if running is not None:
             pid, started_at, api = running
             age = max(0.0, time.time() - started_at)
@@ -198,10 +195,3 @@ def status_command(url: str, token: str | None, timeout: float = 5.0) -> tuple[i
         return EXIT_UNHEALTHY, text + f"\nunhealthy: no progress for {health['seconds_since_progress']:.0f} s"
     return EXIT_OK, text
 
-
-def _fresh(folder: Path) -> bool:
-    """Whether ``folder`` was created or changed within the last few seconds."""
-    try:
-        return time.time() - folder.stat().st_mtime < 5.0
-    except OSError:
-        return False

@@ -34,8 +34,10 @@ def _preflight(cfg: NodeConfig) -> None:
     They run before torch and transformers are imported, so these mistakes, like a bad config value,
     are reported within a second or two.
     """
+    with contextlib.suppress(OSError):  # prepare_run_dir below says what is wrong with a folder it cannot make
+        Path(cfg.run_dir).absolute().parent.mkdir(parents=True, exist_ok=True)
+    write_run_marker(cfg.run_dir, api=cfg.api.port is not None)  # the run dir appears with it: status says "starting"
     prepare_run_dir(cfg.run_dir)
-    write_run_marker(cfg.run_dir, api=cfg.api.port is not None)  # status says "starting" from now on
     locate_model(cfg.model.name_or_path, gguf_file=cfg.model.gguf_file)
     init_source(cfg)
 

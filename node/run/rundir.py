@@ -41,17 +41,30 @@ def process_started_at() -> float:
 
 
 def write_run_marker(run_dir: str | os.PathLike[str], *, api: bool) -> None:
-    """Say in ``run_dir`` that this process runs there (``node.api.client.RUN_MARKER``), from the moment the run
-    dir exists: ``swarm-node status --run-dir`` answers "starting" instead of "not a run dir" while the model
-    loads. ``api``: whether a status API will answer."""
+    """Say in ``run_dir`` that this process runs there (``node.api.client.RUN_MARKER``): ``swarm-node status
+    --run-dir`` answers "starting" instead of "not a run dir" while the model loads. ``api``: whether a status API
+    will answer. A run dir that does not exist yet appears with the marker already in it (made as a hidden sibling,
+    then renamed into place), so no reader finds the folder without it."""
     from node.api.client import RUN_MARKER
 
-    path = Path(run_dir) / RUN_MARKER
-    tmp = path.with_suffix(".tmp")
+    path = Path(run_dir)
+    marker = json.dumps({"pid": os.getpid(), "started_at": process_started_at(), "api": api})
+    if not path.exists():
+        staging = path.with_name(f".{path.name}.starting-{os.getpid()}")
+        try:
+            staging.mkdir()
+            (staging / RUN_MARKER).write_text(marker, encoding="utf-8")
+            os.rename(staging, path)  # atomic; fails if another process made the folder meanwhile
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                (staging / RUN_MARKER).unlink(missing_ok=True)
+                staging.rmdir()
+    tmp = path / (RUN_MARKER + ".tmp")
     with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps({"pid": os.getpid(), "started_at": process_started_at(), "api": api}),
-                       encoding="utf-8")
-        os.replace(tmp, path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(marker, encoding="utf-8")
+        os.replace(tmp, path / RUN_MARKER)
 
 
 def clear_run_marker(run_dir: str | os.PathLike[str]) -> None:

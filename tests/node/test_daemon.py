@@ -392,3 +392,33 @@ def test_status_of_a_run_dir_follows_the_command_running_in_it(tmp_path):
     assert says(None).startswith(f"no node is running in {tmp_path}")
     (tmp_path / "api_url").write_text("http://127.0.0.1:1/\n")
     assert says(None) == "http://127.0.0.1:1/"
+
+
+def test_a_new_run_dir_appears_with_its_marker_already_in_it(tmp_path, monkeypatch):
+    """``write_run_marker`` on a folder that does not exist yet: the folder comes into being with the marker in it,
+    so ``swarm-node status --run-dir`` never finds a node's fresh run dir without one ("is not a run dir"); on a
+    folder that exists, the marker is replaced in place. Mutation caught: the folder made first and the marker
+    written into it (a poll between the two said "not a run dir" in CI)."""
+    from node.api.client import RUN_MARKER, Unreachable, resolve_url
+    from node.run import rundir
+
+    run_dir = tmp_path / "runs" / "a"
+    run_dir.parent.mkdir()
+    seen: list[bool] = []
+    real_write = Path.write_text
+
+    def write_text(self, *args, **kwargs):  # at the marker's write, is the run dir there under its name yet?
+        seen.append(run_dir.exists())
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    rundir.write_run_marker(run_dir, api=True)
+    monkeypatch.undo()
+    assert seen == [False]
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["a"]  # nothing left of the staging folder
+    assert json.loads((run_dir / RUN_MARKER).read_text())["pid"] == os.getpid()
+    with pytest.raises(Unreachable, match="is starting"):
+        resolve_url(None, str(run_dir))
+    rundir.write_run_marker(run_dir, api=False)  # an existing folder: replaced in place
+    assert json.loads((run_dir / RUN_MARKER).read_text())["api"] is False
+    assert sorted(p.name for p in run_dir.iterdir()) == [RUN_MARKER]
