@@ -96,10 +96,8 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     weights = None
     if screen.positive_floor is not None:
         weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, screen.positive_floor, verified)
-    sequence = None
-    if screen.sequence_floors is not None:  # the whole row against the node's own, on top of its tokens' weights
-        floors = torch.tensor([r[9] for r in rows], device=mask.device).repeat(mask.shape[0] // len(rows))
-        sequence = sequence_weights(logprobs, mask, peer & (advantages > 0), floors, verified)
+    sequence = _sequence(rows, logprobs, mask, peer, advantages, screen, verified)
+    if sequence is not None:  # the whole row against the node's own, on top of its tokens' weights
         lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)
         factor = torch.where(lifted, 1.0, sequence[:, None])
         weights = factor if weights is None else weights * factor
@@ -109,31 +107,39 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     weight_sum = torch.where(pushed_up, weights[:n], 0.0).sum(-1) if weights is not None else pushed_up.sum(-1)
     judged = held_to_span(peer_rows, screen, advantages[:n])
     masked = (valid & ~keep[:n] & peer_rows[:, None]).sum(-1)
-    failed = dropped[:n] | (masked > 0)  # one verdict a row: dropped, a token below the floor, or the whole row
-    by_sequence = torch.zeros_like(failed)
-    if sequence is not None:  # far below what the node itself says
-        by_sequence = ~failed & (sequence[:n] < math.exp(-screen.sequence_fail))
-        failed = failed | by_sequence
+    failed, by_sequence = _verdicts(dropped, keep, mask, peer, sequence, screen)
+    failed, by_sequence = failed[:n], by_sequence[:n]
     by_policy = torch.zeros_like(failed)
     if base is not None:  # failed, where the base's read alone passes the row: the policy's read failed it
-        by_policy = failed & ~_fails(rows, base, mask, peer, advantages, screen, verified)[:n]
+        base_keep, base_dropped = screen_peer_tokens(base, mask, peer, screen, verified, advantages)
+        base_sequence = _sequence(rows, base, mask, peer, advantages, screen, verified)
+        by_policy = failed & ~_verdicts(base_dropped, base_keep, mask, peer, base_sequence, screen)[0][:n]
     counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
                           masked.float(), pushed_up.sum(-1).float(), weight_sum.float(), judged.float(),
                           (judged & failed).float(), (judged & by_sequence).float(), (judged & by_policy).float()])
     return mask & keep, weights, advantages, counts
 
 
-def _fails(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor, advantages: torch.Tensor,
-           screen: PeerScreen, verified: torch.Tensor | None) -> torch.Tensor:
-    """``[B]``: the rows ``logprobs`` would fail (dropped, a token masked, or the sequence weight below
-    ``exp(-sequence_fail)``), as ``screen_rows`` judges them."""
-    keep, dropped = screen_peer_tokens(logprobs, mask, peer, screen, verified, advantages)
+def _sequence(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
+              advantages: torch.Tensor, screen: PeerScreen, verified: torch.Tensor | None) -> torch.Tensor | None:
+    """``[B]``: each pushed-up peer row's sequence weight against its dataset's floor (``sequence_weights``; 1
+    elsewhere), None without sequence floors."""
+    if screen.sequence_floors is None:
+        return None
+    floors = torch.tensor([r[9] for r in rows], device=mask.device).repeat(mask.shape[0] // len(rows))
+    return sequence_weights(logprobs, mask, peer & (advantages > 0), floors, verified)
+
+
+def _verdicts(dropped: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,
+              sequence: torch.Tensor | None, screen: PeerScreen) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B] failed, [B] failed by the sequence weight alone)``: one verdict a row, failed if dropped, a token of it
+    masked below the floor, or its whole sequence weight under ``exp(-sequence_fail)`` (far below what the node
+    itself says)."""
     failed = dropped | (mask.bool() & ~keep & peer[:, None]).any(-1)
-    if screen.sequence_floors is not None:
-        floors = torch.tensor([r[9] for r in rows], device=mask.device).repeat(mask.shape[0] // len(rows))
-        sequence = sequence_weights(logprobs, mask, peer & (advantages > 0), floors, verified)
-        failed = failed | (sequence < math.exp(-screen.sequence_fail))
-    return failed
+    by_sequence = torch.zeros_like(failed)
+    if sequence is not None:
+        by_sequence = ~failed & (sequence < math.exp(-screen.sequence_fail))
+    return failed | by_sequence, by_sequence
 
 
 def screen_totals(batches: list[tuple[list[str], torch.Tensor]]) -> dict[str, list[float]]:
