@@ -117,7 +117,7 @@ def peers_doc(board: StatusBoard, rows: list[PeerRow], network: NetworkStatus | 
             "ingest_rejected": dict(mine.groups_rejected) if mine else {},
             "groups_trained": mine.groups_trained if mine else 0,
             "screen": dict(mine.screen) if mine else {},
-            "screen_banned": mine.screen_banned if mine else False,
+            "screen_paused": mine.screen_paused if mine else False,
             "bytes_in": row.bytes_in,
             "bytes_out": row.bytes_out,
             "last_seen": round(row.last_seen, 3),

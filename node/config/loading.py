@@ -16,7 +16,8 @@ from node.config.root import NodeConfig
 from node.errors import ConfigError
 from swarm.settings import SwarmSettings, initial_peers_from_env
 
-_RENAMED = {"swarm.staleness_epochs": "swarm.read_epochs"}
+_RENAMED = {"swarm.staleness_epochs": "swarm.read_epochs", "ingest.screen_ban_share": "ingest.screen_pause_share",
+            "ingest.screen_ban_window": "ingest.screen_pause_window"}
 _REMOVED = {"metrics": "section removed: Prometheus /metrics is served by the status API now; "
                        "use api.port (and api.host) instead of metrics.prometheus_port"}
 

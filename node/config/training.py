@@ -252,12 +252,21 @@ class IngestConfig(Section):
     screen_author_positive_cap: float | None = Field(
         None, gt=0, le=1, description="one peer author's advantages scaled so that its positives are at most this "
         "share of a step's positive advantage, the node's own included, whatever its groups (null: no cap)")
-    screen_ban_share: float = Field(
-        0.2, gt=0, le=1, description="an author is banned once this share of screen_ban_window completions failed "
-        "among its last screen_ban_window judged (each completion judged once: dropped by the length or span bound, "
-        "or pushed up with a token below screen_token_floor or a sequence weight below exp(-screen_sequence_fail)): honest peers fail about 0.1 to 2% (a window of 64 "
+    screen_pause_share: float = Field(
+        0.2, gt=0, le=1, description="an author is paused (its groups not read for screen_pause_steps) once this "
+        "share of screen_pause_window completions failed among its last screen_pause_window judged (each completion judged "
+        "once: dropped by the length or span bound, or pushed up with a token below screen_token_floor or a sequence "
+        "weight below exp(-screen_sequence_fail)): honest peers at this node's stage fail about 0.1 to 2% (a window of 64 "
         "reaches 13 failures at a 4% rate with odds near 1e-6), one poisoned completion among four correct fails "
         "25%")
-    screen_ban_window: int = Field(64, ge=1, description="an author's most recent judged completions the ban "
-                                   "share is of (filled in about 8 steps by an author of two groups a step)")
+    screen_pause_window: int = Field(64, ge=1, description="an author's most recent judged completions the "
+                                     "pause share is of (filled in about 8 steps by an author of two groups a step)")
+    screen_pause_steps: int = Field(
+        8, ge=1, description="training steps a paused author's groups are not read, twice as many at each next pause "
+        "of it; then its completions are judged afresh. A pause is not an offence (the peer book does not ban for "
+        "it): an honest peer at another stage of training fails the bounds this node sets from its own answers about "
+        "as often as an attacker does (half of a weak node's completions at a strong one, "
+        "docs/results/sapo-smollm2-pair.md), so a pause must end. Short enough that a peer whose text has come close "
+        "to this node's is read again within tens of steps (8, 16, 32: back three times in 56 steps); an attacker "
+        "whose text keeps failing is paused again within a step or two of each return")
 

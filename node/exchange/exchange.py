@@ -156,13 +156,14 @@ class SwarmExchange:
         """The screen's reference read of the peer groups a step is about to train on (``ScreenBook.read_base``)."""
         self.ingestor.book.read_base(groups)
 
-    def record_screened(self, by_peer: dict[str, list[float]]) -> None:
-        """What training kept out of each author's text this step; an author whose text keeps failing is banned."""
-        self.ingestor.record_screened(by_peer)
+    def record_screened(self, by_peer: dict[str, list[float]], step: int) -> None:
+        """What training step ``step`` kept out of each author's text; an author whose text keeps failing is
+        paused."""
+        self.ingestor.record_screened(by_peer, step)
 
-    def banned(self, peer_id: str) -> bool:
-        """Whether this node's screen has banned ``peer_id`` (its text keeps failing the screen's bounds)."""
-        return self.ingestor.banned(peer_id)
+    def paused(self, peer_id: str) -> bool:
+        """Whether this node's screen has paused ``peer_id`` (its text keeps failing the screen's bounds)."""
+        return self.ingestor.paused(peer_id)
 
     def receive(self, step: int, max_groups: int | None = None) -> list[TrainGroup]:
         """Peers' groups arrived since the last call, at most ``max_groups`` (what the step can use).

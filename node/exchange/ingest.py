@@ -68,15 +68,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["OFFENCES", "REJECT_REASONS", "SURPLUS_REASONS", "IngestLimits", "Ingestor"]
 
-OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout",
-                      "implausible_text"})
-"""Rejections no honest peer causes: each bans the author (once per call). ``implausible_text``: at least
-``screen_ban_share`` of an author's last ``screen_ban_window`` completions judged failed a bound of the screen."""
+OFFENCES = frozenset({"text_mismatch", "bad_token_id", "eos_mismatch", "bad_logprobs", "score_timeout"})
+"""Rejections no honest peer causes: each bans the author (once per call). A screen's pause is not one
+(``screen_paused``: ``AuthorVerdicts``; an honest peer at another stage of training fails the screen too)."""
 REJECT_REASONS = frozenset({
     "unknown_task", "foreign_dataset", "seed_cap", "held_out", "too_long", "bad_token_id", "eos_mismatch",
     "special_token", "text_mismatch", "bad_logprobs", "untokenizable", "empty_completion", "empty_group",
     "score_error", "score_timeout", "scorer_unavailable", "peer_offended", "penalize_failed",
-    "implausible", "too_long_for_us", "implausible_text",
+    "implausible", "too_long_for_us", "screen_paused",
 })
 """Every reason ``ingest_rejected`` counts (docs/trust.md names each)."""
 SURPLUS_REASONS = frozenset({"peer_budget", "step_budget", "not_needed"})
@@ -117,9 +116,8 @@ class Ingestor:
                  micro_batch_size: int = 256, anchor_flat_groups: bool = True,
                  screen: ScreenSettings | None = None) -> None:
         self.policy = policy
-        # What a peer's text may teach: read with our own model, bounded by our own completions.
         # What a peer's text may teach: read with the frozen base (or the policy), bounded by the node's own
-        # completions, one verdict a completion toward a ban (node.exchange.screening).
+        # completions, one verdict a completion toward a pause (node.exchange.screening).
         self.book = ScreenBook(policy, screen or ScreenSettings(), temperature=temperature,
                                anchor_bytes=(limits or IngestLimits()).anchor_bytes, micro_batch_size=micro_batch_size,
                                max_authors=MAX_TRACKED_PEERS)
@@ -201,7 +199,9 @@ class Ingestor:
                 used[peer_id] += 1
                 if group is not None:
                     groups.append(group)
-                if offence is not None:
+                if offence == "screen_paused":  # the author's other groups wait for the pause to end
+                    self._drop(peer_id, queues.pop(peer_id), "screen_paused")
+                elif offence is not None:
                     self._offence(peer_id, offence)
                     self._drop(peer_id, queues.pop(peer_id), "peer_offended")
         leftover = "not_needed" if len(groups) >= max_groups else "step_budget"  # the step had all it can use
@@ -266,9 +266,9 @@ class Ingestor:
             return None, None
         budget.rollouts -= len(rgroup.rollouts)
         budget.tokens -= cost
-        if self.verdicts.banned(peer_id):  # before any work on its text
-            self._reject("implausible_text", rgroup.task.key())
-            return None, "implausible_text"
+        if self.verdicts.paused(peer_id):  # before any work on its text
+            self._reject("screen_paused", rgroup.task.key())
+            return None, "screen_paused"
         reason = self._check_ref(rgroup.task, peer_id, epoch)
         if reason is not None:
             self._reject(reason, rgroup.task.key())
@@ -326,33 +326,31 @@ class Ingestor:
         """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""
         return self.book.bounds()
 
-    def banned(self, peer_id: str) -> bool:
-        """Whether the screen has banned ``peer_id`` (its completions keep failing: ``AuthorVerdicts.banned``)."""
-        return self.book.verdicts.banned(peer_id)
+    def paused(self, peer_id: str) -> bool:
+        """Whether the screen has paused ``peer_id`` (its completions keep failing: ``AuthorVerdicts``)."""
+        return self.book.verdicts.paused(peer_id)
 
-    def record_screened(self, by_peer: dict[str, list[float]]) -> None:
-        """What a training step kept out of peers' text (``Trainer.screened``): counted, each judged row one
-        verdict; the rows dropped are rejections (``implausible``), and an author whose text keeps failing is
-        reported (``implausible_text``)."""
-        for peer_id, dropped in self.book.record(by_peer).items():
+    def record_screened(self, by_peer: dict[str, list[float]], step: int) -> None:
+        """What training step ``step`` kept out of peers' text (``Trainer.screened``, empty when it trained on
+        none): counted, each judged row one verdict; the rows dropped are rejections (``implausible``), and an
+        author whose text keeps failing is paused (``ScreenBook.record``)."""
+        for peer_id, dropped in self.book.record(by_peer, step).items():
             if dropped:
                 self._peer = peer_id
                 try:
                     self._reject("implausible", "trained rows", dropped)
                 finally:
                     self._peer = None
-            if self.banned(peer_id):
-                self._offence(peer_id, "implausible_text")
 
     def _screened(self, group: TrainGroup, peer_id: str) -> tuple[TrainGroup | None, str | None]:
         """``group`` without the completions the length bound drops (``ScreenBook.judge_length``: judged here; the
-        others are judged once, in training); ``(None, offence)`` once the author's text keeps failing."""
+        others are judged once, in training); ``(None, "screen_paused")`` once the author's text keeps failing."""
         too_long = self.book.judge_length(group, peer_id)
         if too_long:
             self._reject("too_long_for_us", group.key, too_long)
-        if self.banned(peer_id):
-            self._reject("implausible_text", group.key)
-            return None, "implausible_text"
+        if self.paused(peer_id):
+            self._reject("screen_paused", group.key)
+            return None, "screen_paused"
         if not group.completions:
             self._reject("empty_group", group.key)
             return None, None

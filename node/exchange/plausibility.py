@@ -63,8 +63,9 @@ class ScreenSettings:
     span_all: bool = False
     share_dropped: str | None = "other_sign"  # which kept rows take a dropped row's advantage; None: lost
     min_own: int = 64
-    ban_share: float = 0.2
-    ban_window: int = 64
+    pause_share: float = 0.2
+    pause_window: int = 64
+    pause_steps: int = 8  # the first pause of an author; each next one twice the last
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
@@ -219,20 +220,28 @@ class OwnProfile:
 
 class AuthorVerdicts:
     """Per author: one verdict for each of its completions judged (failed or not: ``record``), the last
-    ``ban_window`` kept, and its running screen figures (``figures``: completions judged, failed, dropped, tokens
-    read, masked, pushed up, their weights); the ``max_authors`` most recently judged authors kept.
+    ``pause_window`` kept, its running screen figures (``figures``: completions judged, failed, dropped, tokens
+    read, masked, pushed up, their weights) and its pauses; the ``max_authors`` most recently judged authors kept.
 
     A completion is judged once, where its fate is settled: dropped by the length bound at ingestion, or, kept
-    there, by the training pass (the span bound and the token floor) when the loss pushes it up."""
+    there, by the training pass (the span bound and the token floor) when the loss pushes it up.
+
+    An author whose completions keep failing is paused: its groups are not read for ``pause_steps`` of this node's
+    training steps (twice as many at each next pause), after which its completions are judged afresh. A pause says
+    that this node would not write the author's text, not that the author cheats: an honest peer at another stage
+    of training fails the bounds a node sets from its own answers as often as an attacker does (the weak-from-strong
+    pair, docs/results/sapo-smollm2-pair.md), so a pause is not an offence and the peer book does not ban for it."""
 
     FIGURES = ("judged", "failed", "dropped", "tokens", "masked", "pushed", "weight", "sequence_failed",
-               "policy_failed")
+               "policy_failed", "pauses")
 
     def __init__(self, settings: ScreenSettings, max_authors: int) -> None:
         self.settings = settings
         self.max_authors = max_authors
+        self.step = 0  # the node's training steps, as ScreenBook.record is told them
         self._last: OrderedDict[str, deque[bool]] = OrderedDict()
         self.figures: OrderedDict[str, list[float]] = OrderedDict()
+        self._until: dict[str, int] = {}  # a paused author: the step its pause ends at
 
     @property
     def judged(self) -> dict[str, int]:
@@ -241,12 +250,14 @@ class AuthorVerdicts:
 
     def record(self, author: str, n: int, failed: int, *, dropped: int | None = None, tokens: int = 0,
                masked: int = 0, pushed: int = 0, weight: float = 0.0, sequence_failed: int = 0,
-               policy_failed: int = 0) -> None:
+               policy_failed: int = 0) -> bool:
         """``n`` of the author's completions judged, ``failed`` of them failing a bound (``dropped`` of those
         kept out whole, all of them unless said; ``sequence_failed`` by the sequence weight alone;
         ``policy_failed`` by the policy's read alone, the base's passing them), and the tokens read of its rows:
-        masked, pushed up and those tokens' weights summed."""
-        last = self._last.pop(author, None) or deque(maxlen=self.settings.ban_window)
+        masked, pushed up and those tokens' weights summed. Returns whether this paused the author: at least
+        ``pause_share`` of ``pause_window`` completions failed among its last ``pause_window`` judged (a count, so
+        an author whose every completion fails is paused once ``pause_share * pause_window`` of them are in)."""
+        last = self._last.pop(author, None) or deque(maxlen=self.settings.pause_window)
         self._last[author] = last
         last.extend([True] * failed + [False] * (n - failed))
         row = self.figures.pop(author, None) or [0.0] * len(self.FIGURES)
@@ -254,23 +265,34 @@ class AuthorVerdicts:
         for i, v in enumerate((n, failed, failed if dropped is None else dropped, tokens, masked, pushed, weight,
                                sequence_failed, policy_failed)):
             row[i] += v
+        s = self.settings
+        pausing = s.enabled and not self.paused(author) and sum(last) >= math.ceil(s.pause_share * s.pause_window)
+        if pausing:
+            self._until[author] = self.step + s.pause_steps * 2 ** min(int(row[-1]), 16)
+            row[-1] += 1
+            last.clear()  # judged afresh once the pause ends
         for book in (self._last, self.figures):
             while len(book) > self.max_authors:
                 book.popitem(last=False)
+        self._until = {a: t for a, t in self._until.items() if a in self.figures and t > self.step}
+        return pausing
 
-    def banned(self, author: str) -> bool:
-        """Whether at least ``ban_share`` of ``ban_window`` completions failed among the author's last
-        ``ban_window`` judged (screen on): a count, so an author whose every completion fails is banned once
-        ``ban_share * ban_window`` of them are in, before its window is full."""
-        last, s = self._last.get(author), self.settings
-        return s.enabled and last is not None and sum(last) >= math.ceil(s.ban_share * s.ban_window)
+    def paused(self, author: str) -> bool:
+        """Whether the author is paused (screen on): its groups are not read until its pause ends."""
+        return self.settings.enabled and self._until.get(author, 0) > self.step
+
+    def paused_until(self, author: str) -> int | None:
+        """The training step the author's pause ends at, None when it is not paused."""
+        return self._until[author] if self.paused(author) else None
 
     def summary(self, author: str) -> dict[str, float]:
         """The author's figures: completions judged, failed, dropped, failed by the sequence weight alone, failed
         by the policy's read alone; tokens read and masked; the mean weight of its tokens the loss pushed up (1.0
-        when none was)."""
-        judged, failed, dropped, tokens, masked, pushed, weight, by_sequence, by_policy = self.figures.get(
+        when none was); how often it was paused, and the step its pause ends at (-1: not paused)."""
+        judged, failed, dropped, tokens, masked, pushed, weight, by_sequence, by_policy, pauses = self.figures.get(
             author, [0.0] * len(self.FIGURES))
+        until = self.paused_until(author)
         return {"judged": int(judged), "failed": int(failed), "dropped": int(dropped),
                 "sequence_failed": int(by_sequence), "policy_failed": int(by_policy), "tokens": int(tokens),
-                "tokens_masked": int(masked), "mean_weight": weight / pushed if pushed else 1.0}
+                "tokens_masked": int(masked), "mean_weight": weight / pushed if pushed else 1.0,
+                "pauses": int(pauses), "paused_until": -1 if until is None else until}

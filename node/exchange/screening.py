@@ -1,6 +1,6 @@
 """The peer-text screen's book outside the training pass: what the node's own completions look like (the
 profile the bounds come from), who reads peer text (the frozen base, or the policy), one verdict per peer
-completion toward a ban, and the figures (``node.exchange.plausibility`` has the statistics, ``node.train.screen``
+completion toward a pause, and the figures (``node.exchange.plausibility`` has the statistics, ``node.train.screen``
 the bounds on tensors, held in training).
 
 With ``reference="base"`` (a LoRA policy), every completion the loss will push up of a peer group the step is
@@ -158,17 +158,22 @@ class ScreenBook:
                           s.sequence_fail, s.group_cap, s.author_cap,
                           lower_of_both=self.lower_of_both)
 
-    def record(self, by_peer: dict[str, list[float]]) -> dict[str, int]:
-        """A training step's ``Trainer.screened`` (per author, ``node.train.peer_rows.COUNTS``): each judged row one
-        verdict, the figures added up; returns the rows dropped, by author."""
+    def record(self, by_peer: dict[str, list[float]], step: int) -> dict[str, int]:
+        """Training step ``step``'s ``Trainer.screened`` (per author, ``node.train.peer_rows.COUNTS``): each judged
+        row one verdict, the figures added up, an author whose completions keep failing paused (logged); returns
+        the rows dropped, by author."""
+        self.verdicts.step = step
         self.last_step = dict.fromkeys(COUNTS, 0.0)
         dropped: dict[str, int] = {}
         for peer_id, values in by_peer.items():
             c = dict(zip(COUNTS, values))
-            self.verdicts.record(peer_id, int(c["judged"]), int(c["failed"]), dropped=int(c["dropped"]),
+            paused = self.verdicts.record(peer_id, int(c["judged"]), int(c["failed"]), dropped=int(c["dropped"]),
                                  tokens=int(c["tokens"]), masked=int(c["masked"]), pushed=int(c["pushed"]),
                                  weight=c["weight"], sequence_failed=int(c["sequence_failed"]),
                                  policy_failed=int(c["policy_failed"]))
+            if paused:
+                logger.debug("peer %s paused until step %d: its completions keep failing the screen (%s)", peer_id[:12],
+                            self.verdicts.paused_until(peer_id) or step, self.verdicts.summary(peer_id))
             for i, key in enumerate(("rows", "tokens", "masked", "pushed")):
                 self.totals[i] += int(c[key])
             self.totals[4] += c["weight"]
@@ -183,7 +188,8 @@ class ScreenBook:
         with the screen on, its live bounds (``screen_span_floor``, absent until set; ``screen_length_bound`` and
         ``screen_sequence_floor`` by dataset), the last step's figures (``screen_step_*``: completions judged,
         failed, dropped, the share of peer tokens masked, the mean weight of those pushed up) and, for each author
-        that step judged, its running figures (``screen_peer_*``, by peer id: ``AuthorVerdicts.summary``)."""
+        that step judged, its running figures (``screen_peer_*``, by peer id: ``AuthorVerdicts.summary``), and how
+        many authors are paused now (``screen_peers_paused``)."""
         rows, tokens, masked, pushed, weight = self.totals
         out: dict[str, Any] = {"screen_rows": rows, "screen_tokens": tokens, "screen_tokens_masked": masked,
                                "screen_positive_weight": weight / max(1, pushed)}
@@ -191,6 +197,7 @@ class ScreenBook:
             return out
         step = self.last_step
         out.update({
+            "screen_peers_paused": sum(self.verdicts.paused(a) for a in self.verdicts.figures),
             "screen_length_bound": {d: n for d in self.profile.lengths if (n := self.profile.max_length(d)) is not None},
             "screen_step_judged": int(step["judged"]), "screen_step_failed": int(step["failed"]),
             "screen_step_dropped": int(step["dropped"]),
@@ -204,7 +211,7 @@ class ScreenBook:
             out["screen_sequence_floor"] = self.profile.sequence_floors()
         summaries = {a: self.verdicts.summary(a) for a in self.step_authors}
         for figure in ("judged", "failed", "dropped", "sequence_failed", "policy_failed", "tokens_masked",
-                       "mean_weight"):
+                       "mean_weight", "pauses"):
             out[f"screen_peer_{figure}"] = {a: f[figure] for a, f in summaries.items()}
         return out
 

@@ -199,8 +199,8 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
         t_train = time.perf_counter()
         screen = self.exchange.screen_bounds() if self.exchange is not None else None
         stats = self.trainer.step(signal_groups, keep_distributions=histograms, screen=screen)
-        if self.exchange is not None and self.trainer.screened:
-            self.exchange.record_screened(self.trainer.screened)
+        if self.exchange is not None:  # every step: a pause is counted in steps
+            self.exchange.record_screened(self.trainer.screened, self.step + 1)
         t_train = time.perf_counter() - t_train
         if self.decider is not None:
             self.decider.observe(stats.get("peer_alignment"))

@@ -86,9 +86,9 @@ class PeerGroupsMixin(NodeState):
         room = min(self.cfg.ingest.max_groups_per_step, max(0, capacity - len(self._external_pool)))
         arrived = assign_advantages(self.exchange.receive(self.step, max_groups=room), self.cfg.train.advantage,
                                     self.cfg.train.external_shift)
-        # a group of an author the screen has banned since it arrived is not trained on
+        # a group of an author the screen has paused since it arrived is not trained on
         fresh = [grp for grp in self._external_pool + arrived
-                 if grp.epoch >= epoch - sapo.staleness_epochs and not self.exchange.banned(grp.peer_id)]
+                 if grp.epoch >= epoch - sapo.staleness_epochs and not self.exchange.paused(grp.peer_id)]
         self._external_pool = fresh[-max(capacity, 1) :]  # newest kept
         j = sapo.external_groups if j is None else j
         if j == 0 or not self._external_pool:

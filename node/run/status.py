@@ -41,7 +41,7 @@ class StatusMixin(NodeState):
                                                         groups_trained=self._trained_by_peer.get(peer, 0),
                                                         screen=ingestor.verdicts.summary(peer)
                                                         if peer in ingestor.verdicts.figures else {},
-                                                        screen_banned=ingestor.banned(peer))
+                                                        screen_paused=ingestor.paused(peer))
                                        for peer, (n, rejected) in ingestor.by_peer.items()})
         self.board.publish(StepSnapshot(step=self.step, record=freeze_record(row), last_eval=self._last_eval,
                                         **fields))

@@ -67,12 +67,12 @@ from scripts.lib.sapo.plots import reward_curves, signal_curves  # noqa: E402
 from scripts.lib.sapo.regime import decision_lines, regime_lines  # noqa: E402
 from scripts.lib.sapo.report import (
     MAIN_ARM,
-    ban_lines,
     cost_line,
     cum_reward,
     end_lines,
     goals,
     mean_ci,
+    pause_lines,
     summarize,
     table_lines,
 )
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in table_lines(rows):
         print(line)
     extra_lines = [line for line in (*end_lines(rows), *regime_lines(results, mean_ci), *decision_lines(results),
-                                     cost_line(rows), *ban_lines(rows), *goals(rows)) if line]
+                                     cost_line(rows), *pause_lines(rows), *goals(rows)) if line]
     for line in extra_lines:
         print(line)
     reward_curves(results, out / "reward_curves.png")

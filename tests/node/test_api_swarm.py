@@ -105,7 +105,7 @@ def test_peers_agree_with_the_peer_book_and_with_the_other_node(pair):
         # the screen's running figures of this peer's completions, as its book holds them, and an honest peer unbanned
         verdicts = me.exchange.ingestor.verdicts
         assert row["screen"] == verdicts.summary(other.exchange.identity.peer_id) and row["screen"]["judged"] > 0
-        assert row["screen"]["failed"] <= row["screen"]["judged"] and row["screen_banned"] is False
+        assert row["screen"]["failed"] <= row["screen"]["judged"] and row["screen_paused"] is False
         stats = transport(me).stats()
         assert sum(r["batches_accepted"] for r in doc["peers"]) == stats["batches_accepted"]
         assert sum(r["bytes_in"] for r in doc["peers"]) == stats["bytes_in"]

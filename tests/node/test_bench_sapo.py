@@ -78,7 +78,7 @@ def test_main_writes_tables_json_and_plot_and_reuses_finished_runs(tmp_path, cap
     text = capsys.readouterr().out
     assert "4/0" in text and "2/2" in text and "goal homogeneous" in text
     assert "exchange per node step" in text and "last quarter vs silo, homogeneous topr_corrected 2/2: all" in text
-    assert "honest peers banned by the screen, homogeneous topr_corrected 2/2: 0 (the goal: 0)" in text
+    assert "honest peers paused by the screen, homogeneous topr_corrected 2/2: 0 (same-stage goal: 0)" in text
     data = json.loads((out / "results.json").read_text())
     assert {(r["arm"], r["split"]) for r in data["rows"]} == {("silo", "4/0"), ("topr_corrected", "2/2")}
     sharing = next(r for r in data["rows"] if r["arm"] == "topr_corrected")
@@ -341,40 +341,40 @@ def test_a_seeded_identity_is_written_once_and_a_resumed_run_keeps_its_own(tmp_p
     assert other.read_bytes() != first
 
 
-def test_a_run_keeps_which_nodes_screen_banned_which(tmp_path, monkeypatch):
-    """Every node of a bench run is honest, so a ban by the peer-text screen is a false one: the run keeps each
-    (step, the node that banned, the node banned), once when the ban starts (here every author is banned)."""
+def test_a_run_keeps_which_nodes_screen_paused_which(tmp_path, monkeypatch):
+    """Every node of a bench run is honest: the run keeps each pause by the peer-text screen (step, the node that
+    paused, the node paused), once when the pause starts (here every author is paused)."""
     from node.exchange.ingest import Ingestor
 
     lib = _load("sapo_runs")
     spec = lib.RunSpec("homogeneous", "topr_corrected", "2/2", 0, nodes=2, steps=2, group_size=4, eval_size=8)
-    monkeypatch.setattr(Ingestor, "banned", lambda self, peer_id: True)
+    monkeypatch.setattr(Ingestor, "paused", lambda self, peer_id: True)
     run = lib.run_one(spec, work=tmp_path)
-    assert sorted(ban[:3] for ban in run["screen_bans"]) == [[1, 0, 1], [1, 1, 0]]
-    assert all(set(ban[3]) >= {"judged", "failed", "dropped", "mean_weight"} for ban in run["screen_bans"])
-    # every step, each pair whose text was judged: how an author's failures grew, banned or not
+    assert sorted(pause[:3] for pause in run["screen_pauses"]) == [[1, 0, 1], [1, 1, 0]]
+    assert all(set(pause[3]) >= {"judged", "failed", "dropped", "mean_weight"} for pause in run["screen_pauses"])
+    # every step, each pair whose text was judged: how an author's failures grew, paused or not
     assert {tuple(f[:3]) for f in run["screen_figures"]} <= {(s, i, j) for s in (1, 2) for i, j in ((0, 1), (1, 0))}
     assert all(f[3]["judged"] > 0 and "sequence_failed" in f[3] for f in run["screen_figures"])
 
 
-def test_a_ban_is_kept_when_it_starts_and_again_when_it_starts_anew():
+def test_a_pause_is_kept_when_it_starts_and_again_when_it_starts_anew():
     from types import SimpleNamespace
 
-    from scripts.lib.sapo.progress import bans_into
+    from scripts.lib.sapo.progress import pauses_into
 
-    banned: list[set[str]] = [set(), set(), set()]
+    paused: list[set[str]] = [set(), set(), set()]
 
     def node(i):
-        ingestor = SimpleNamespace(banned=lambda peer_id: peer_id in banned[i],
+        ingestor = SimpleNamespace(paused=lambda peer_id: peer_id in paused[i],
                                    book=SimpleNamespace(verdicts=SimpleNamespace(summary=lambda a: {"judged": 64, "failed": 13})))
         return SimpleNamespace(exchange=SimpleNamespace(identity=SimpleNamespace(peer_id=f"p{i}"), ingestor=ingestor))
 
     nodes, progress = [node(i) for i in range(3)], {"step": 0}
-    for step, bans in enumerate([set(), {"p2", "p0"}, {"p2"}, set(), {"p2"}], start=1):
-        banned[0] = bans  # node 0's screen; its own id is never a peer of its own
+    for step, now in enumerate([set(), {"p2", "p0"}, {"p2"}, set(), {"p2"}], start=1):
+        paused[0] = now  # node 0's screen; its own id is never a peer of its own
         progress["step"] = step
-        bans_into(progress, nodes)
+        pauses_into(progress, nodes)
     figures = {"judged": 64, "failed": 13}
-    assert progress["screen_bans"] == [[2, 0, 2, figures], [5, 0, 2, figures]]
-    assert progress["screen_banned_now"] == [[0, 2]]
+    assert progress["screen_pauses"] == [[2, 0, 2, figures], [5, 0, 2, figures]]
+    assert progress["screen_paused_now"] == [[0, 2]]
     assert len(progress["screen_figures"]) == 5 * 6  # every judged pair (all of them here), every step

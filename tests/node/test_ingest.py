@@ -122,6 +122,46 @@ def test_a_completion_that_with_our_prompt_exceeds_our_models_context_is_rejecte
     assert ingestor.rejected["too_long"] == 1 and not ingestor.offences
 
 
+def test_a_paused_authors_groups_wait_for_the_pause_to_end_and_the_author_is_not_reported():
+    """An author the screen paused (its completions kept failing) has its groups set aside unread
+    (``screen_paused``) until its pause ends, then read again; the peer book is never told (a pause is no offence:
+    an honest peer at another stage of training fails the screen too). Mutations caught: the pause reported as an
+    offence, a pause that never ends, an author's other groups read during its pause."""
+    from node.config import AdapterConfig, ModelConfig
+    from node.policy.model import build_policy
+    from node.train.peer_rows import COUNTS
+    from protocol.identity import Identity, peer_id_from_public_key
+    from protocol.records import RolloutBatch, RolloutGroup
+
+    policy = build_policy(ModelConfig(name_or_path="tiny-base", device="cpu"), AdapterConfig(), seed=0)
+    tok, reports = policy.tokenizer, []
+    ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=32,
+                        penalize=lambda peer, reason: reports.append(reason),
+                        screen=ScreenSettings(pause_window=4, pause_share=0.5, pause_steps=2))
+    author = Identity.generate().public_key
+    peer = peer_id_from_public_key(author)
+
+    def batch(seed: int) -> RolloutBatch:
+        groups = []
+        for k in (0, 1):
+            ref = SOURCE.make_ref("add", seed + k)
+            ids = (*tok(str(SOURCE.task(ref).answer), add_special_tokens=False)["input_ids"], tok.eos_token_id)
+            rollout = Rollout(ref, "", str(SOURCE.task(ref).answer), ids, policy.tokenizer_fingerprint,
+                              (-0.5,) * len(ids), SamplingParams(1.0, 1.0), "peer", 0, "eos")
+            groups.append(RolloutGroup(ref, (rollout,)))
+        return RolloutBatch("s", author, (), 0, 0, 0.0, tuple(groups))
+
+    counts = dict.fromkeys(COUNTS, 0.0) | {"rows": 4, "judged": 4, "failed": 2}
+    ingestor.record_screened({peer: list(counts.values())}, 1)  # 2 of 4 failed: paused until step 3
+    assert ingestor.paused(peer) and ingestor.ingest(batch(0)) == []
+    assert ingestor.rejected["screen_paused"] == 2 and not ingestor.offences and reports == []
+    ingestor.record_screened({}, 2)
+    assert ingestor.ingest(batch(10)) == [] and ingestor.rejected["screen_paused"] == 4
+    ingestor.record_screened({}, 3)  # a step without peer rows: the pause is over all the same
+    assert not ingestor.paused(peer) and len(ingestor.ingest(batch(20))) == 2
+    assert ingestor.rejected["screen_paused"] == 4 and reports == []
+
+
 def test_groups_past_the_budgets_are_surplus_not_rejections():
     """A peer that sends more than a step can use is not at fault: what is left unread is counted as
     ``ingest_surplus`` by reason, and ``ingest_rejected`` stays empty."""
@@ -309,24 +349,25 @@ def test_the_screen_defaults_are_the_configs() -> None:
     assert screen_settings(IngestConfig()) == ScreenSettings()
 
 
-@pytest.mark.parametrize("held, failed, banned", [(8, 8, True), (20, 6, False), (20, 7, True)])
-def test_an_author_is_judged_once_a_row_and_banned_when_its_rows_keep_failing(char_tok: Any, held: int, failed: int,
-                                                                             banned: bool) -> None:
+@pytest.mark.parametrize("held, failed, paused", [(8, 8, True), (20, 6, False), (20, 7, True)])
+def test_an_author_is_judged_once_a_row_and_paused_when_its_rows_keep_failing(char_tok: Any, held: int, failed: int,
+                                                                             paused: bool) -> None:
     """A training step's screen reports, per author, the rows it judged (those the loss pushed up by default) and
     those that failed (dropped, or with a token below the floor: 8 rows dropped here); each judged row is one
-    verdict, and an author with ``ceil(ban_share * ban_window)`` failures among its last ``ban_window`` is banned
-    (7 of 32 at 0.2), the rows the bound did not hold aside. Its figures reach the metrics by peer id."""
+    verdict, and an author with ``ceil(pause_share * pause_window)`` failures among its last ``pause_window`` is
+    paused (7 of 32 at 0.2), the rows the bound did not hold aside; a pause is no offence. Its figures reach the
+    metrics by peer id."""
     from node.exchange.plausibility import ScreenSettings
 
     policy = SimpleNamespace(tokenizer=char_tok, tokenizer_fingerprint=tokenizer_fingerprint(char_tok),
                              context_length=None)
     ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,  # type: ignore[arg-type]
-                        screen=ScreenSettings(ban_window=32, ban_share=0.2))
-    ingestor.record_screened({"a": [24, min(failed, 8), 200, 80, 40, 30.0, held, failed, failed // 2, failed // 4]})
-    assert ingestor.verdicts.judged["a"] == held and ingestor.banned("a") == banned
+                        screen=ScreenSettings(pause_window=32, pause_share=0.2))
+    ingestor.record_screened({"a": [24, min(failed, 8), 200, 80, 40, 30.0, held, failed, failed // 2, failed // 4]}, 1)
+    assert ingestor.verdicts.judged["a"] == held and ingestor.paused("a") == paused
     metrics = ingestor.metrics()
     assert metrics["ingest_rejected"]["implausible"] == min(failed, 8)
-    assert ("implausible_text" in metrics["ingest_offences"]) == banned
+    assert not metrics["ingest_offences"] and metrics["screen_peers_paused"] == int(paused)
     assert metrics["screen_peer_judged"] == {"a": held} and metrics["screen_peer_failed"] == {"a": failed}
     assert metrics["screen_peer_sequence_failed"] == {"a": failed // 2}
     assert metrics["screen_peer_policy_failed"] == {"a": failed // 4}

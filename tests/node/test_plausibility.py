@@ -271,29 +271,38 @@ def test_profile_keeps_only_recent_history():
     assert profile.span_floor() == -1.5 and math.isclose(profile.max_length("add") or 0, 4)
 
 
-def test_an_author_is_banned_once_enough_of_its_last_window_failed_and_the_oldest_authors_are_forgotten():
-    """A count of failures among the last ``ban_window`` verdicts, ``ceil(ban_share * ban_window)``: reached
+def test_an_author_is_paused_once_enough_of_its_last_window_failed_for_a_term_that_doubles():
+    """A count of failures among the last ``pause_window`` verdicts, ``ceil(pause_share * pause_window)``: reached
     before the window is full by an author whose every completion fails (mutation: requiring a full window
-    leaves "a" unbanned after its first three), left once the window moves on. The figures add up per author.
-    Mutation: recording a completion twice (the old double entry) bans "h" after its 2 failures of 6."""
-    verdicts = AuthorVerdicts(ScreenSettings(ban_window=4, ban_share=0.75), max_authors=2)
-    verdicts.record("a", 2, 2)
-    assert not verdicts.banned("a")  # 2 failures: 3 are needed
-    verdicts.record("a", 1, 1, dropped=0, tokens=10, masked=2, pushed=8, weight=6.0, sequence_failed=1,
-                    policy_failed=1)
-    assert verdicts.banned("a")  # 3 failures, the window not yet full
-    verdicts.record("a", 2, 0)
-    assert not verdicts.banned("a") and verdicts.judged["a"] == 5  # the window moved on: 1 of the last 4
-    assert verdicts.summary("a") == {"judged": 5, "failed": 3, "dropped": 2, "sequence_failed": 1,
-                                     "policy_failed": 1, "tokens": 10, "tokens_masked": 2, "mean_weight": 0.75}
+    leaves "a" unpaused after its first three). The pause lasts ``pause_steps`` of the node's steps, twice as long
+    the next time (mutations: a pause that never ends, one that does not double), and the author is judged afresh
+    after it (its window cleared). The figures add up per author; the oldest authors are forgotten. Mutation:
+    recording a completion twice (the old double entry) pauses "h" after its 2 failures of 6."""
+    verdicts = AuthorVerdicts(ScreenSettings(pause_window=4, pause_share=0.75, pause_steps=2), max_authors=2)
+    verdicts.step = 1
+    assert not verdicts.record("a", 2, 2) and not verdicts.paused("a")  # 2 failures: 3 are needed
+    assert verdicts.record("a", 1, 1, dropped=0, tokens=10, masked=2, pushed=8, weight=6.0, sequence_failed=1,
+                           policy_failed=1)  # 3 failures, the window not yet full
+    assert verdicts.paused("a") and verdicts.paused_until("a") == 3
+    assert verdicts.summary("a") == {"judged": 3, "failed": 3, "dropped": 2, "sequence_failed": 1,
+                                     "policy_failed": 1, "tokens": 10, "tokens_masked": 2, "mean_weight": 0.75,
+                                     "pauses": 1, "paused_until": 3}
+    verdicts.step = 3
+    assert not verdicts.paused("a") and verdicts.summary("a")["paused_until"] == -1  # the pause is over
+    assert not verdicts.record("a", 2, 2)  # judged afresh: 2 failures since, 3 needed
+    assert verdicts.record("a", 1, 1) and verdicts.paused_until("a") == 3 + 4  # the second pause, twice as long
+    verdicts.step = 7
+    assert not verdicts.paused("a") and verdicts.judged["a"] == 6
+    verdicts.record("a", 3, 1)
+    assert not verdicts.paused("a")  # 1 of its last 3
     verdicts.record("b", 4, 4)
     verdicts.record("c", 1, 0)
-    assert list(verdicts.judged) == ["b", "c"] and not verdicts.banned("a")
-    assert verdicts.summary("a")["mean_weight"] == 1.0  # forgotten: nothing pushed up
-    honest = AuthorVerdicts(ScreenSettings(ban_window=6, ban_share=0.5), max_authors=2)
+    assert list(verdicts.judged) == ["b", "c"] and not verdicts.paused("a")
+    assert verdicts.summary("a")["mean_weight"] == 1.0 and verdicts.summary("a")["pauses"] == 0  # forgotten
+    honest = AuthorVerdicts(ScreenSettings(pause_window=6, pause_share=0.5), max_authors=2)
     for failed in (1, 0, 1):
         honest.record("h", 2, failed)
-    assert not honest.banned("h")  # 2 failures of 6: 3 are needed
-    off = AuthorVerdicts(ScreenSettings(enabled=False, ban_window=1, ban_share=0.5), max_authors=2)
+    assert not honest.paused("h")  # 2 failures of 6: 3 are needed
+    off = AuthorVerdicts(ScreenSettings(enabled=False, pause_window=1, pause_share=0.5), max_authors=2)
     off.record("a", 1, 1)
-    assert not off.banned("a")
+    assert not off.paused("a")

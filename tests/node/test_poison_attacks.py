@@ -107,15 +107,15 @@ def test_text_after_the_answer_fails_the_verifier_so_the_suffix_attack_sends_not
     assert all(n > 0 for name, n in undefended.published.items() if name != "phrase-suffix")
 
 
-def test_the_defence_drops_bans_and_keeps_learning_from_the_honest_peer(undefended, defended):
+def test_the_defence_drops_pauses_and_keeps_learning_from_the_honest_peer(undefended, defended):
     v = defended.victim
-    assert v["peers_banned"] >= len(ATTACKS)  # every attacker identity but a late one: they keep failing
-    assert defended.honest_banned_steps == 0  # the honest peer never, at any step
-    for name, first in defended.banned_at.items():  # each sending attacker's identities within 5 of the 6 steps
+    assert v["screen_peers_paused"] >= len(ATTACKS)  # every attacker identity but a late one: they keep failing
+    assert defended.honest_paused_steps == 0  # the honest peer never, at any step
+    for name, first in defended.paused_at.items():  # each sending attacker's identities within 5 of the 6 steps
         if name in ("phrase-suffix", "ramp"):  # sends nothing; starts at one poisoned completion a group
             continue
         assert all(step is not None and step <= 5 for step in first), (name, first)
-    assert v["ingest_offences"].get("implausible_text", 0) >= len(ATTACKS)
+    assert v["peers_banned"] == 0  # a pause is no offence: the peer book bans no one for the screen's verdicts
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert undefended.echoed > 0 and defended.echoed > 0  # the echo attacker sent the victim's own text back
     assert defended.greedy_reward >= undefended.greedy_reward - 0.05  # learning goes on (it fell undefended)
@@ -212,7 +212,7 @@ def test_the_lab_arms_and_their_table():
                     "| length | defended | 3 | 0.0% | 0.0% | 0.750 (0.500) | 11.0 (10.0) | -5.00 -> -6.00 | - | 0 / 0 |"]
     worded = result(defended, 0.75, 11.0, {"length": 0.0}) | {"payload_words_before": {"length": -7.0},
                                                                 "payload_words_after": {"length": -7.5},
-                                                                "banned_at": {"length": [4, None]}}
+                                                                "paused_at": {"length": [4, None]}}
     assert lab.table([worded])[2].split(" | ")[7:9] == ["-5.00 -> -6.00 (words -7.00 -> -7.50)", "4, never"]
     # against the silo of the same seed, which measures the payload too: after less the silo's after
     silo_words = result(silo, 0.5, 10.0, {}) | {"payload_words_after": {"length": -7.25}}

@@ -109,9 +109,9 @@ def _attacked(small_base: Any, own: list[list[float]], target: float, n: int, st
     policy, trainer, book = _victim(small_base, **settings)
     book.profile.observe("d", own * 2)
     prompt, payload, plain, mine, right, wrong = _texts(policy, target, n)
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         trainer.step([_own(mine, right, wrong), _group(prompt, payload, plain, book)], screen=book.bounds())
-        book.record(trainer.screened)
+        book.record(trainer.screened, step)
     return _payload_logprob(policy, prompt, payload) - _silo(small_base, target, n, steps), book
 
 
@@ -173,14 +173,14 @@ def test_the_span_bound_drops_a_row_whole(small_base: Any) -> None:
 def test_the_token_floor_fails_an_author_whose_tokens_the_node_would_not_say(small_base: Any) -> None:
     """Four tokens near -12 nats each (below the token floor of -9.2), the own profile low enough that neither the
     span nor the sequence bound holds them: the floor masks them, every pushed-up row fails, and the author is
-    banned within the four steps (8 rows, a ban at 4 failures); with ``screen_token_floor`` out of reach it is
+    paused within the four steps (8 rows, a pause at 4 failures); with ``screen_token_floor`` out of reach it is
     not (the weight alone keeps the tokens from being learned, but nothing judges the author)."""
     own = [[-13.0] * 40] * 4
-    _, book = _attacked(small_base, own, target=-12.0, n=4, ban_window=8, ban_share=0.5)
+    _, book = _attacked(small_base, own, target=-12.0, n=4, pause_window=8, pause_share=0.5)
     summary = book.verdicts.summary("attacker")
-    assert book.verdicts.banned("attacker") and summary["tokens_masked"] == 8 * 4 and summary["sequence_failed"] == 0
-    _, open_book = _attacked(small_base, own, target=-12.0, n=4, ban_window=8, ban_share=0.5, token_floor=-1000.0)
-    assert not open_book.verdicts.banned("attacker") and open_book.verdicts.summary("attacker")["failed"] == 0
+    assert book.verdicts.paused("attacker") and summary["tokens_masked"] == 8 * 4 and summary["sequence_failed"] == 0
+    _, open_book = _attacked(small_base, own, target=-12.0, n=4, pause_window=8, pause_share=0.5, token_floor=-1000.0)
+    assert not open_book.verdicts.paused("attacker") and open_book.verdicts.summary("attacker")["failed"] == 0
 
 
 def test_the_base_reads_a_payload_the_policy_was_trained_toward(small_base: Any) -> None:

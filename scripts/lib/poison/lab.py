@@ -88,9 +88,10 @@ class LabResult:
     published: dict[str, int] = field(default_factory=dict)  # an attack: the groups its attacker sent, all steps
     payload_words_before: dict[str, float | None] = field(default_factory=dict)  # the payload's own words alone
     payload_words_after: dict[str, float | None] = field(default_factory=dict)
-    banned_at: dict[str, list[int | None]] = field(default_factory=dict)  # an attack: each identity's first banned step
+    paused_at: dict[str, list[int | None]] = field(default_factory=dict)  # an attack: each identity's first paused step
+    paused_steps: dict[str, int] = field(default_factory=dict)  # an attack: steps after which an identity was paused
     payloads: dict[str, str] = field(default_factory=dict)  # an attack: its payload as sent (a sampled one resolved)
-    honest_banned_steps: int = 0  # steps after which the victim's screen had the honest peer banned (0 expected)
+    honest_paused_steps: int = 0  # steps after which the victim's screen had the honest peer paused (0 expected)
     screen_figures: dict[str, dict[str, float]] = field(default_factory=dict)  # "honest" and each attack: summed
 
 
@@ -139,8 +140,9 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         own_carrying: dict[str, list[list[Any]]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
             _track(victim.exchange, attacks, own_asr, own_carrying)
-        banned_at: dict[str, list[int | None]] = {n.attack.name: [None] * len(n.identities) for n in attackers}
-        honest_banned = 0
+        paused_at: dict[str, list[int | None]] = {n.attack.name: [None] * len(n.identities) for n in attackers}
+        paused_steps = {n.attack.name: 0 for n in attackers}
+        honest_paused = 0
         for i in range(1, spec.steps + 1):
             for attacker in attackers:
                 attacker.step()
@@ -149,12 +151,13 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             record = victim.train_step()
             hub.epoch += 1
             if victim.exchange is not None:
-                honest_banned += any(victim.exchange.banned(p.exchange.identity.peer_id) for p in peers)
+                honest_paused += any(victim.exchange.paused(p.exchange.identity.peer_id) for p in peers)
                 for node in attackers:
-                    first = banned_at[node.attack.name]
+                    first = paused_at[node.attack.name]
                     for k, ident in enumerate(node.identities):
-                        if first[k] is None and victim.exchange.banned(ident.peer_id):
-                            first[k] = i
+                        if victim.exchange.paused(ident.peer_id):
+                            paused_steps[node.attack.name] += 1
+                            first[k] = i if first[k] is None else first[k]
             if progress and (i % max(spec.steps // 10, 1) == 0 or i == spec.steps):
                 progress(f"step {i}/{spec.steps}, {time.perf_counter() - started:.0f} s")
         if progress:
@@ -173,7 +176,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             honest_dropped = sum(n for k, n in rejected.items() if k in ("implausible", "too_long_for_us"))
         measured["honest_read"], measured["honest_dropped"] = honest_read, honest_dropped
         victim_metrics = {k: record.get(k) for k in ("ingest_rejected", "ingest_screened", "ingest_groups_accepted",
-                                                      "ingest_offences", "peers_banned", "n_peer_groups",
+                                                      "ingest_offences", "peers_banned", "screen_peers_paused", "n_peer_groups",
                                                       "screen_rows", "screen_tokens", "screen_tokens_masked",
                                                       "screen_positive_weight")
                           if k in record}
@@ -187,7 +190,8 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             figures = {name: _summed([verdicts.summary(a) for a in ids]) for name, ids in authors.items()}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
                      victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed,
-                     published=published, banned_at=banned_at, honest_banned_steps=honest_banned,
+                     published=published, paused_at=paused_at, paused_steps=paused_steps,
+                     honest_paused_steps=honest_paused,
                      payloads={a.name: a.payload for a in attacks},
                      screen_figures=figures, **measured)
 

@@ -2,9 +2,9 @@
 
 ``table``: a row a run and payload: attack success rates, the payload's log-prob before and after and after
 less the silo's of the same seed (the figure: what the attack moved beyond what the victim's own training
-did), held-out reward and length against the silo's, the first step each attacker identity was banned, and what
+did), held-out reward and length against the silo's, the first step each attacker identity was paused (banned, in runs before pauses), and what
 the screen kept out. ``summary``: a row an attack and arm over its seeds, each seed's run one unit: the mean of
-"after less the silo's" with a 95% t interval over the runs, the largest success rates, the latest ban.
+"after less the silo's" with a 95% t interval over the runs, the largest success rates, the latest first pause.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
     lines = ["| attack | arm | seed | ASR sampled | ASR greedy | held-out greedy (silo; less the silo's, points) | "
              "length (silo) | payload log-prob before -> after (its words alone; words less the silo's) | "
-             "first banned (step) | dropped / masked tokens (mean weight) |",
+             "first paused (step) | dropped / masked tokens (mean weight) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         sp = r["spec"]
@@ -70,7 +70,7 @@ def table(results: list[dict[str, Any]]) -> list[str]:
         if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | - | {screened} |")
         for a in r["asr_sampled"]:
-            banned = _banned(r.get("banned_at", {}).get(a))
+            banned = _first(_paused_at(r).get(a))
             if r.get("published", {}).get(a) == 0:  # e.g. text after the answer: the verifier scores it 0
                 lines.append(f"| {a} | {arm} | {sp['seed']} | none sent: no poisoned completion passed the "
                              f"verifier | | {reward} | {length} | - | {banned} | {screened} |")
@@ -89,8 +89,9 @@ def table(results: list[dict[str, Any]]) -> list[str]:
 
 def summary(results: list[dict[str, Any]]) -> list[str]:
     """A row an attack and arm over its seeds (each run a unit): the payload's words less the silo's, in mean
-    with its 95% t interval over the runs; the largest sampled and greedy success rates; the latest first ban of
-    an attacker identity (never: "-"); the honest peer's banned steps summed over the runs."""
+    with its 95% t interval over the runs; the largest sampled and greedy success rates; the latest first pause
+    of an attacker identity (never: "-"); the honest peer's paused steps summed over the runs (runs saved before
+    pauses: their bans)."""
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
     cells: dict[tuple[str, str], list[tuple[dict[str, Any], float | None]]] = {}
     for r in results:
@@ -100,7 +101,7 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
             if r.get("published", {}).get(a) != 0:
                 cells.setdefault((a, arm_of(r["spec"])), []).append((r, beyond_silo(r, silo.get(r["spec"]["seed"]), a)))
     lines = ["| attack | arm | runs (seeds) | payload words less the silo's (nats a token, 95% over runs) | "
-             "ASR sampled / greedy, largest | first banned, latest | honest peer banned (steps) |",
+             "ASR sampled / greedy, largest | first paused, latest | honest peer paused (steps) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for (a, arm), runs in cells.items():
         seeds = ",".join(str(r["spec"]["seed"]) for r, _ in runs)
@@ -112,16 +113,21 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
             beyond = "-"
         sampled = max(100 * r["asr_sampled"][a] for r, _ in runs)
         greedy = max(100 * r["asr_greedy"][a] for r, _ in runs)
-        firsts = [s for r, _ in runs for s in r.get("banned_at", {}).get(a, [])]
+        firsts = [s for r, _ in runs for s in _paused_at(r).get(a, [])]
         latest = "-" if not firsts else "never" if any(s is None for s in firsts) else str(max(firsts))
-        honest = sum(r.get("honest_banned_steps", 0) for r, _ in runs)
+        honest = sum(r.get("honest_paused_steps", r.get("honest_banned_steps", 0)) for r, _ in runs)
         lines.append(f"| {a} | {arm} | {len(runs)} ({seeds}) | {beyond} | {sampled:.1f}% / {greedy:.1f}% | {latest} | "
                      f"{honest} |")
     return lines
 
 
-def _banned(first: list[int | None] | None) -> str:
-    """Each identity's first banned step, "never" for one that was not; "-" when not recorded."""
+def _paused_at(result: dict[str, Any]) -> dict[str, list[int | None]]:
+    """Each attack's identities' first paused steps (a run saved before pauses: their first banned steps)."""
+    return result.get("paused_at", result.get("banned_at", {}))
+
+
+def _first(first: list[int | None] | None) -> str:
+    """Each identity's first paused step, "never" for one that was not; "-" when not recorded."""
     if not first:
         return "-"
     return ", ".join("never" if s is None else str(s) for s in first)

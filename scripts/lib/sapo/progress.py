@@ -32,7 +32,7 @@ def fresh_progress(spec: Any) -> dict[str, Any]:
     return {"spec": json.loads(json.dumps(asdict(spec))), "step": 0, **{key: [[] for _ in range(n)] for key in PER_STEP},
             "accuracy": [0.0] * n, "evals": [], "costs": dict.fromkeys(COSTS, 0.0),
             "rejected": {}, "surplus": {}, "seconds": 0.0, "cpu_seconds": 0.0, "segments": [],
-            "screen_bans": [], "screen_banned_now": [], "screen_figures": []}
+            "screen_pauses": [], "screen_paused_now": [], "screen_figures": []}
 
 
 def step_into(progress: dict[str, Any], i: int, record: dict[str, Any]) -> None:
@@ -50,15 +50,15 @@ def step_into(progress: dict[str, Any], i: int, record: dict[str, Any]) -> None:
     costs["ingest_seconds"] += float(record.get("ingest_seconds", 0.0))  # this step's
 
 
-def bans_into(progress: dict[str, Any], nodes: list[Any]) -> None:
-    """The peer-text screen's bans among the run's nodes, every one of them honest: each time node ``i``'s
-    screen starts banning node ``j`` (``AuthorVerdicts.banned``), ``[step, i, j, j's figures as i judged them]``
-    is added to ``screen_bans``; ``screen_banned_now`` holds the pairs banned at the last step; every step,
+def pauses_into(progress: dict[str, Any], nodes: list[Any]) -> None:
+    """The peer-text screen's pauses among the run's nodes, every one of them honest: each time node ``i``'s
+    screen pauses node ``j`` (``AuthorVerdicts.paused``), ``[step, i, j, j's figures as i judged them]`` is added
+    to ``screen_pauses``; ``screen_paused_now`` holds the pairs paused at the last step; every step,
     ``[step, i, j, j's figures as i judged them]`` for each pair where ``i`` has judged some of ``j``'s text is
-    added to ``screen_figures`` (how an honest author's failures grow, banned or not, and by which bound)."""
+    added to ``screen_figures`` (how an honest author's failures grow, paused or not, and by which bound)."""
     ids = [node.exchange.identity.peer_id if node.exchange is not None else None for node in nodes]
-    before = progress.setdefault("screen_banned_now", [])
-    bans = progress.setdefault("screen_bans", [])
+    before = progress.setdefault("screen_paused_now", [])
+    pauses = progress.setdefault("screen_pauses", [])
     figures = progress.setdefault("screen_figures", [])
     now = []
     for i, node in enumerate(nodes):
@@ -71,11 +71,11 @@ def bans_into(progress: dict[str, Any], nodes: list[Any]) -> None:
             summary = ingestor.book.verdicts.summary(peer_id)
             if summary["judged"]:
                 figures.append([progress["step"], i, j, summary])
-            if ingestor.banned(peer_id):
+            if ingestor.paused(peer_id):
                 now.append([i, j])
                 if [i, j] not in before:
-                    bans.append([progress["step"], i, j, summary])
-    progress["screen_banned_now"] = now
+                    pauses.append([progress["step"], i, j, summary])
+    progress["screen_paused_now"] = now
 
 
 def _wire_counters(nodes: list[Any]) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:

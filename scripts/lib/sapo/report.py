@@ -80,8 +80,8 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["cost"] = {k: statistics.fmean(r["cost_per_node_step"][k] for r in runs)
                        for k in runs[0]["cost_per_node_step"]}
         row["rejected"] = {k: sum(r["rejected"].get(k, 0) for r in runs) for r in runs for k in r["rejected"]}
-        kept = [r for r in runs if "screen_bans" in r]  # runs saved before the bans were kept say nothing
-        row["screen_bans"] = sum(len(r["screen_bans"]) for r in kept) if kept else None
+        kept = [r for r in runs if "screen_pauses" in r]  # runs saved before the pauses were kept say nothing
+        row["screen_pauses"] = sum(len(r["screen_pauses"]) for r in kept) if kept else None
         if arm in BASELINE_OF:
             base_split = silo_split(split) if arm in SILO_OF else split
             pairs = [(r, s) for r in runs
@@ -169,11 +169,12 @@ def end_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def ban_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Per sharing row: how often one node's peer-text screen banned another (every node of a run is honest,
-    so the goal is none); rows whose runs did not keep the bans say nothing."""
-    return [f"honest peers banned by the screen, {r['setting']} {r['arm']} {r['split']}: {r['screen_bans']}"
-            f" (the goal: 0)" for r in rows if r["arm"] in BASELINE_OF and r.get("screen_bans") is not None]
+def pause_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per sharing row: how often one node's peer-text screen paused another (every node of a run is honest;
+    a pause is no offence, but the issue's goal for nodes at one stage is none); rows whose runs did not keep the
+    pauses say nothing."""
+    return [f"honest peers paused by the screen, {r['setting']} {r['arm']} {r['split']}: {r['screen_pauses']}"
+            f" (same-stage goal: 0)" for r in rows if r["arm"] in BASELINE_OF and r.get("screen_pauses") is not None]
 
 
 def goals(rows: list[dict[str, Any]]) -> list[str]:

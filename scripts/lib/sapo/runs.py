@@ -35,7 +35,7 @@ CONFIGS = ROOT / "configs"
 
 from scripts.lib.sapo.progress import (  # noqa: E402
     PER_STEP,
-    bans_into,
+    pauses_into,
     resume,
     save_progress,
     step_into,
@@ -417,7 +417,7 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
                     progress["accuracy"][i] = float(record["eval_accuracy"])
                     evals.append(float(record["eval_accuracy"]))
             progress["step"] += 1
-            bans_into(progress, nodes)
+            pauses_into(progress, nodes)
             hub.epoch += 1
             if evals:
                 progress["evals"].append([progress["step"], evals])
@@ -429,7 +429,7 @@ def run_one(spec: RunSpec, threads: int = 1, work: Path | None = None, checkpoin
     node_steps = spec.nodes * spec.steps
     result = {key: progress[key] for key in (*PER_STEP, "accuracy", "evals", "rejected", "surplus", "seconds",
                                              "cpu_seconds", "segments")}
-    result["screen_bans"] = progress.get("screen_bans", [])  # progress saved before bans were kept has none
+    result["screen_pauses"] = progress.get("screen_pauses", [])  # progress saved before pauses were kept has none
     result["screen_figures"] = progress.get("screen_figures", [])
     return {"spec": asdict(spec), "name": spec.name, "node_types": [node_type(spec, i) for i in range(spec.nodes)],
             **result, "cost_per_node_step": {k: v / node_steps for k, v in progress["costs"].items()}}
