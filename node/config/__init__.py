@@ -12,7 +12,8 @@ One module a group of sections (a new key goes beside its section):
 - ``operating``   ``tracking`` (with ``tracking.wandb``), ``api``
 - ``root``        ``NodeConfig``: every section (``swarm`` is ``swarm.settings.SwarmSettings``) and the rules
   across sections
-- ``loading``     ``load_config`` (``load_config_data`` then ``validate_config``), ``apply_overrides``, the
+- ``loading``     ``load_config`` (``load_config_data`` then ``validate_config``), ``load_recorded_config`` (a run
+  dir's config.yaml, keys renamed since read under their new names), ``apply_overrides``, the
   error message; ``resolve_api`` and ``with_initial_peers`` (what the environment and the command line add)
 
 Also ``host`` (a swarm host's settings) and ``join`` (a member's settings from its swarm's signed descriptor).
@@ -24,6 +25,7 @@ from node.config.loading import (
     apply_overrides,
     load_config,
     load_config_data,
+    load_recorded_config,
     resolve_api,
     resolve_initial_peers,
     validate_config,
@@ -59,6 +61,7 @@ __all__ = [
     "apply_overrides",
     "load_config",
     "load_config_data",
+    "load_recorded_config",
     "resolve_api",
     "resolve_initial_peers",
     "validate_config",

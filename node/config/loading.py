@@ -104,6 +104,27 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
     return validate_config(load_config_data(path, overrides))
 
 
+def load_recorded_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> NodeConfig:
+    """``load_config`` for a config a node recorded in its run dir (``config.yaml``), which an older version
+    may have written: a key renamed since is read under its new name (a user's own config is told "renamed to"
+    instead, so that it gets mended)."""
+    data = load_config_data(path, overrides)
+    for old, new in _RENAMED.items():
+        *parents, key = old.split(".")
+        section = data
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or key not in section:
+            continue
+        value = section.pop(key)
+        *new_parents, new_key = new.split(".")
+        target = data
+        for part in new_parents:
+            target = target.setdefault(part, {})
+        target.setdefault(new_key, value)
+    return validate_config(data)
+
+
 def resolve_initial_peers(cfg: NodeConfig, cli_peers: list[str] | None) -> list[str]:
     """CLI flag, then ``SWARM_INITIAL_PEERS``, then the config, first non-empty wins."""
     if cli_peers:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.config import NodeConfig, load_config
+from node.config import NodeConfig, load_recorded_config
 from node.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def open_run(run_dir: str | Path, step: int | None = None) -> RunStep:
         raise ConfigError(f"--step {step}: {folder} has no checkpoint of that step; it has {kept} (the last "
                           "train.keep_checkpoints and the train.keep_every milestones are kept)")
     try:  # the token was redacted when the config was recorded: it is not needed here
-        cfg = load_config(folder / "config.yaml", ["api.token=null"])
+        cfg = load_recorded_config(folder / "config.yaml", ["api.token=null"])
     except ConfigError as exc:
         raise ConfigError(f"--run-dir {str(folder)!r}: its config.yaml does not load here ({exc})") from None
     return RunStep(folder, cfg, step, folder / "checkpoints" / f"{_PREFIX}{step:06d}")
@@ -103,7 +103,7 @@ def init_source(cfg: NodeConfig) -> RunStep | None:
         raise ConfigError(f"{_INIT}={raw!r} has no such checkpoint (it has {steps[-8:] or 'none yet'}); name a "
                           "run dir with a checkpoint, or one of its checkpoints/step_NNNNNN folders")
     try:
-        source = load_config(run_dir / "config.yaml", ["api.token=null"])
+        source = load_recorded_config(run_dir / "config.yaml", ["api.token=null"])
     except ConfigError as exc:
         raise ConfigError(f"{_INIT}={raw!r}: its config.yaml does not load here ({exc})") from None
     differs = _shape_differences(cfg, source)

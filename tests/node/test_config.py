@@ -201,3 +201,18 @@ def test_smollm2_configs_name_admitted_datasets_and_prompt_with_an_example(path)
     text = source.format_prompt(task, _tiny_tokenizer(CHAT_TEMPLATE))
     assert "<|assistant|>3 + 4 = 7.\n<answer>7</answer>" in text and "e.g. <answer>42</answer>" not in text
     assert text.endswith("Give your final answer inside <answer></answer> tags.\n<|assistant|>")
+
+
+def test_a_renamed_key_is_named_in_a_users_config_and_read_in_a_recorded_one(tmp_path):
+    """A user's config with a key renamed since is told the new name (exit 2 at the command line); a run dir's
+    recorded config.yaml, written by an older version, loads with the key under its new name, so its checkpoints
+    stay usable (``adapter.init_from``, ``swarm-node evaluate --run-dir``). Mutation caught: recorded configs
+    validated as a user's (a run dir of the last version could no longer start a run)."""
+    from node.config import load_recorded_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("ingest:\n  screen_ban_share: 0.3\n  screen_ban_window: 32\nswarm:\n  staleness_epochs: 3\n")
+    with pytest.raises(ConfigError, match="ingest.screen_ban_share: renamed to ingest.screen_pause_share"):
+        load_config(path)
+    cfg = load_recorded_config(path, ["api.token=null"])
+    assert (cfg.ingest.screen_pause_share, cfg.ingest.screen_pause_window, cfg.swarm.read_epochs) == (0.3, 32, 3)
