@@ -111,7 +111,7 @@ def load_recorded_config(path: str | os.PathLike[str], overrides: list[str] | No
     data = load_config_data(path, overrides)
     for old, new in _RENAMED.items():
         *parents, key = old.split(".")
-        section = data
+        section: Any = data
         for part in parents:
             section = section.get(part) if isinstance(section, dict) else None
         if not isinstance(section, dict) or key not in section:
