@@ -243,7 +243,7 @@ class IngestConfig(Section):
         "and failed three times as many honest completions (docs/results/poison.md)")
     screen_sequence_fail: float = Field(
         3.0, gt=0, description="a pushed-up peer completion whose log-prob is more than this many nats below the "
-        "sequence floor counts as failed toward its author's ban (its weight below exp(-3), 0.05)")
+        "sequence floor counts as failed toward its author's pause (its weight below exp(-3), 0.05)")
     screen_group_positive_cap: float | None = Field(
         None, gt=0, description="one peer group's advantages (both signs, so it stays balanced) scaled so that its "
         "positives sum to at most this times its completions (RLOO, 8 completions: 4 right sum to 2.3, so 0.25 "

@@ -70,10 +70,10 @@ def table(results: list[dict[str, Any]]) -> list[str]:
         if not r["asr_sampled"]:  # the shared arm: no attacker, no payload
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | - | {screened} |")
         for a in r["asr_sampled"]:
-            banned = _first(_paused_at(r).get(a))
+            paused = _first(_paused_at(r).get(a))
             if r.get("published", {}).get(a) == 0:  # e.g. text after the answer: the verifier scores it 0
                 lines.append(f"| {a} | {arm} | {sp['seed']} | none sent: no poisoned completion passed the "
-                             f"verifier | | {reward} | {length} | - | {banned} | {screened} |")
+                             f"verifier | | {reward} | {length} | - | {paused} | {screened} |")
                 continue
             before, after = r["payload_before"].get(a), r["payload_after"].get(a)
             lp = f"{before:.2f} -> {after:.2f}" if before is not None and after is not None else "-"
@@ -83,7 +83,7 @@ def table(results: list[dict[str, Any]]) -> list[str]:
                 beyond = beyond_silo(r, base, a)
                 lp += f"; {beyond:+.2f})" if beyond is not None else ")"
             lines.append(f"| {a} | {arm} | {sp['seed']} | {100 * r['asr_sampled'][a]:.1f}% | "
-                         f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | {banned} | {screened} |")
+                         f"{100 * r['asr_greedy'][a]:.1f}% | {reward} | {length} | {lp} | {paused} | {screened} |")
     return lines
 
 
