@@ -262,11 +262,13 @@ class IngestConfig(Section):
     screen_pause_window: int = Field(64, ge=1, description="an author's most recent judged completions the "
                                      "pause share is of (filled in about 8 steps by an author of two groups a step)")
     screen_pause_steps: int = Field(
-        8, ge=1, description="training steps a paused author's groups are not read, twice as many at each next pause "
-        "of it; then its completions are judged afresh. A pause is not an offence (the peer book does not ban for "
-        "it): an honest peer at another stage of training fails the bounds this node sets from its own answers about "
-        "as often as an attacker does (half of a weak node's completions at a strong one, "
-        "docs/results/sapo-smollm2-pair.md), so a pause must end. Short enough that a peer whose text has come close "
-        "to this node's is read again within tens of steps (8, 16, 32: back three times in 56 steps); an attacker "
-        "whose text keeps failing is paused again within a step or two of each return")
+        32, ge=1, description="training steps a paused author's groups are not read, twice as many at each next "
+        "pause of it; then its completions are judged afresh. A pause is not an offence (the peer book does not ban "
+        "for it): an honest peer at another stage of training fails the bounds this node sets from its own answers "
+        "about as often as an attacker does (half of a weak node's completions at a strong one), so a pause must end "
+        "(that weak node, read again after 8 steps, failed 18% at the node that had paused it: "
+        "docs/results/sapo-smollm2-pair.md). Each return lets an attacker's text in until 13 more of its completions "
+        "fail, held back but not all dropped: with 8, seed 1's sampled payload ended 1.05 nats a token above the "
+        "silo's (-0.74 never let back), with 32 -0.02, and three of the other four attackers' words rose with the "
+        "number of returns too (docs/results/poison.md, 'A pause instead of a ban')")
 

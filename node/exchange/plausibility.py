@@ -65,7 +65,7 @@ class ScreenSettings:
     min_own: int = 64
     pause_share: float = 0.2
     pause_window: int = 64
-    pause_steps: int = 8  # the first pause of an author; each next one twice the last
+    pause_steps: int = 32  # the first pause of an author; each next one twice the last
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
