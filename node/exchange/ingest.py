@@ -253,7 +253,8 @@ class Ingestor:
 
     def _ingest_group(self, rgroup: RolloutGroup, peer_id: str, epoch: int,
                       budget: _Budget) -> tuple[TrainGroup | None, str | None]:
-        """``(group or None, offence or None)``; budgets are charged for what is looked at, anchoring included.
+        """``(group or None, why the author's other groups are skipped or None: an offence, or "screen_paused")``;
+        budgets are charged for what is looked at, anchoring included.
 
         Our own anchors (a forward pass of the policy over every completion without usable behaviour
         log-probs) are computed here, group by group, so their time counts against the step's and the peer's

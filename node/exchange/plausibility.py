@@ -273,8 +273,7 @@ class AuthorVerdicts:
             last.clear()  # judged afresh once the pause ends
         for book in (self._last, self.figures):
             while len(book) > self.max_authors:
-                book.popitem(last=False)
-        self._until = {a: t for a, t in self._until.items() if a in self.figures and t > self.step}
+                self._until.pop(book.popitem(last=False)[0], None)  # a forgotten author's pause with it
         return pausing
 
     def paused(self, author: str) -> bool:

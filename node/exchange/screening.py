@@ -173,7 +173,7 @@ class ScreenBook:
                                  policy_failed=int(c["policy_failed"]))
             if paused:
                 logger.debug("peer %s paused until step %d: its completions keep failing the screen (%s)", peer_id[:12],
-                            self.verdicts.paused_until(peer_id) or step, self.verdicts.summary(peer_id))
+                            self.verdicts.paused_until(peer_id), self.verdicts.summary(peer_id))
             for i, key in enumerate(("rows", "tokens", "masked", "pushed")):
                 self.totals[i] += int(c[key])
             self.totals[4] += c["weight"]
