@@ -271,4 +271,10 @@ class IngestConfig(Section):
         "fail, held back but not all dropped: with 8, seed 1's sampled payload ended 1.05 nats a token above the "
         "silo's (-0.74 never let back), with 32 -0.02, and three of the other four attackers' words rose with the "
         "number of returns too (docs/results/poison.md, 'A pause instead of a ban')")
+    screen_probation: int = Field(
+        16, ge=0, description="an author back from a pause is on probation for its first this many completions "
+        "judged: screen_pause_share of them failing (4 of 16) pauses it again for the next, doubled term, where the "
+        "usual count is screen_pause_share of screen_pause_window (13 of 64), so each return lets about 4 of an "
+        "attacker's failing completions in rather than 13; an honest peer at this node's stage (about 1% failing) "
+        "reaches 4 of 16 with odds near 2e-5 (0: no probation)")
 

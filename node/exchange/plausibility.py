@@ -66,6 +66,7 @@ class ScreenSettings:
     pause_share: float = 0.2
     pause_window: int = 64
     pause_steps: int = 32  # the first pause of an author; each next one twice the last
+    probation: int = 16  # completions judged after a pause ends among which fewer failures pause again; 0: none
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
@@ -227,7 +228,9 @@ class AuthorVerdicts:
     there, by the training pass (the span bound and the token floor) when the loss pushes it up.
 
     An author whose completions keep failing is paused: its groups are not read for ``pause_steps`` of this node's
-    training steps (twice as many at each next pause), after which its completions are judged afresh. A pause says
+    training steps (twice as many at each next pause), after which its completions are judged afresh, the first
+    ``probation`` of them held to the pause share of ``probation`` (4 failures of 16 at the defaults, not 13 of 64:
+    each return lets fewer of an attacker's completions in). A pause says
     that this node would not write the author's text, not that the author cheats: an honest peer at another stage
     of training fails the bounds a node sets from its own answers as often as an attacker does (the weak-from-strong
     pair, docs/results/sapo-smollm2-pair.md), so a pause is not an offence and the peer book does not ban for it."""
@@ -242,6 +245,7 @@ class AuthorVerdicts:
         self._last: OrderedDict[str, deque[bool]] = OrderedDict()
         self.figures: OrderedDict[str, list[float]] = OrderedDict()
         self._until: dict[str, int] = {}  # a paused author: the step its pause ends at
+        self._probation: dict[str, list[int]] = {}  # an author back from a pause: completions judged, failed since
 
     @property
     def judged(self) -> dict[str, int]:
@@ -256,7 +260,9 @@ class AuthorVerdicts:
         ``policy_failed`` by the policy's read alone, the base's passing them), and the tokens read of its rows:
         masked, pushed up and those tokens' weights summed. Returns whether this paused the author: at least
         ``pause_share`` of ``pause_window`` completions failed among its last ``pause_window`` judged (a count, so
-        an author whose every completion fails is paused once ``pause_share * pause_window`` of them are in)."""
+        an author whose every completion fails is paused once ``pause_share * pause_window`` of them are in); or, for
+        an author back from a pause, at least ``pause_share`` of ``probation`` failed among the first ``probation``
+        judged since its pause ended (counted by whole calls: the call that reaches ``probation`` is the last)."""
         last = self._last.pop(author, None) or deque(maxlen=self.settings.pause_window)
         self._last[author] = last
         last.extend([True] * failed + [False] * (n - failed))
@@ -266,14 +272,27 @@ class AuthorVerdicts:
                                sequence_failed, policy_failed)):
             row[i] += v
         s = self.settings
-        pausing = s.enabled and not self.paused(author) and sum(last) >= math.ceil(s.pause_share * s.pause_window)
+        # on probation: its verdicts since its pause ended (those during a pause are of text sent before it)
+        trial = None if self.paused(author) else self._probation.get(author)
+        if trial is not None:
+            trial[0] += n
+            trial[1] += failed
+        pausing = s.enabled and not self.paused(author) and (
+            sum(last) >= math.ceil(s.pause_share * s.pause_window)
+            or (trial is not None and trial[1] >= math.ceil(s.pause_share * s.probation)))
         if pausing:
             self._until[author] = self.step + s.pause_steps * 2 ** min(int(row[-1]), 16)
             row[-1] += 1
             last.clear()  # judged afresh once the pause ends
+            if s.probation > 0:
+                self._probation[author] = [0, 0]
+        elif trial is not None and trial[0] >= s.probation:
+            del self._probation[author]  # probation passed: the pause share of pause_window from now on
         for book in (self._last, self.figures):
             while len(book) > self.max_authors:
-                self._until.pop(book.popitem(last=False)[0], None)  # a forgotten author's pause with it
+                gone = book.popitem(last=False)[0]
+                self._until.pop(gone, None)  # a forgotten author's pause and probation with it
+                self._probation.pop(gone, None)
         return pausing
 
     def paused(self, author: str) -> bool:

@@ -349,6 +349,22 @@ def test_the_screen_defaults_are_the_configs() -> None:
     assert screen_settings(IngestConfig()) == ScreenSettings()
 
 
+def test_every_screen_key_reaches_the_screen() -> None:
+    """Each ``ingest.screen*`` key set away from its default changes the settings the screen is built with
+    (mutation: a key the config reads and ``screen_settings`` does not pass on, as ``screen_probation`` would be
+    with its line removed)."""
+    other = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v / 2}
+    changed = {"screen_positive_floor": -1.0, "screen_span_quantile": 0.05, "screen_share_to": "kept",
+               "screen_reference": "base", "screen_sequence_quantile": 0.5, "screen_group_positive_cap": 0.25,
+               "screen_author_positive_cap": 0.5}
+    keys = [k for k in IngestConfig.model_fields if k.startswith("screen")]
+    assert "screen_probation" in keys and len(keys) >= 25
+    for key in keys:
+        default = getattr(IngestConfig(), key)
+        value = changed[key] if key in changed else other[type(default)](default)
+        assert screen_settings(IngestConfig(**{key: value})) != ScreenSettings(), key
+
+
 @pytest.mark.parametrize("held, failed, paused", [(8, 8, True), (20, 6, False), (20, 7, True)])
 def test_an_author_is_judged_once_a_row_and_paused_when_its_rows_keep_failing(char_tok: Any, held: int, failed: int,
                                                                              paused: bool) -> None:

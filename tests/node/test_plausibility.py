@@ -306,3 +306,31 @@ def test_an_author_is_paused_once_enough_of_its_last_window_failed_for_a_term_th
     off = AuthorVerdicts(ScreenSettings(enabled=False, pause_window=1, pause_share=0.5), max_authors=2)
     off.record("a", 1, 1)
     assert not off.paused("a")
+
+
+@pytest.mark.parametrize("probation", [4, 0])
+def test_an_author_back_from_a_pause_is_paused_again_at_a_lower_count_until_its_probation_passes(probation):
+    """Usually 4 failures of the last 8 pause (``pause_share`` 0.5); back from a pause, 2 of its first 4 judged
+    do (mutation: no probation, or ``probation`` 0 ignored). The verdicts given during the pause are of text sent
+    before it and do not count toward the probation (mutation: counting them pauses "a" at its first failure
+    back); a probation passed is over (mutation: one that never ends pauses "a" at 3 failures of 6), and a
+    forgotten author's probation goes with it."""
+    verdicts = AuthorVerdicts(ScreenSettings(pause_window=8, pause_share=0.5, pause_steps=2, probation=probation),
+                              max_authors=2)
+    verdicts.step = 1
+    assert verdicts.record("a", 4, 4) and verdicts.paused_until("a") == 3
+    assert not verdicts.record("a", 2, 1)  # judged during the pause: in its window, not in its probation
+    verdicts.step = 3
+    assert not verdicts.record("a", 1, 1)  # back: 1 failure on probation, 2 in its window
+    assert verdicts.record("a", 1, 1) == bool(probation)  # 2 of the probation's 4; 3 of the window's 4
+    if not probation:
+        return
+    assert verdicts.paused_until("a") == 3 + 4  # the next term, doubled
+    verdicts.step = 7
+    assert not verdicts.record("a", 4, 1)  # 1 failure of its first 4 back: probation passed
+    assert not verdicts.record("a", 2, 2)  # 3 failures of its last 6, 4 needed now
+    assert verdicts.record("a", 1, 1) and verdicts.paused_until("a") == 7 + 8  # the usual count reached
+    verdicts.step = 15
+    verdicts.record("b", 1, 0)
+    verdicts.record("c", 1, 0)  # "a" forgotten
+    assert not verdicts.record("a", 1, 1) and not verdicts.record("a", 1, 1)  # a stranger: 4 of 8 needed
