@@ -306,11 +306,14 @@ class AuthorVerdicts:
     def summary(self, author: str) -> dict[str, float]:
         """The author's figures: completions judged, failed, dropped, failed by the sequence weight alone, failed
         by the policy's read alone; tokens read and masked; the mean weight of its tokens the loss pushed up (1.0
-        when none was); how often it was paused, and the step its pause ends at (-1: not paused)."""
+        when none was); how often it was paused, the step its pause ends at (-1: not paused), and how many of its
+        completions are still to be judged on probation (0: none; while paused, the whole probation)."""
         judged, failed, dropped, tokens, masked, pushed, weight, by_sequence, by_policy, pauses = self.figures.get(
             author, [0.0] * len(self.FIGURES))
         until = self.paused_until(author)
         return {"judged": int(judged), "failed": int(failed), "dropped": int(dropped),
                 "sequence_failed": int(by_sequence), "policy_failed": int(by_policy), "tokens": int(tokens),
                 "tokens_masked": int(masked), "mean_weight": weight / pushed if pushed else 1.0,
-                "pauses": int(pauses), "paused_until": -1 if until is None else until}
+                "pauses": int(pauses), "paused_until": -1 if until is None else until,
+                "probation": max(0, self.settings.probation - self._probation[author][0])
+                if author in self._probation else 0}

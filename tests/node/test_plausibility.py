@@ -286,7 +286,7 @@ def test_an_author_is_paused_once_enough_of_its_last_window_failed_for_a_term_th
     assert verdicts.paused("a") and verdicts.paused_until("a") == 3
     assert verdicts.summary("a") == {"judged": 3, "failed": 3, "dropped": 2, "sequence_failed": 1,
                                      "policy_failed": 1, "tokens": 10, "tokens_masked": 2, "mean_weight": 0.75,
-                                     "pauses": 1, "paused_until": 3}
+                                     "pauses": 1, "paused_until": 3, "probation": 16}
     verdicts.step = 3
     assert not verdicts.paused("a") and verdicts.summary("a")["paused_until"] == -1  # the pause is over
     assert not verdicts.record("a", 2, 2)  # judged afresh: 2 failures since, 3 needed
@@ -322,6 +322,7 @@ def test_an_author_back_from_a_pause_is_paused_again_at_a_lower_count_until_its_
     assert not verdicts.record("a", 2, 1)  # judged during the pause: in its window, not in its probation
     verdicts.step = 3
     assert not verdicts.record("a", 1, 1)  # back: 1 failure on probation, 2 in its window
+    assert verdicts.summary("a")["probation"] == (3 if probation else 0)  # judged 1 of its 4
     assert verdicts.record("a", 1, 1) == bool(probation)  # 2 of the probation's 4; 3 of the window's 4
     if not probation:
         return
