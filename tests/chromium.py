@@ -74,8 +74,10 @@ class Page:
             raise CdpError(f"{expression!r} threw: {reply['exceptionDetails']}")
         return reply["result"].get("value")
 
-    async def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
-        """Poll until ``expression`` is truthy (errors while the page loads count as not yet); returns it."""
+    async def wait_for(self, expression: str, timeout: float = 60.0) -> Any:
+        """Poll until ``expression`` is truthy (errors while the page loads count as not yet); returns it. The
+        pages come from nodes that are training, on a machine that may be loaded: a CI run beside a lab run once
+        needed more than 20 s, so the bound is a minute, a wait that only a real failure reaches."""
         deadline = time.monotonic() + timeout
         error: CdpError | None = None
         while True:
