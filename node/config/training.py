@@ -274,7 +274,8 @@ class IngestConfig(Section):
     screen_probation: int = Field(
         16, ge=0, description="an author back from a pause is on probation for its first this many completions "
         "judged: screen_pause_share of them failing (4 of 16) pauses it again for the next, doubled term, where the "
-        "usual count is screen_pause_share of screen_pause_window (13 of 64), so each return lets about 4 of an "
-        "attacker's failing completions in rather than 13; an honest peer at this node's stage (about 1% failing) "
-        "reaches 4 of 16 with odds near 2e-5 (0: no probation)")
+        "usual count is screen_pause_share of screen_pause_window (13 of 64): each return of the adaptive attackers "
+        "let 8 of their completions in, one step's groups, rather than 16 (docs/results/poison.md, 'A probation for "
+        "a returning author'); an honest peer at this node's stage (about 1% failing) reaches 4 of 16 with odds "
+        "near 2e-5 (0: no probation)")
 
