@@ -115,6 +115,7 @@ def test_the_defence_drops_pauses_and_keeps_learning_from_the_honest_peer(undefe
         if name in ("phrase-suffix", "ramp"):  # sends nothing; starts at one poisoned completion a group
             continue
         assert all(step is not None and step <= 5 for step in first), (name, first)
+        assert defended.screen_figures[name]["pauses"] == len(first), name  # one each: none back within 6 steps
     assert v["peers_banned"] == 0  # a pause is no offence: the peer book bans no one for the screen's verdicts
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
     assert undefended.echoed > 0 and defended.echoed > 0  # the echo attacker sent the victim's own text back

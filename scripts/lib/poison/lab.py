@@ -197,10 +197,11 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
 
 
 def _summed(summaries: list[dict[str, float]]) -> dict[str, float]:
-    """Several identities' screen figures as one author's: counts added, the mean weight their mean."""
+    """Several identities' screen figures as one author's: counts added (its pauses, the first ones and those
+    after a return, among them), the mean weight their mean."""
     out: dict[str, float] = {k: sum(s[k] for s in summaries) for k in ("judged", "failed", "dropped", "tokens",
                                                                         "tokens_masked", "sequence_failed",
-                                                                        "policy_failed")}
+                                                                        "policy_failed", "pauses")}
     out["mean_weight"] = sum(s["mean_weight"] for s in summaries) / len(summaries) if summaries else 1.0
     return out
 
