@@ -267,10 +267,10 @@ class IngestConfig(Section):
         "for it): an honest peer at another stage of training fails the bounds this node sets from its own answers "
         "about as often as an attacker does (half of a weak node's completions at a strong one), so a pause must end "
         "(that weak node, read again after 8 steps, failed 18% at the node that had paused it: "
-        "docs/results/sapo-smollm2-pair.md). Each return lets an attacker's text in until 13 more of its completions "
-        "fail, held back but not all dropped: with 8, seed 1's sampled payload ended 1.05 nats a token above the "
-        "silo's (-0.74 never let back), with 32 -0.02, and three of the other four attackers' words rose with the "
-        "number of returns too (docs/results/poison.md, 'A pause instead of a ban')")
+        "docs/results/sapo-smollm2-pair.md). Without screen_probation, each return let an attacker's text in until 13 "
+        "more of its completions failed, held back but not all dropped: with 8, seed 1's sampled payload ended 1.05 "
+        "nats a token above the silo's (-0.74 never let back), with 32 -0.02, and three of the other four attackers' "
+        "words rose with the number of returns too (docs/results/poison.md, 'A pause instead of a ban')")
     screen_probation: int = Field(
         16, ge=0, description="an author back from a pause is on probation for its first this many completions "
         "judged: screen_pause_share of them failing (4 of 16) pauses it again for the next, doubled term, where the "

@@ -273,11 +273,12 @@ class AuthorVerdicts:
             row[i] += v
         s = self.settings
         # on probation: its verdicts since its pause ended (those during a pause are of text sent before it)
-        trial = None if self.paused(author) else self._probation.get(author)
+        paused = self.paused(author)
+        trial = None if paused else self._probation.get(author)
         if trial is not None:
             trial[0] += n
             trial[1] += failed
-        pausing = s.enabled and not self.paused(author) and (
+        pausing = s.enabled and not paused and (
             sum(last) >= math.ceil(s.pause_share * s.pause_window)
             or (trial is not None and trial[1] >= math.ceil(s.pause_share * s.probation)))
         if pausing:
