@@ -222,7 +222,8 @@ def test_a_restarted_host_keeps_its_peer_id_address_and_member_table(tmp_path, m
         after = again.snapshot()
         assert after["members"][0]["totals"] == before["members"][0]["totals"] == \
             {"announced": 1, "pulled": 1, "handed_off": 0}
-        assert after["history"][-1]["announced"] == 1
+        # summed over the epochs shown: a 600 s epoch of the wall clock may end between the publish and this read
+        assert sum(row["announced"] for row in after["history"]) == 1
     finally:
         again.close()
 
