@@ -16,6 +16,7 @@ fails if the base would not say it, or the node no longer would.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ class ScreenBook:
         self.totals = [0, 0, 0, 0, 0.0]
         self.last_step = dict.fromkeys(COUNTS, 0.0)  # the last training step's, all authors together
         self.step_authors: list[str] = []
+        # the base's reads this step (reset by observe_own, the first call of a step): rows and seconds, own and peer
+        self.reads = {"own_rows": 0, "own_seconds": 0.0, "peer_rows": 0, "peer_seconds": 0.0}
         # The frozen base reads peer text: the adapters switched off for a forward pass (a plain-LoRA policy;
         # ReMix's routed adapters have no such switch).
         model = getattr(policy, "model", None)
@@ -64,6 +67,7 @@ class ScreenBook:
         """Record the node's own sampled groups: their behaviour log-probs when the policy reads peer text; with
         the base, their lengths, and those ``_own_reads`` picks read by the base (with ``both``, each token at the
         lower of the base's log-prob and its behaviour log-prob, as peer text is read)."""
+        self.reads = dict.fromkeys(self.reads, 0)
         if not self.base_reads:
             for group in groups:
                 self.profile.observe(group.dataset, group.anchor_logprobs)
@@ -72,7 +76,9 @@ class ScreenBook:
             self.profile.observe_lengths(group.dataset, [len(ids) for ids in group.completions if ids])
         turns = self._own_reads(groups)
         if turns:
+            start = time.perf_counter()
             read = self.base_logprobs([(g.prompt_ids, g.completions[k]) for g, k in turns])
+            self.reads["own_rows"], self.reads["own_seconds"] = len(turns), time.perf_counter() - start
             for (group, k), lps in zip(turns, read):
                 if self.lower_of_both and k < len(group.anchor_logprobs) and len(group.anchor_logprobs[k]) == len(lps):
                     lps = [min(b, p) for b, p in zip(lps, group.anchor_logprobs[k])]
@@ -126,7 +132,10 @@ class ScreenBook:
         if not self.base_reads or not pending:
             return
         up = [(g, i) for g in pending for i, a in enumerate(_advantages(g)) if a > 0 and g.completions[i]]
+        start = time.perf_counter()
         read = iter(self.base_logprobs([(g.prompt_ids, g.completions[i]) for g, i in up]))
+        self.reads["peer_rows"] += len(up)
+        self.reads["peer_seconds"] += time.perf_counter() - start
         for group in pending:
             group.reference_logprobs = [[] for _ in group.completions]
         for (group, i), lps in zip(up, read):
@@ -189,10 +198,14 @@ class ScreenBook:
         ``screen_sequence_floor`` by dataset), the last step's figures (``screen_step_*``: completions judged,
         failed, dropped, the share of peer tokens masked, the mean weight of those pushed up) and, for each author
         that step judged, its running figures (``screen_peer_*``, by peer id: ``AuthorVerdicts.summary``), and how
-        many authors are paused now (``screen_peers_paused``)."""
+        many authors are paused now (``screen_peers_paused``). With the base as reference, what its reads took this
+        step: ``screen_read_own_rows`` and ``screen_read_own_seconds`` (the profile's), ``screen_read_peer_rows`` and
+        ``screen_read_peer_seconds`` (the completions of the peer groups trained on that the loss pushes up)."""
         rows, tokens, masked, pushed, weight = self.totals
         out: dict[str, Any] = {"screen_rows": rows, "screen_tokens": tokens, "screen_tokens_masked": masked,
                                "screen_positive_weight": weight / max(1, pushed)}
+        if self.base_reads:
+            out.update({f"screen_read_{k}": v for k, v in self.reads.items()})
         if not self.settings.enabled:
             return out
         step = self.last_step

@@ -278,7 +278,7 @@ def test_the_base_reads_each_datasets_own_completions_until_its_sequence_floor_i
     read by the base, so that four datasets of four completions a step all have a floor after two steps; then
     ``profile_rows`` (1) a step. Mutation caught: the reads chosen without regard to the dataset (``min_own`` at
     first, then ``profile_rows``, over all datasets), which left the floor unset for tens of steps on a node with
-    several datasets (smollm2-swarm's four; qwen's nine)."""
+    several datasets (smollm2-swarm's four; qwen's nine). The book's figures count the step's reads, own and peer."""
     policy, _, book = _victim(small_base, reference="base", min_own=8, profile_rows=1)
     prompt = _prompt(policy)
     rows = [_continuation(policy, prompt, 3, t) for t in (-1.0, -2.0, -3.0, -4.0)]
@@ -290,12 +290,20 @@ def test_the_base_reads_each_datasets_own_completions_until_its_sequence_floor_i
 
     step()
     assert set(book.profile.sequence_floors()) == set(), book.profile.sequences
+    assert book.metrics()["screen_read_own_rows"] == 16
     step()
     assert set(book.profile.sequence_floors()) == set("abcd"), {d: len(v) for d, v in book.profile.sequences.items()}
     read = len(book.profile.spans)
     assert read == 32
     step()
     assert len(book.profile.spans) == read + 1
+    # the step's figures: the own rows read, and the peer rows (those pushed up) read after them
+    book.read_base([_group(prompt, rows[0], rows[3])])
+    figures = book.metrics()
+    assert (figures["screen_read_own_rows"], figures["screen_read_peer_rows"]) == (1, 2), figures
+    assert figures["screen_read_own_seconds"] > 0 and figures["screen_read_peer_seconds"] > 0
+    step()
+    assert book.metrics()["screen_read_peer_rows"] == 0
 
 
 def test_the_lower_of_both_by_hand() -> None:
