@@ -278,4 +278,8 @@ class IngestConfig(Section):
         "let 8 of their completions in, one step's groups, rather than 16 (docs/results/poison.md, 'A probation for "
         "a returning author'); an honest peer at this node's stage (about 1% failing) reaches 4 of 16 with odds "
         "near 2e-5 (0: no probation)")
+    screen_probation_first: bool = Field(
+        False, description="an author first judged is on probation too: screen_pause_share of its first "
+        "screen_probation completions failing pauses it, where otherwise its first pause waits for "
+        "screen_pause_share of screen_pause_window (13 failures, 2 to 9 steps of the adaptive attackers' groups)")
 

@@ -67,6 +67,7 @@ class ScreenSettings:
     pause_window: int = 64
     pause_steps: int = 32  # the first pause of an author; each next one twice the last
     probation: int = 16  # completions judged after a pause ends among which fewer failures pause again; 0: none
+    probation_first: bool = False  # a new author's first completions on probation too, as after a pause
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
@@ -230,7 +231,8 @@ class AuthorVerdicts:
     An author whose completions keep failing is paused: its groups are not read for ``pause_steps`` of this node's
     training steps (twice as many at each next pause), after which its completions are judged afresh, the first
     ``probation`` of them held to the pause share of ``probation`` (4 failures of 16 at the defaults, not 13 of 64:
-    each return lets fewer of an attacker's completions in). A pause says
+    each return lets fewer of an attacker's completions in); with ``probation_first``, a new author's first
+    completions are held so too. A pause says
     that this node would not write the author's text, not that the author cheats: an honest peer at another stage
     of training fails the bounds a node sets from its own answers as often as an attacker does (the weak-from-strong
     pair, docs/results/sapo-smollm2-pair.md), so a pause is not an offence and the peer book does not ban for it."""
@@ -261,8 +263,12 @@ class AuthorVerdicts:
         masked, pushed up and those tokens' weights summed. Returns whether this paused the author: at least
         ``pause_share`` of ``pause_window`` completions failed among its last ``pause_window`` judged (a count, so
         an author whose every completion fails is paused once ``pause_share * pause_window`` of them are in); or, for
-        an author back from a pause, at least ``pause_share`` of ``probation`` failed among the first ``probation``
-        judged since its pause ended (counted by whole calls: the call that reaches ``probation`` is the last)."""
+        an author back from a pause (or, with ``probation_first``, new: not among the authors kept), at least
+        ``pause_share`` of ``probation`` failed among the first ``probation`` judged since its pause ended (or since
+        it was first judged; counted by whole calls: the call that reaches ``probation`` is the last)."""
+        s = self.settings
+        if s.probation_first and s.probation > 0 and author not in self.figures:
+            self._probation[author] = [0, 0]  # a new author's first completions, held as a returning one's
         last = self._last.pop(author, None) or deque(maxlen=self.settings.pause_window)
         self._last[author] = last
         last.extend([True] * failed + [False] * (n - failed))
@@ -271,7 +277,6 @@ class AuthorVerdicts:
         for i, v in enumerate((n, failed, failed if dropped is None else dropped, tokens, masked, pushed, weight,
                                sequence_failed, policy_failed)):
             row[i] += v
-        s = self.settings
         # on probation: its verdicts since its pause ended (those during a pause are of text sent before it)
         paused = self.paused(author)
         trial = None if paused else self._probation.get(author)

@@ -335,3 +335,24 @@ def test_an_author_back_from_a_pause_is_paused_again_at_a_lower_count_until_its_
     verdicts.record("b", 1, 0)
     verdicts.record("c", 1, 0)  # "a" forgotten
     assert not verdicts.record("a", 1, 1) and not verdicts.record("a", 1, 1)  # a stranger: 4 of 8 needed
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_with_probation_first_a_new_author_is_held_to_the_probation_from_its_first_completion(first):
+    """With ``probation_first``, 2 failures of an author's first 4 judged pause it (pause share 0.5 of a probation
+    of 4), where otherwise 4 of its last 8 are needed (mutation: the flag ignored, or a new author's probation not
+    opened); one that passes its first 4 is held to the usual count from then on, and an author forgotten and back
+    is new again."""
+    verdicts = AuthorVerdicts(ScreenSettings(pause_window=8, pause_share=0.5, pause_steps=2, probation=4,
+                                             probation_first=first), max_authors=2)
+    verdicts.step = 1
+    assert verdicts.summary("a")["probation"] == 0  # not yet judged
+    assert not verdicts.record("a", 1, 1)
+    assert verdicts.summary("a")["probation"] == (3 if first else 0)
+    assert verdicts.record("a", 1, 1) == first  # 2 of its first 4
+    assert not verdicts.record("b", 4, 1)  # 1 of its first 4: passed
+    assert verdicts.summary("b")["probation"] == 0
+    assert not verdicts.record("b", 2, 2)  # 3 of its last 6: the usual 4 of 8 needed
+    verdicts.record("c", 1, 0)
+    verdicts.record("d", 1, 0)  # "b" forgotten
+    assert verdicts.record("b", 2, 2) == first  # new again
