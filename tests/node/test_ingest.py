@@ -137,6 +137,7 @@ def test_a_paused_authors_groups_wait_for_the_pause_to_end_and_the_author_is_not
     tok, reports = policy.tokenizer, []
     ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=32,
                         penalize=lambda peer, reason: reports.append(reason),
+                        limits=IngestLimits(max_seconds=600.0, max_seconds_per_peer=600.0),  # not the clock's test
                         screen=ScreenSettings(pause_window=4, pause_share=0.5, pause_steps=2))
     author = Identity.generate().public_key
     peer = peer_id_from_public_key(author)
