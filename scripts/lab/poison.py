@@ -11,7 +11,8 @@ in-memory swarm carrying the signed bytes through the same checks as the hivemin
 model). ``undefended`` switches the victim's peer-text screen off (``ingest.screen=false``), ``defended`` runs
 the defaults, ``silo`` is the victim alone with the same seed (the baseline of its held-out reward and its
 completions' length); ``shared`` and ``shared-unscreened`` are the victim beside the honest peer with no
-attacker, with and without the screen (what sharing alone does, and what the screen does to it). A run's
+attacker, with and without the screen (what sharing alone does, and what the screen does to it; each attack's
+payload measured on the victim as on the silo). A run's
 result is saved as JSON in ``--out`` as soon as it ends, and a run already saved there is not run again, so
 an interrupted suite goes on where it stopped. With ``--jobs N`` the runs go side by side, N at a time, each
 its own process logging to ``--out`` (on a GPU they share the card), with a progress line every ``--every``
@@ -69,21 +70,24 @@ def specs(args: argparse.Namespace) -> list[LabSpec]:
     honest_config = HONEST.get(args.honest)
     out = []
     runs = [(None, together(args.attacks))] if args.together else [(a, ()) for a in args.attacks]
+    # the silo and the honest-only arms measure every attack's payload too: what the victim's own training, and
+    # sharing alone, do to it
+    measured = together(args.attacks) if args.together else tuple(SUITE[a] for a in args.attacks)
     for seed in args.seeds:
         for arm in args.arms:  # in the order given
-            if arm == "silo":  # measures every attack's payload too: what the victim's own training does to it
-                measured = together(args.attacks) if args.together else tuple(SUITE[a] for a in args.attacks)
+            if arm == "silo":
                 out.append(LabSpec(None, config, (*overrides, *args.set), silo=True, steps=args.steps, seed=seed,
                                    threads=args.threads, eval_tasks=args.eval_tasks, samples=args.samples,
                                    label=args.model, attacks=measured))
                 continue
             if arm in HONEST_ONLY and args.honest == "none":
                 continue  # no peer at all: the silo
-            for attack, extra in [(None, ())] if arm in HONEST_ONLY else runs:
+            for attack, extra in [(None, measured)] if arm in HONEST_ONLY else runs:
                 out.append(LabSpec(attack, config, (*overrides, *args.set), ARMS[arm], honest=args.honest != "none",
                                    honest_config=honest_config, steps=args.steps, seed=seed, threads=args.threads,
                                    attacker_groups=args.attacker_groups, eval_tasks=args.eval_tasks,
-                                   samples=args.samples, label=f"{args.model}-{arm}", attacks=extra))
+                                   samples=args.samples, label=f"{args.model}-{arm}", attacks=extra,
+                                   send=arm not in HONEST_ONLY))
     return out
 
 

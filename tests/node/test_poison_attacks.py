@@ -186,7 +186,8 @@ def test_the_echo_attacker_sends_back_the_victims_own_wrong_completions(tmp_path
 
 
 def test_the_lab_arms_and_their_table():
-    """The lab script's arms as specs (the shared arm: an honest peer and no attacker, none without a peer),
+    """The lab script's arms as specs (the shared arm: an honest peer and no attacker, its payloads measured,
+    none without a peer),
     and its table's rows (one a payload; the shared arm one without)."""
     lab = load_script("lab/poison")
     args = argparse.Namespace(model="small", attacks=["length"], arms=["silo", "shared", "defended"], seeds=[3],
@@ -195,12 +196,14 @@ def test_the_lab_arms_and_their_table():
     silo, shared, defended = lab.specs(args)
     assert silo.silo and not shared.silo and not defended.silo
     assert silo.all_attacks() == [SUITE["length"]]  # measured on the silo too: the payload's log-prob without attack
-    assert shared.honest and shared.all_attacks() == [] and shared.name == "honest-small-shared-s3"
+    # the payload measured on the shared arm too, where no attacker sends it: what sharing alone does to it
+    assert shared.honest and shared.all_attacks() == [SUITE["length"]] and not shared.send
+    assert shared.name == "honest-small-shared-s3" and defended.send
     assert defended.all_attacks() == [SUITE["length"]] and defended.victim_overrides == ()
     assert [s.name for s in lab.specs(argparse.Namespace(**{**vars(args), "honest": "none"}))] == \
         ["silo-small-s3", "length-small-defended-s3"]
     (open_,) = lab.specs(argparse.Namespace(**{**vars(args), "arms": ["shared-unscreened"]}))
-    assert open_.honest and open_.all_attacks() == [] and open_.victim_overrides == ("ingest.screen=false",)
+    assert open_.honest and not open_.send and open_.victim_overrides == ("ingest.screen=false",)
     assert lab.specs(argparse.Namespace(**{**vars(args), "arms": ["shared-unscreened"], "honest": "none"})) == []
 
     def result(spec, reward, length, asr):

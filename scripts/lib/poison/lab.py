@@ -37,7 +37,8 @@ OWN_KEPT = 8  # own completions carrying a payload kept an attack, to be read
 class LabSpec:
     """One run. ``overrides`` apply to the victim (and the honest peer); ``victim_overrides`` to the victim
     only (e.g. the defence switched off). ``attack`` names one of ``SUITE``; ``attacks`` adds attackers of
-    their own (each another node), measured each on its own payload."""
+    their own (each another node), measured each on its own payload; with ``send`` false none of them is a node,
+    their payloads are measured all the same (as on the silo: what sharing alone does to them)."""
 
     attack: str | None
     config: str = "configs/small-silo.yaml"
@@ -54,13 +55,14 @@ class LabSpec:
     threads: int = 1
     label: str = ""
     attacks: tuple[Attack, ...] = ()
+    send: bool = True  # False: no attacker sends, the attacks' payloads are measured on the victim (shared arms)
 
     def all_attacks(self) -> list[Attack]:
         return [*([SUITE[self.attack]] if self.attack else []), *self.attacks]
 
     @property
     def name(self) -> str:
-        what = "silo" if self.silo else (self.attack or ("all" if self.attacks else "honest"))
+        what = "silo" if self.silo else (self.attack or ("all" if self.attacks and self.send else "honest"))
         return f"{what}{'-' + self.label if self.label else ''}-s{self.seed}"
 
 
@@ -132,7 +134,8 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             stack.callback(honest.close)
             peers.append(honest)
         attacks = [resolve(a, victim, spec.seed) for a in attacks]  # before the victim's first step: its base
-        attackers = [] if spec.silo else [_attacker(a, victim, hub, spec, i) for i, a in enumerate(attacks)]
+        attackers = [] if spec.silo or not spec.send else [_attacker(a, victim, hub, spec, i)
+                                                           for i, a in enumerate(attacks)]
         for attacker in attackers:
             stack.callback(attacker.close)
         before = {a.name: payload_logprobs(victim, a, spec) for a in attacks}
