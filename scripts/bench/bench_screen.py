@@ -8,9 +8,10 @@ one in-memory swarm with an honest peer of the same config: every batch the peer
 both ingest the same peer groups. The three nodes step in turn (peer, screened, unscreened), so the machine's
 load falls on both victims alike; printed: each victim's median step, training and exchange seconds (the exchange:
 publishing, ingestion, and the frozen base's read of the peer groups the step trains on), and the ratio of the
-median steps; then each step's seconds side by side with the screened victim's base reads (own completions for the
-profile, peer completions the loss pushes up: rows and seconds), and the ratio over the steps while the profile
-fills (the base reads more own completions than ``ingest.screen_profile_rows``) and over those after.
+median steps; then each step's seconds and peer groups trained on side by side, with the screened victim's
+base reads (own completions for the profile, peer completions the loss pushes up: rows and seconds), and the
+ratio over the steps while the profile fills (the base reads more own completions than
+``ingest.screen_profile_rows``) and over those after.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def main() -> int:
         print(f"| {k} | {med[k]:.2f} | {train[k]:.2f} | {exchange[k]:.2f} ({ing[k]:.3f}) | {peer_groups[k]:.2f} | "
               f"{masked} |")
     print(f"step ratio, screen / no screen: {med['screen'] / med['no screen']:.3f}")
-    print("| step | screened s | unscreened s | own rows read | own read s | peer rows read | peer read s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| step | screened s | unscreened s | peer groups trained on | own rows read | own read s | peer rows read "
+          "| peer read s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for k, (a, b) in enumerate(zip(records["screen"], records["no screen"]), start=2):
-        print(f"| {k} | {a['step_seconds']:.2f} | {b['step_seconds']:.2f} | {a.get('screen_read_own_rows', 0)} | "
+        print(f"| {k} | {a['step_seconds']:.2f} | {b['step_seconds']:.2f} | {a['n_peer_groups']} / "
+              f"{b['n_peer_groups']} | {a.get('screen_read_own_rows', 0)} | "
               f"{a.get('screen_read_own_seconds', 0.0):.2f} | {a.get('screen_read_peer_rows', 0)} | "
               f"{a.get('screen_read_peer_seconds', 0.0):.2f} |")
     rows = victims["screen"].cfg.ingest.screen_profile_rows
