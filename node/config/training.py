@@ -281,5 +281,9 @@ class IngestConfig(Section):
     screen_probation_first: bool = Field(
         False, description="an author first judged is on probation too: screen_pause_share of its first "
         "screen_probation completions failing pauses it, where otherwise its first pause waits for "
-        "screen_pause_share of screen_pause_window (13 failures, 2 to 9 steps of the adaptive attackers' groups)")
+        "screen_pause_share of screen_pause_window (13 failures). Off: on three seeds it paused the adaptive "
+        "attackers (the wrong working aside) at steps 1 to 3 rather than 3 to 9 and let about 45% fewer of their "
+        "completions in, but their payloads' words did not fall, and with no attacker it paused the honest peer on "
+        "one run of two, at 4 failures among its first completions (docs/results/poison.md, 'A new author on "
+        "probation')")
 
