@@ -186,9 +186,8 @@ def test_the_echo_attacker_sends_back_the_victims_own_wrong_completions(tmp_path
 
 
 def test_the_lab_arms_and_their_table():
-    """The lab script's arms as specs (the shared arm: an honest peer and no attacker, its payloads measured,
-    none without a peer),
-    and its table's rows (one a payload; the shared arm one without)."""
+    """The lab script's arms as specs (the shared arm: an honest peer and no attacker, each payload measured;
+    none without a peer), and its table's rows (one a payload; a shared arm that measured none, one without)."""
     lab = load_script("lab/poison")
     args = argparse.Namespace(model="small", attacks=["length"], arms=["silo", "shared", "defended"], seeds=[3],
                               honest="same", steps=5, threads=1, eval_tasks=4, samples=1, attacker_groups=2,
