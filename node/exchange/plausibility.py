@@ -269,7 +269,7 @@ class AuthorVerdicts:
         s = self.settings
         if s.probation_first and s.probation > 0 and author not in self.figures:
             self._probation[author] = [0, 0]  # a new author's first completions, held as a returning one's
-        last = self._last.pop(author, None) or deque(maxlen=self.settings.pause_window)
+        last = self._last.pop(author, None) or deque(maxlen=s.pause_window)
         self._last[author] = last
         last.extend([True] * failed + [False] * (n - failed))
         row = self.figures.pop(author, None) or [0.0] * len(self.FIGURES)
