@@ -286,4 +286,9 @@ class IngestConfig(Section):
         "completions in, but their payloads' words did not fall, and with no attacker it paused the honest peer on "
         "one run of two, at 4 failures among its first completions (docs/results/poison.md, 'A new author on "
         "probation')")
+    screen_trial: int = Field(
+        0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
+        "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "
+        "its first pause teaches nothing; an honest peer's first this many passing completions are lost to the "
+        "node (0: off)")
 

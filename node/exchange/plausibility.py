@@ -68,6 +68,7 @@ class ScreenSettings:
     pause_steps: int = 32  # the first pause of an author; each next one twice the last
     probation: int = 16  # completions judged after a pause ends among which fewer failures pause again; 0: none
     probation_first: bool = False  # a new author's first completions on probation too, as after a pause
+    trial: int = 0  # a new author's rows carry no weight in the loss until this many of its completions passed; 0: off
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
@@ -232,7 +233,9 @@ class AuthorVerdicts:
     training steps (twice as many at each next pause), after which its completions are judged afresh, the first
     ``probation`` of them held to the pause share of ``probation`` (4 failures of 16 at the defaults, not 13 of 64:
     each return lets fewer of an attacker's completions in); with ``probation_first``, a new author's first
-    completions are held so too. A pause says
+    completions are held so too. With ``trial``, a new author is on trial until ``trial`` of its completions have
+    passed (judged, not failed; ``trusted``): its rows are judged as any other's and carry no weight in the loss, so
+    what an author sends before its first pause teaches nothing. A pause says
     that this node would not write the author's text, not that the author cheats: an honest peer at another stage
     of training fails the bounds a node sets from its own answers as often as an attacker does (the weak-from-strong
     pair, docs/results/sapo-smollm2-pair.md), so a pause is not an offence and the peer book does not ban for it."""
@@ -279,20 +282,20 @@ class AuthorVerdicts:
             row[i] += v
         # on probation: its verdicts since its pause ended (those during a pause are of text sent before it)
         paused = self.paused(author)
-        trial = None if paused else self._probation.get(author)
-        if trial is not None:
-            trial[0] += n
-            trial[1] += failed
+        probation = None if paused else self._probation.get(author)
+        if probation is not None:
+            probation[0] += n
+            probation[1] += failed
         pausing = s.enabled and not paused and (
             sum(last) >= math.ceil(s.pause_share * s.pause_window)
-            or (trial is not None and trial[1] >= math.ceil(s.pause_share * s.probation)))
+            or (probation is not None and probation[1] >= math.ceil(s.pause_share * s.probation)))
         if pausing:
             self._until[author] = self.step + s.pause_steps * 2 ** min(int(row[-1]), 16)
             row[-1] += 1
             last.clear()  # judged afresh once the pause ends
             if s.probation > 0:
                 self._probation[author] = [0, 0]
-        elif trial is not None and trial[0] >= s.probation:
+        elif probation is not None and probation[0] >= s.probation:
             del self._probation[author]  # probation passed: the pause share of pause_window from now on
         for book in (self._last, self.figures):
             while len(book) > self.max_authors:
@@ -300,6 +303,14 @@ class AuthorVerdicts:
                 self._until.pop(gone, None)  # a forgotten author's pause and probation with it
                 self._probation.pop(gone, None)
         return pausing
+
+    def trusted(self) -> frozenset[str] | None:
+        """The authors kept that are past their trial (``trial`` of their completions passed); None with no trial
+        (or the screen off): every author's rows carry weight. A forgotten author is new again."""
+        s = self.settings
+        if not s.enabled or s.trial <= 0:
+            return None
+        return frozenset(a for a, f in self.figures.items() if f[0] - f[1] >= s.trial)
 
     def paused(self, author: str) -> bool:
         """Whether the author is paused (screen on): its groups are not read until its pause ends."""
@@ -313,7 +324,8 @@ class AuthorVerdicts:
         """The author's figures: completions judged, failed, dropped, failed by the sequence weight alone, failed
         by the policy's read alone; tokens read and masked; the mean weight of its tokens the loss pushed up (1.0
         when none was); how often it was paused, the step its pause ends at (-1: not paused), and how many of its
-        completions are still to be judged on probation (0: none; while paused, the whole probation)."""
+        completions are still to be judged on probation (0: none; while paused, the whole probation), and how many
+        must still pass before its rows carry weight (``trial``; 0: past it, or no trial)."""
         judged, failed, dropped, tokens, masked, pushed, weight, by_sequence, by_policy, pauses = self.figures.get(
             author, [0.0] * len(self.FIGURES))
         until = self.paused_until(author)
@@ -322,4 +334,5 @@ class AuthorVerdicts:
                 "tokens_masked": int(masked), "mean_weight": weight / pushed if pushed else 1.0,
                 "pauses": int(pauses), "paused_until": -1 if until is None else until,
                 "probation": max(0, self.settings.probation - self._probation[author][0])
-                if author in self._probation else 0}
+                if author in self._probation else 0,
+                "trial": max(0, self.settings.trial - int(judged - failed)) if self.settings.trial > 0 else 0}

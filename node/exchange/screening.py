@@ -165,7 +165,7 @@ class ScreenBook:
         return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all,
                           s.share_dropped, self.profile.sequence_floors() if s.sequence_quantile is not None else None,
                           s.sequence_fail, s.group_cap, s.author_cap,
-                          lower_of_both=self.lower_of_both)
+                          lower_of_both=self.lower_of_both, trusted=self.verdicts.trusted())
 
     def record(self, by_peer: dict[str, list[float]], step: int) -> dict[str, int]:
         """Training step ``step``'s ``Trainer.screened`` (per author, ``node.train.peer_rows.COUNTS``): each judged
@@ -198,7 +198,8 @@ class ScreenBook:
         ``screen_sequence_floor`` by dataset), the last step's figures (``screen_step_*``: completions judged,
         failed, dropped, the share of peer tokens masked, the mean weight of those pushed up) and, for each author
         that step judged, its running figures (``screen_peer_*``, by peer id: ``AuthorVerdicts.summary``), and how
-        many authors are paused now (``screen_peers_paused``). With the base as reference, what its reads took this
+        many authors are paused now (``screen_peers_paused``) and how many of the step's are on trial
+        (``screen_peers_on_trial``: their rows judged, not trained on). With the base as reference, what its reads took this
         step: ``screen_read_own_rows`` and ``screen_read_own_seconds`` (the profile's), ``screen_read_peer_rows`` and
         ``screen_read_peer_seconds`` (the completions of the peer groups trained on that the loss pushes up)."""
         rows, tokens, masked, pushed, weight = self.totals
@@ -211,6 +212,7 @@ class ScreenBook:
         step = self.last_step
         out.update({
             "screen_peers_paused": sum(self.verdicts.paused(a) for a in self.verdicts.figures),
+            "screen_peers_on_trial": sum(self.verdicts.summary(a)["trial"] > 0 for a in self.step_authors),
             "screen_length_bound": {d: n for d in self.profile.lengths if (n := self.profile.max_length(d)) is not None},
             "screen_step_judged": int(step["judged"]), "screen_step_failed": int(step["failed"]),
             "screen_step_dropped": int(step["dropped"]),
@@ -224,7 +226,7 @@ class ScreenBook:
             out["screen_sequence_floor"] = self.profile.sequence_floors()
         summaries = {a: self.verdicts.summary(a) for a in self.step_authors}
         for figure in ("judged", "failed", "dropped", "sequence_failed", "policy_failed", "tokens_masked",
-                       "mean_weight", "pauses"):
+                       "mean_weight", "pauses", "trial"):
             out[f"screen_peer_{figure}"] = {a: f[figure] for a, f in summaries.items()}
         return out
 

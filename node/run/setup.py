@@ -241,7 +241,7 @@ def screen_settings(ic: IngestConfig, external_shift: float = 0.0) -> ScreenSett
                           min_own=ic.screen_min_own, pause_share=ic.screen_pause_share,
                           pause_window=ic.screen_pause_window, pause_steps=ic.screen_pause_steps,
                           probation=ic.screen_probation,
-                          probation_first=ic.screen_probation_first,
+                          probation_first=ic.screen_probation_first, trial=ic.screen_trial,
                           positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full,
                           answer_working=ic.screen_answer_working, reference=ic.screen_reference,
                           profile_rows=ic.screen_profile_rows, sequence_quantile=ic.screen_sequence_quantile,

@@ -81,7 +81,9 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     sequence weight), the advantages with the dropped rows' shared out among their groups' kept rows
     (``share_dropped_advantages``; ReMix's rows, one a routing, grouped by routing too), and ``[len(COUNTS), n]``
     counts of the first ``count_rows`` rows (all of them by default; ReMix repeats rows down the batch), on the
-    device. The bounds read ``reference`` log-probs: a row's own where it carries them, else the training pass's."""
+    device. The bounds read ``reference`` log-probs: a row's own where it carries them, else the training pass's. The
+    rows of a peer not in ``screen.trusted`` (an author on trial) are judged and counted, and left out of the loss
+    mask, the tokens pushed up and their weights."""
     verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
     both = screen.lower_of_both and any(r[8] is not None for r in rows)
     base = _reference(rows, logprobs) if both else None  # the frozen base's read alone, for the counts
@@ -101,9 +103,10 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
         lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)
         factor = torch.where(lifted, 1.0, sequence[:, None])
         weights = factor if weights is None else weights * factor
+    trial = _on_trial(rows, screen.trusted, mask)
     n = count_rows or len(rows)
     valid, peer_rows = mask[:n].bool(), peer[:n]
-    pushed_up = (valid & keep[:n]) & (peer_rows & (advantages[:n] > 0))[:, None]
+    pushed_up = (valid & keep[:n]) & (peer_rows & ~trial[:n] & (advantages[:n] > 0))[:, None]
     weight_sum = torch.where(pushed_up, weights[:n], 0.0).sum(-1) if weights is not None else pushed_up.sum(-1)
     judged = held_to_span(peer_rows, screen, advantages[:n])
     masked = (valid & ~keep[:n] & peer_rows[:, None]).sum(-1)
@@ -117,7 +120,14 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     counts = torch.stack([peer_rows.float(), dropped[:n].float(), (valid & peer_rows[:, None]).sum(-1).float(),
                           masked.float(), pushed_up.sum(-1).float(), weight_sum.float(), judged.float(),
                           (judged & failed).float(), (judged & by_sequence).float(), (judged & by_policy).float()])
-    return mask & keep, weights, advantages, counts
+    return mask & keep & ~trial[:, None], weights, advantages, counts
+
+
+def _on_trial(rows: list[Row], trusted: frozenset[str] | None, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the rows of peers not in ``trusted`` (all False when it is None), repeated down the batch as
+    ReMix's routings repeat the rows."""
+    flags = [trusted is not None and not r[4] and r[5] not in trusted for r in rows]
+    return torch.tensor(flags, dtype=torch.bool).to(mask.device).repeat(mask.shape[0] // len(rows))
 
 
 def _sequence(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,

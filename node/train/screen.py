@@ -19,6 +19,8 @@ and the policy the loss is about to move is the one that judges. For the rows of
   the node's own completions' on the dataset. The truncated importance weight of the whole completion against
   what the node itself says: text added to a right answer, however plausible each of its tokens, lowers ``L``
   by what each of them costs, so the row moves the node about as far as its own least likely completions do;
+- a new author's rows, until it has passed its trial (``PeerScreen.trusted``), are judged as above and kept out
+  of the loss: what it sends before the screen has seen enough of it teaches nothing;
 - one peer group's advantages are scaled so that its positives sum to at most ``group_cap`` times its rows,
   and one author's so that its positives are at most ``author_cap`` of the step's (``cap_peer_advantages``):
   how much of a step one author can move, whatever it writes.
@@ -54,7 +56,8 @@ class PeerScreen:
     fully at (``sequence_weights``; None: off), ``sequence_fail`` the nats below it at which the row fails;
     ``group_cap``, ``author_cap``: ``cap_peer_advantages``'s (None: no cap); ``lower_of_both``: a row that carries
     the base's log-probs is read at the lower of those and the training pass's, token by token (False: the base's
-    alone)."""
+    alone); ``trusted``: the authors past their trial, the only peers whose rows carry weight in the loss (the
+    others' rows are judged and kept out of it; None: no trial, every peer's rows carry weight)."""
 
     token_floor: float
     window: int
@@ -67,6 +70,7 @@ class PeerScreen:
     group_cap: float | None = None
     author_cap: float | None = None
     lower_of_both: bool = False
+    trusted: frozenset[str] | None = None
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:

@@ -286,7 +286,7 @@ def test_an_author_is_paused_once_enough_of_its_last_window_failed_for_a_term_th
     assert verdicts.paused("a") and verdicts.paused_until("a") == 3
     assert verdicts.summary("a") == {"judged": 3, "failed": 3, "dropped": 2, "sequence_failed": 1,
                                      "policy_failed": 1, "tokens": 10, "tokens_masked": 2, "mean_weight": 0.75,
-                                     "pauses": 1, "paused_until": 3, "probation": 16}
+                                     "pauses": 1, "paused_until": 3, "probation": 16, "trial": 0}
     verdicts.step = 3
     assert not verdicts.paused("a") and verdicts.summary("a")["paused_until"] == -1  # the pause is over
     assert not verdicts.record("a", 2, 2)  # judged afresh: 2 failures since, 3 needed
@@ -356,3 +356,24 @@ def test_with_probation_first_a_new_author_is_held_to_the_probation_from_its_fir
     verdicts.record("c", 1, 0)
     verdicts.record("d", 1, 0)  # "b" forgotten
     assert verdicts.record("b", 2, 2) == first  # new again
+
+
+def test_a_new_author_is_on_trial_until_enough_of_its_completions_have_passed():
+    """With ``trial`` 3, an author's rows carry weight (it is ``trusted``) once 3 of its completions have passed:
+    judged and not failed, so failures do not count toward it (mutation: counting judged completions trusts "b"
+    after its 4 failures); an author forgotten and back is on trial again; with no trial nothing is held back
+    (None: every author's rows carry weight)."""
+    assert AuthorVerdicts(ScreenSettings(), max_authors=2).trusted() is None
+    verdicts = AuthorVerdicts(ScreenSettings(pause_window=64, trial=3), max_authors=2)
+    verdicts.step = 1
+    assert verdicts.trusted() == frozenset() and verdicts.summary("a")["trial"] == 3  # not yet judged
+    verdicts.record("a", 2, 1)
+    assert "a" not in verdicts.trusted() and verdicts.summary("a")["trial"] == 2
+    verdicts.record("a", 2, 0)
+    assert verdicts.trusted() == {"a"} and verdicts.summary("a")["trial"] == 0
+    verdicts.record("b", 4, 4)
+    assert verdicts.trusted() == {"a"} and verdicts.summary("b")["trial"] == 3
+    verdicts.record("c", 1, 0)  # "a" forgotten
+    verdicts.record("a", 1, 0)
+    assert verdicts.trusted() == frozenset() and verdicts.summary("a")["trial"] == 2
+    assert AuthorVerdicts(ScreenSettings(enabled=False, trial=3), max_authors=2).trusted() is None

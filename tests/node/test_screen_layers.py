@@ -148,6 +148,20 @@ def test_the_sequence_weight_holds_a_payload_of_likely_tokens(small_base: Any) -
     assert learned > 0.3, learned
 
 
+def test_a_new_authors_rows_teach_nothing_while_it_is_on_trial(small_base: Any) -> None:
+    """The sequence weight's payload with that weight off (every other layer lets it through: learned, as above):
+    with ``screen_trial`` beyond the run, the attacker's rows are judged (8 pushed up, none failed) and the payload
+    moves exactly as the silo's; once its trial is passed (4 completions: two steps), it is learned again
+    (mutation: the trial's rows left in the loss)."""
+    own = [[-0.2, -4.8]] * 4
+    held, book = _attacked(small_base, own, target=-1.8, n=8, sequence_quantile=None, trial=100)
+    summary = book.verdicts.summary("attacker")
+    assert abs(held) < 1e-3 and (summary["judged"], summary["failed"], summary["trial"]) == (8, 0, 92), (held, summary)
+    assert book.bounds().trusted == frozenset() and book.metrics()["screen_peers_on_trial"] == 1
+    later, book = _attacked(small_base, own, target=-1.8, n=8, sequence_quantile=None, trial=4)
+    assert later > 0.1 and book.bounds().trusted == {"attacker"}, later
+
+
 def test_the_weight_slows_a_payload_of_unlikely_tokens(small_base: Any) -> None:
     """Four tokens near -5 nats each (above the token floor, below the weight's floor of -2.3), the node's own
     completions long and unlikely so that neither the span nor the sequence bound holds them: the weight (about
