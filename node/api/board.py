@@ -43,7 +43,7 @@ class PeerIngest:
     groups_trained: int = 0  # of those accepted, how many a step trained on
     # the peer-text screen's running figures of its completions (AuthorVerdicts.summary): judged, failed,
     # dropped, sequence_failed, policy_failed, tokens, tokens_masked, mean_weight, pauses, paused_until,
-    # probation; and whether the screen has it paused now
+    # probation, trial; and whether the screen has it paused now
     screen: Mapping[str, float] = field(default_factory=dict)
     screen_paused: bool = False
 
