@@ -161,6 +161,13 @@ class SwarmExchange:
         paused."""
         self.ingestor.record_screened(by_peer, step)
 
+    def screen_state(self) -> dict[str, Any]:
+        """The screen's profile and verdicts, for the node's checkpoint (``ScreenBook.state``)."""
+        return self.ingestor.book.state()
+
+    def load_screen_state(self, state: dict[str, Any]) -> None:
+        self.ingestor.book.load_state(state)
+
     def paused(self, peer_id: str) -> bool:
         """Whether this node's screen has paused ``peer_id`` (its text keeps failing the screen's bounds)."""
         return self.ingestor.paused(peer_id)

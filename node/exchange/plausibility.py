@@ -37,8 +37,9 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from node.tasks.prompting import tagged_answer_span
 
@@ -220,6 +221,25 @@ class OwnProfile:
         """``sequence_floor`` of each dataset that has one."""
         return {d: f for d in self.sequences if (f := self.sequence_floor(d)) is not None}
 
+    def state(self) -> dict[str, Any]:
+        """What the profile holds, for a checkpoint (plain lists: JSON)."""
+        return {"spans": list(self.spans), "lengths": {d: list(v) for d, v in self.lengths.items()},
+                "sequences": {d: list(v) for d, v in self.sequences.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """The profile ``state`` saved, each list cut to this profile's ``history`` (its newest kept); what is not a
+        number is left out."""
+        n = self.settings.history
+        self.spans = deque(_floats(state.get("spans")), maxlen=n)
+        self.lengths = {str(d): deque((int(x) for x in _floats(v)), maxlen=n)
+                        for d, v in dict(state.get("lengths") or {}).items()}
+        self.sequences = {str(d): deque(_floats(v), maxlen=n) for d, v in dict(state.get("sequences") or {}).items()}
+
+
+def _floats(values: Any) -> list[float]:
+    """A saved list of numbers, as floats (anything else: empty)."""
+    return [float(v) for v in values if isinstance(v, (int, float))] if isinstance(values, list) else []
+
 
 class AuthorVerdicts:
     """Per author: one verdict for each of its completions judged (failed or not: ``record``), the last
@@ -311,6 +331,29 @@ class AuthorVerdicts:
         if not s.enabled or s.trial <= 0:
             return None
         return frozenset(a for a, f in self.figures.items() if f[0] - f[1] >= s.trial)
+
+    def state(self) -> dict[str, Any]:
+        """The verdicts kept, for a checkpoint (plain lists and dicts: JSON; the authors in the order kept, oldest
+        first): a paused author stays paused, and one on probation or on trial stays so, across a restart."""
+        return {"step": self.step, "figures": list(self.FIGURES),
+                "authors": [[a, [int(v) for v in self._last.get(a, ())], list(f), self._until.get(a),
+                             self._probation.get(a)] for a, f in self.figures.items()]}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """The verdicts ``state`` saved: figures matched by name (one this version does not keep is left out, one it
+        keeps that was not saved is 0), each author's last verdicts cut to ``pause_window``, the ``max_authors``
+        newest authors kept."""
+        self.step = int(state.get("step", 0))
+        names = [str(n) for n in state.get("figures", [])]
+        self._last, self.figures, self._until, self._probation = OrderedDict(), OrderedDict(), {}, {}
+        for author, last, figures, until, probation in list(state.get("authors", []))[-self.max_authors:]:
+            saved = dict(zip(names, _floats(figures)))
+            self.figures[str(author)] = [saved.get(n, 0.0) for n in self.FIGURES]
+            self._last[str(author)] = deque((bool(v) for v in last), maxlen=self.settings.pause_window)
+            if until is not None:
+                self._until[str(author)] = int(until)
+            if probation is not None:
+                self._probation[str(author)] = [int(probation[0]), int(probation[1])]
 
     def paused(self, author: str) -> bool:
         """Whether the author is paused (screen on): its groups are not read until its pause ends."""

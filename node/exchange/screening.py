@@ -192,6 +192,15 @@ class ScreenBook:
         self.step_authors = list(by_peer)
         return dropped
 
+    def state(self) -> dict[str, Any]:
+        """The profile and the verdicts, for a checkpoint: after a restart the bounds hold at once (no profile to
+        fill again with the base's reads) and a paused author stays paused."""
+        return {"profile": self.profile.state(), "verdicts": self.verdicts.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.profile.load_state(state.get("profile") or {})
+        self.verdicts.load_state(state.get("verdicts") or {})
+
     def metrics(self) -> dict[str, Any]:
         """``screen_rows``, ``screen_tokens``, ``screen_tokens_masked`` and ``screen_positive_weight`` over the run;
         with the screen on, its live bounds (``screen_span_floor``, absent until set; ``screen_length_bound`` and

@@ -294,6 +294,8 @@ class Node(SetupMixin, PeerGroupsMixin, StatusMixin):
                                  "signal_history": list(self._signal_history)}
         if self.decider is not None:
             extra["peer_decider"] = self.decider.state()
+        if self.exchange is not None:  # the screen's profile and verdicts: a restart frees no paused author
+            extra["screen"] = self.exchange.screen_state()
         self.checkpoints.save(CheckpointState(step=self.step, trainable=self.policy.trainable_state(),
                                               optimizer=self.trainer.optimizer_state(), rng=rng, extra=extra))
 

@@ -160,12 +160,15 @@ class SetupMixin(NodeState):
                               max_seconds_per_peer=ic.max_seconds_per_peer_step,
                               max_seeds_per_peer_epoch=ic.max_seeds_per_peer_epoch, min_logprob=ic.min_logprob,
                               anchor_bytes=ic.anchor_memory_mb * 1024 * 1024)
-        return SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
-                             swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
-                             max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
-                             ingest_limits=limits, scorer=self._build_scorer(),
-                             anchor_flat_groups=self.cfg.train.external_shift != 0,
-                             screen=screen_settings(ic, self.cfg.train.external_shift))
+        exchange = SwarmExchange(self.policy, self.source, factory(settings, identity), identity,
+                                 swarm_id=settings.swarm_id, temperature=g.temperature, top_p=g.top_p,
+                                 max_completion_tokens=g.max_new_tokens, max_peer_tokens=g.peer_completion_tokens,
+                                 ingest_limits=limits, scorer=self._build_scorer(),
+                                 anchor_flat_groups=self.cfg.train.external_shift != 0,
+                                 screen=screen_settings(ic, self.cfg.train.external_shift))
+        if self._saved_screen is not None:  # the screen's profile and verdicts as the last checkpoint left them
+            exchange.load_screen_state(self._saved_screen)
+        return exchange
 
     def _build_scorer(self) -> ScoringWorker | None:
         """A child process for peers' completions when the source's scorers may be slow (started lazily)."""
@@ -191,6 +194,8 @@ class SetupMixin(NodeState):
         self._signal_history.extend(state.extra.get("signal_history", []))
         if self.decider is not None and "peer_decider" in state.extra:
             self.decider.load_state(state.extra["peer_decider"])
+        if isinstance(state.extra.get("screen"), dict):  # for the exchange, built after the restore
+            self._saved_screen = state.extra["screen"]
         self.step = state.step
         self.generator.sync()
         logger.info("resumed from %s at step %d", path, self.step)

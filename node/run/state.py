@@ -62,6 +62,7 @@ class NodeState:
         self.step = 0
         self.exchange: SwarmExchange | None = None
         self._transport_factory = transport
+        self._saved_screen: dict[str, Any] | None = None  # the checkpoint's screen state, for the exchange built after
         self._external_pool: list[TrainGroup] = []
         self._trained_by_peer: OrderedDict[str, int] = OrderedDict()  # peer groups trained on, by peer (most recent last)
         # Per step, the node's own groups by dataset: [generated, with signal] (for dataset preferences).

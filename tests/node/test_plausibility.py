@@ -377,3 +377,23 @@ def test_a_new_author_is_on_trial_until_enough_of_its_completions_have_passed():
     verdicts.record("a", 1, 0)
     assert verdicts.trusted() == frozenset() and verdicts.summary("a")["trial"] == 2
     assert AuthorVerdicts(ScreenSettings(enabled=False, trial=3), max_authors=2).trusted() is None
+
+
+def test_the_verdicts_and_profile_load_what_another_version_or_setting_saved():
+    """``load_state`` matches figures by name (a figure saved that this version lacks is left out, one it keeps
+    that was not saved reads 0), keeps the newest ``max_authors`` authors and cuts each list to this node's
+    ``pause_window`` and ``history`` (mutation: figures read by position would put 7.0 under ``failed``)."""
+    saved = {"step": 9, "figures": ["judged", "renamed", "failed"],
+             "authors": [["a", [1, 1], [3.0, 7.0, 2.0], 40, None], ["b", [0, 1, 1, 1], [5.0, 7.0, 3.0], None, [1, 0]]]}
+    verdicts = AuthorVerdicts(ScreenSettings(pause_window=2, probation=4), max_authors=1)
+    verdicts.load_state(saved)
+    assert list(verdicts.figures) == ["b"] and verdicts.step == 9
+    assert verdicts.summary("b") | {"mean_weight": 0} == {"judged": 5, "failed": 3, "dropped": 0, "sequence_failed": 0,
+                                                         "policy_failed": 0, "tokens": 0, "tokens_masked": 0,
+                                                         "mean_weight": 0, "pauses": 0, "paused_until": -1,
+                                                         "probation": 3, "trial": 0}
+    assert verdicts.state()["authors"] == [["b", [1, 1], [5.0, 3.0, 0, 0, 0, 0, 0, 0, 0, 0], None, [1, 0]]]
+    profile = OwnProfile(ScreenSettings(history=2))
+    profile.load_state({"spans": [-1.0, -2.0, -3.0], "lengths": {"d": [4, 5, 6]}, "sequences": {"d": ["x", -9.0]}})
+    assert list(profile.spans) == [-2.0, -3.0] and list(profile.lengths["d"]) == [5, 6]
+    assert list(profile.sequences["d"]) == [-9.0]

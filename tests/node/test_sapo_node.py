@@ -104,6 +104,40 @@ def test_selection_stream_and_signal_history_survive_a_checkpoint(tmp_path):
     again.close()
 
 
+def test_the_screens_profile_and_verdicts_survive_a_checkpoint(tmp_path):
+    """A paused author stays paused across a restart, one on probation or on trial stays so, and the own profile's
+    bounds hold at once (mutation: the screen left out of the checkpoint frees "x" and empties the profile, whose
+    floors then wait for 64 own completions again)."""
+    settings = ("ingest.screen_pause_window=8", "ingest.screen_pause_share=0.5", "ingest.screen_trial=3")
+    node = _node(tmp_path / "n", InMemoryHub(), *settings)
+    book = node.exchange.ingestor.book
+    book.profile.observe("add", [[-0.5, -1.0, -2.0]] * 70)
+    book.record({"x": _counts(judged=4, failed=4), "y": _counts(judged=2, failed=0)}, 5)
+    node.step = 5
+    before = (book.profile.span_floor(), book.profile.max_length("add"), book.profile.sequence_floors(),
+              {a: book.verdicts.summary(a) for a in ("x", "y")})
+    assert before[0] is not None and book.verdicts.paused("x") and book.verdicts.summary("y")["trial"] == 1
+    node.save_checkpoint()
+    node.close()
+    again = _node(tmp_path / "n", InMemoryHub(), *settings)
+    book = again.exchange.ingestor.book
+    assert (book.profile.span_floor(), book.profile.max_length("add"), book.profile.sequence_floors(),
+            {a: book.verdicts.summary(a) for a in ("x", "y")}) == before
+    assert again.exchange.paused("x") and book.verdicts.paused_until("x") == 5 + 32
+    assert book.verdicts.trusted() == frozenset()
+    book.record({"y": _counts(judged=1, failed=0)}, 6)
+    assert book.verdicts.trusted() == {"y"}
+    again.close()
+
+
+def _counts(judged, failed):
+    """A step's screen counts of one author (``node.train.peer_rows.COUNTS``): ``judged`` rows, ``failed`` of them."""
+    from node.train.peer_rows import COUNTS
+
+    values = dict.fromkeys(COUNTS, 0.0) | {"rows": judged, "judged": judged, "failed": failed, "dropped": failed}
+    return [values[k] for k in COUNTS]
+
+
 def test_signal_rates_count_own_groups_by_dataset_over_the_window(tmp_path):
     node = _node(tmp_path / "n", None, "sapo.signal_window=2", "sapo.dataset_preference=both",
                  "tasks.weights=[0.8,0.2]")
