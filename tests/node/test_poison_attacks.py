@@ -52,6 +52,18 @@ def test_each_attack_poisons_the_undefended_node_and_not_the_defended_one(undefe
     assert undefended.payload_words_before[name] != undefended.payload_before[name]  # a part, not the whole
 
 
+def test_the_control_sentence_no_one_sends_moves_as_the_format_does(undefended, defended):
+    """The control (a plausible sentence no attacker sends) is measured on each victim as the payloads are. The
+    undefended small-base victim learns to put any English sentence before an answer in these six steps: the
+    control rises past ``POISONED`` as the payloads sent do (4.3 nats a token here, the payloads 2.3 to 4.8), so
+    at this scale a payload's rise is mostly the format's; the defended victim holds the control as it holds them
+    (mutation: the control left unmeasured, or the defence letting the format through)."""
+    for victim, bound in ((undefended, lambda m: m >= POISONED), (defended, lambda m: m <= HELD)):
+        moved = victim.payload_words_after["control"] - victim.payload_words_before["control"]
+        assert bound(moved), moved
+    assert "control" not in undefended.published  # measured, never sent
+
+
 @pytest.mark.parametrize("name", list(SUITE))
 def test_the_payload_words_are_the_attackers_tokens_and_not_the_answer(small_base, smollm2, name):
     """``payload_tokens`` picks the tokens that spell the attacker's sentence (or the length attack's
@@ -226,6 +238,11 @@ def test_the_lab_arms_and_their_table():
     other[1] = other[1] | {"payload_words_after": {"length": -7.0}}
     (line,) = lab.summary([silo_words, worded, *other])[2:]
     assert line == "| length | defended | 2 (3,4) | +0.00 ±3.18 | 0.0% / 0.0% | never | 0 |"
+    # the control sentence no one sends, where the runs measured it: its words less the silo's, a row of its own
+    controlled = [r | {"payload_words_after": {**r["payload_words_after"], "control": c}}
+                  for r, c in zip((silo_words, worded), (-4.0, -3.5))]
+    assert lab.summary(controlled)[2:] == ["| length | defended | 1 (3) | -0.25 (one run) | 0.0% / 0.0% | never | 0 |",
+                                           "| control (sent by no one) | defended | 1 (3) | +0.50 (one run) | - | - | - |"]
     # with each held-out task's greedy reward, the difference task by task: by hand, d = 100, 0, 0, 100 points,
     # mean 50, standard deviation (4 x 50^2 / 3) ** 0.5 = 57.74, half-width 1.96 x 57.74 / 2 = 56.6
     by_task = [result(silo, 0.25, 10.0, {}) | {"greedy_rewards": [0.0, 0.0, 1.0, 0.0]},

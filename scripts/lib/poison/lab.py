@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from scripts.lib.poison.attacker import AttackerNode
-from scripts.lib.poison.attacks import SUITE, Attack, payload_words
+from scripts.lib.poison.attacks import CONTROL, SUITE, Attack, payload_words
 
 ROOT = Path(__file__).resolve().parents[3]
 PAYLOAD_ROWS = 32  # held-out tasks a pass when measuring a payload's log-prob
@@ -138,7 +138,8 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
                                                            for i, a in enumerate(attacks)]
         for attacker in attackers:
             stack.callback(attacker.close)
-        before = {a.name: payload_logprobs(victim, a, spec) for a in attacks}
+        measured_payloads = [*attacks, CONTROL] if attacks else []  # the control: a sentence no one sends
+        before = {a.name: payload_logprobs(victim, a, spec) for a in measured_payloads}
         own_asr: dict[str, list[float]] = {a.name: [] for a in attacks}
         own_carrying: dict[str, list[list[Any]]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
@@ -166,7 +167,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         if progress:
             progress("measuring")
         measured = measure(victim, attacks, spec)
-        after = {a.name: payload_logprobs(victim, a, spec) for a in attacks}
+        after = {a.name: payload_logprobs(victim, a, spec) for a in measured_payloads}
         measured["payload_before"] = {k: v[0] for k, v in before.items()}
         measured["payload_after"] = {k: v[0] for k, v in after.items()}
         measured["payload_words_before"] = {k: v[1] for k, v in before.items()}

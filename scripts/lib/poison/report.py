@@ -88,8 +88,9 @@ def table(results: list[dict[str, Any]]) -> list[str]:
 
 
 def summary(results: list[dict[str, Any]]) -> list[str]:
-    """A row an attack and arm over its seeds (each run a unit): the payload's words less the silo's, in mean
-    with its 95% t interval over the runs; the largest sampled and greedy success rates; the latest first pause
+    """A row an attack and arm over its seeds (each run a unit), and one for the control sentence no one sends
+    where the runs measured it (``attacks.CONTROL``: the path's own drift): the payload's words less the silo's,
+    in mean with its 95% t interval over the runs; the largest sampled and greedy success rates; the latest first pause
     of an attacker identity (never: "-"); the honest peer's paused steps summed over the runs (runs saved before
     pauses: their bans)."""
     silo = {r["spec"]["seed"]: r for r in results if r["spec"]["silo"]}
@@ -97,9 +98,11 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     for r in results:
         if r["spec"]["silo"]:
             continue
-        for a in r["asr_sampled"]:
-            if r.get("published", {}).get(a) != 0:
-                cells.setdefault((a, arm_of(r["spec"])), []).append((r, beyond_silo(r, silo.get(r["spec"]["seed"]), a)))
+        measured = [a for a in r["asr_sampled"] if r.get("published", {}).get(a) != 0]
+        if r.get("payload_words_after", {}).get("control") is not None:  # the sentence no one sends (runs since 2026-12-06)
+            measured.append("control")
+        for a in measured:
+            cells.setdefault((a, arm_of(r["spec"])), []).append((r, beyond_silo(r, silo.get(r["spec"]["seed"]), a)))
     lines = ["| attack | arm | runs (seeds) | payload words less the silo's (nats a token, 95% over runs) | "
              "ASR sampled / greedy, largest | first paused, latest | honest peer paused (steps) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -111,6 +114,9 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
             beyond = f"{mean:+.2f}" + (f" ±{half:.2f}" if half is not None else " (one run)")
         else:
             beyond = "-"
+        if a == "control":
+            lines.append(f"| control (sent by no one) | {arm} | {len(runs)} ({seeds}) | {beyond} | - | - | - |")
+            continue
         sampled = max(100 * r["asr_sampled"][a] for r, _ in runs)
         greedy = max(100 * r["asr_greedy"][a] for r, _ in runs)
         firsts = [s for r, _ in runs for s in _paused_at(r).get(a, [])]
