@@ -289,6 +289,9 @@ class IngestConfig(Section):
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
         "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "
-        "its first pause teaches nothing; an honest peer's first this many passing completions are lost to the "
-        "node (0: off)")
+        "its first pause teaches nothing. Off: at 32, on three seeds, the sybils' and the plausible sentences' words "
+        "fell to those of sharing alone (-0.02 against +0.24 and +0.28 nats a token), but with no attacker the "
+        "victim, not trained toward its honest peer's text, failed 17 of its first 104 completions and paused it, "
+        "and the wrong working passed its trial on one seed and was first paused at step 26, not 14 "
+        "(docs/results/poison.md, 'Reruns are exact') (0: off)")
 
