@@ -330,7 +330,15 @@ class AuthorVerdicts:
         s = self.settings
         if not s.enabled or s.trial <= 0:
             return None
-        return frozenset(a for a, f in self.figures.items() if f[0] - f[1] >= s.trial)
+        return frozenset(a for a in self.figures if self.trial_left(a) == 0)
+
+    def trial_left(self, author: str) -> int:
+        """How many more of the author's completions must pass before its rows carry weight (0: past its trial,
+        or no trial); a failed completion does not count toward it."""
+        if self.settings.trial <= 0:
+            return 0
+        judged, failed = self.figures.get(author, [0.0, 0.0])[:2]
+        return max(0, self.settings.trial - int(judged - failed))
 
     def state(self) -> dict[str, Any]:
         """The verdicts kept, for a checkpoint (plain lists and dicts: JSON; the authors in the order kept, oldest
@@ -378,4 +386,4 @@ class AuthorVerdicts:
                 "pauses": int(pauses), "paused_until": -1 if until is None else until,
                 "probation": max(0, self.settings.probation - self._probation[author][0])
                 if author in self._probation else 0,
-                "trial": max(0, self.settings.trial - int(judged - failed)) if self.settings.trial > 0 else 0}
+                "trial": self.trial_left(author)}

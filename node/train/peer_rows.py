@@ -126,7 +126,9 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
 def _on_trial(rows: list[Row], trusted: frozenset[str] | None, mask: torch.Tensor) -> torch.Tensor:
     """``[B]``: the rows of peers not in ``trusted`` (all False when it is None), repeated down the batch as
     ReMix's routings repeat the rows."""
-    flags = [trusted is not None and not r[4] and r[5] not in trusted for r in rows]
+    if trusted is None:  # no trial: nothing to build on the host
+        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    flags = [not r[4] and r[5] not in trusted for r in rows]
     return torch.tensor(flags, dtype=torch.bool).to(mask.device).repeat(mask.shape[0] // len(rows))
 
 
