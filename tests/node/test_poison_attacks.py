@@ -127,6 +127,13 @@ def test_the_defence_drops_pauses_and_keeps_learning_from_the_honest_peer(undefe
         if name in ("phrase-suffix", "ramp"):  # sends nothing; starts at one poisoned completion a group
             continue
         assert all(step is not None and step <= 5 for step in first), (name, first)
+        # a pause needs failures first: each identity's first failed completion at or before its pause
+        assert all(f is not None and f <= p for f, p in zip(defended.failed_at[name], first, strict=True)), name
+        # a dropped completion is a failed one; an attacker none of whose rows was dropped has no drop step
+        dropped = [d for d in defended.dropped_at[name] if d is not None]
+        assert bool(dropped) == (defended.screen_figures[name]["dropped"] > 0), name
+        assert all(d is None or f <= d for f, d in zip(defended.failed_at[name], defended.dropped_at[name],
+                                                        strict=True)), name
         assert defended.screen_figures[name]["pauses"] == len(first), name  # one each: none back within 6 steps
     assert v["peers_banned"] == 0  # a pause is no offence: the peer book bans no one for the screen's verdicts
     assert undefended.victim["peers_banned"] == 0 and not undefended.victim["ingest_rejected"]
@@ -229,6 +236,8 @@ def test_the_lab_arms_and_their_table():
                                                                 "payload_words_after": {"length": -7.5},
                                                                 "paused_at": {"length": [4, None]}}
     assert lab.table([worded])[2].split(" | ")[7:9] == ["-5.00 -> -6.00 (words -7.00 -> -7.50)", "4, never"]
+    failed = worded | {"failed_at": {"length": [2, 3]}}
+    assert lab.table([failed])[2].split(" | ")[8] == "4, never (first failed 2, 3)"
     # against the silo of the same seed, which measures the payload too: after less the silo's after
     silo_words = result(silo, 0.5, 10.0, {}) | {"payload_words_after": {"length": -7.25}}
     assert lab.table([silo_words, worded])[2].split(" | ")[7] == "-5.00 -> -6.00 (words -7.00 -> -7.50; -0.25)"

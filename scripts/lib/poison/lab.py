@@ -91,6 +91,10 @@ class LabResult:
     payload_words_before: dict[str, float | None] = field(default_factory=dict)  # the payload's own words alone
     payload_words_after: dict[str, float | None] = field(default_factory=dict)
     paused_at: dict[str, list[int | None]] = field(default_factory=dict)  # an attack: each identity's first paused step
+    # an attack: each identity's first step with a completion that failed the screen / was dropped by a bound, so a
+    # pause's delay splits into the screen finding the text (first failed) and the verdict (paused)
+    failed_at: dict[str, list[int | None]] = field(default_factory=dict)
+    dropped_at: dict[str, list[int | None]] = field(default_factory=dict)
     paused_steps: dict[str, int] = field(default_factory=dict)  # an attack: steps after which an identity was paused
     payloads: dict[str, str] = field(default_factory=dict)  # an attack: its payload as sent (a sampled one resolved)
     honest_paused_steps: int = 0  # steps after which the victim's screen had the honest peer paused (0 expected)
@@ -144,8 +148,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
         own_carrying: dict[str, list[list[Any]]] = {a.name: [] for a in attacks}
         if victim.exchange is not None and attacks:
             _track(victim.exchange, attacks, own_asr, own_carrying)
-        paused_at: dict[str, list[int | None]] = {n.attack.name: [None] * len(n.identities) for n in attackers}
-        paused_steps = {n.attack.name: 0 for n in attackers}
+        seen = _Verdicts.of(attackers)
         honest_paused = 0
         for i in range(1, spec.steps + 1):
             for attacker in attackers:
@@ -156,12 +159,7 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             hub.epoch += 1
             if victim.exchange is not None:
                 honest_paused += any(victim.exchange.paused(p.exchange.identity.peer_id) for p in peers)
-                for node in attackers:
-                    first = paused_at[node.attack.name]
-                    for k, ident in enumerate(node.identities):
-                        if victim.exchange.paused(ident.peer_id):
-                            paused_steps[node.attack.name] += 1
-                            first[k] = i if first[k] is None else first[k]
+                seen.note(i, victim.exchange, attackers)
             if progress and (i % max(spec.steps // 10, 1) == 0 or i == spec.steps):
                 progress(f"step {i}/{spec.steps}, {time.perf_counter() - started:.0f} s")
         if progress:
@@ -194,10 +192,39 @@ def run(spec: LabSpec, work: Path | None = None, progress: Callable[[str], None]
             figures = {name: _summed([verdicts.summary(a) for a in ids]) for name, ids in authors.items()}
     return LabResult(spec=asdict(spec), steps=spec.steps, seconds=time.perf_counter() - started,
                      victim=victim_metrics, own_asr=own_asr, own_carrying=own_carrying, echoed=echoed,
-                     published=published, paused_at=paused_at, paused_steps=paused_steps,
+                     published=published, paused_at=seen.paused_at, paused_steps=seen.paused_steps,
+                     failed_at=seen.failed_at, dropped_at=seen.dropped_at,
                      honest_paused_steps=honest_paused,
                      payloads={a.name: a.payload for a in attacks},
                      screen_figures=figures, **measured)
+
+
+@dataclass
+class _Verdicts:
+    """What the victim's screen made of each attacker identity, step by step: the first step it was paused, failed
+    a completion, had one dropped, and how many steps it spent paused."""
+
+    paused_at: dict[str, list[int | None]]
+    failed_at: dict[str, list[int | None]]
+    dropped_at: dict[str, list[int | None]]
+    paused_steps: dict[str, int]
+
+    @classmethod
+    def of(cls, attackers: list[AttackerNode]) -> _Verdicts:
+        def unseen() -> dict[str, list[int | None]]:
+            return {n.attack.name: [None] * len(n.identities) for n in attackers}
+        return cls(unseen(), unseen(), unseen(), {n.attack.name: 0 for n in attackers})
+
+    def note(self, step: int, exchange: Any, attackers: list[AttackerNode]) -> None:
+        for node in attackers:
+            name = node.attack.name
+            for k, ident in enumerate(node.identities):
+                paused, figures = exchange.paused(ident.peer_id), exchange.ingestor.verdicts.summary(ident.peer_id)
+                self.paused_steps[name] += paused
+                for first, seen in ((self.paused_at, paused), (self.failed_at, figures["failed"] > 0),
+                                    (self.dropped_at, figures["dropped"] > 0)):
+                    if seen and first[name][k] is None:
+                        first[name][k] = step
 
 
 def _summed(summaries: list[dict[str, float]]) -> dict[str, float]:
