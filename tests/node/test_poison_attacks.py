@@ -238,6 +238,8 @@ def test_the_lab_arms_and_their_table():
     assert lab.table([worded])[2].split(" | ")[7:9] == ["-5.00 -> -6.00 (words -7.00 -> -7.50)", "4, never"]
     failed = worded | {"failed_at": {"length": [2, 3]}}
     assert lab.table([failed])[2].split(" | ")[8] == "4, never (first failed 2, 3)"
+    unfailed = worded | {"failed_at": {"length": [None, None]}}
+    assert lab.table([unfailed])[2].split(" | ")[8] == "4, never"
     # against the silo of the same seed, which measures the payload too: after less the silo's after
     silo_words = result(silo, 0.5, 10.0, {}) | {"payload_words_after": {"length": -7.25}}
     assert lab.table([silo_words, worded])[2].split(" | ")[7] == "-5.00 -> -6.00 (words -7.00 -> -7.50; -0.25)"

@@ -221,9 +221,9 @@ class _Verdicts:
             for k, ident in enumerate(node.identities):
                 paused, figures = exchange.paused(ident.peer_id), exchange.ingestor.verdicts.summary(ident.peer_id)
                 self.paused_steps[name] += paused
-                for first, seen in ((self.paused_at, paused), (self.failed_at, figures["failed"] > 0),
-                                    (self.dropped_at, figures["dropped"] > 0)):
-                    if seen and first[name][k] is None:
+                for first, happened in ((self.paused_at, paused), (self.failed_at, figures["failed"] > 0),
+                                        (self.dropped_at, figures["dropped"] > 0)):
+                    if happened and first[name][k] is None:
                         first[name][k] = step
 
 

@@ -71,7 +71,8 @@ def table(results: list[dict[str, Any]]) -> list[str]:
             lines.append(f"| (none) | {arm} | {sp['seed']} | - | - | {reward} | {length} | - | - | {screened} |")
         for a in r["asr_sampled"]:
             paused = _first(_paused_at(r).get(a))
-            if r.get("failed_at", {}).get(a):  # runs since 2026-12-06: when the screen first failed its text
+            # runs since 2026-12-06: when the screen first failed each identity's text (said where any failed)
+            if any(step is not None for step in r.get("failed_at", {}).get(a) or []):
                 paused += f" (first failed {_first(r['failed_at'][a])})"
             if r.get("published", {}).get(a) == 0:  # e.g. text after the answer: the verifier scores it 0
                 lines.append(f"| {a} | {arm} | {sp['seed']} | none sent: no poisoned completion passed the "
