@@ -286,6 +286,14 @@ class IngestConfig(Section):
         "completions in, but their payloads' words did not fall, and with no attacker it paused the honest peer on "
         "one run of two, at 4 failures among its first completions (docs/results/poison.md, 'A new author on "
         "probation')")
+    screen_probation_base: bool = Field(
+        False, description="on probation (screen_probation), count only the failures that the frozen base's read "
+        "fails too, not those of the policy's read alone (screen_reference both; the usual count takes every "
+        "failure): a probation is a verdict on a few completions, and the base's read is the one a peer's text "
+        "cannot move nor an honest peer's drift from this node's policy fail. Every adaptive attacker but the wrong "
+        "working fails the base's read (docs/results/poison.md, 'Which reader fails each attacker'); the wrong "
+        "working is still paused by the usual count. Off: measured in docs/results/poison.md, 'A probation on "
+        "the base's read'")
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
         "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "

@@ -69,6 +69,7 @@ class ScreenSettings:
     pause_steps: int = 32  # the first pause of an author; each next one twice the last
     probation: int = 16  # completions judged after a pause ends among which fewer failures pause again; 0: none
     probation_first: bool = False  # a new author's first completions on probation too, as after a pause
+    probation_base: bool = False  # on probation, only failures the frozen base's read fails too count (reference both)
     trial: int = 0  # a new author's rows carry no weight in the loss until this many of its completions passed; 0: off
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
@@ -253,10 +254,11 @@ class AuthorVerdicts:
     training steps (twice as many at each next pause), after which its completions are judged afresh, the first
     ``probation`` of them held to the pause share of ``probation`` (4 failures of 16 at the defaults, not 13 of 64:
     each return lets fewer of an attacker's completions in); with ``probation_first``, a new author's first
-    completions are held so too. With ``trial``, a new author is on trial until ``trial`` of its completions have
-    passed (judged, not failed; ``trusted``): its rows are judged as any other's and carry no weight in the loss, so
-    what an author sends before its first pause teaches nothing. A pause says
-    that this node would not write the author's text, not that the author cheats: an honest peer at another stage
+    completions are held so too; with ``probation_base``, a probation counts only the failures that the frozen
+    base's read fails too (not those of the policy's read alone), where the usual count takes every failure. With
+    ``trial``, a new author is on trial until ``trial`` of its completions have passed (judged, not failed;
+    ``trusted``): its rows are judged as any other's and carry no weight in the loss, so what an author sends before
+    its first pause teaches nothing. A pause says that this node would not write the author's text, not that the author cheats: an honest peer at another stage
     of training fails the bounds a node sets from its own answers as often as an attacker does (the weak-from-strong
     pair, docs/results/sapo-smollm2-pair.md), so a pause is not an offence and the peer book does not ban for it."""
 
@@ -288,7 +290,8 @@ class AuthorVerdicts:
         an author whose every completion fails is paused once ``pause_share * pause_window`` of them are in); or, for
         an author back from a pause (or, with ``probation_first``, new: not among the authors kept), at least
         ``pause_share`` of ``probation`` failed among the first ``probation`` judged since its pause ended (or since
-        it was first judged; counted by whole calls: the call that reaches ``probation`` is the last)."""
+        it was first judged; counted by whole calls: the call that reaches ``probation`` is the last), where with
+        ``probation_base`` the probation counts ``failed - policy_failed``."""
         s = self.settings
         if s.probation_first and s.probation > 0 and author not in self.figures:
             self._probation[author] = [0, 0]  # a new author's first completions, held as a returning one's
@@ -305,7 +308,7 @@ class AuthorVerdicts:
         probation = None if paused else self._probation.get(author)
         if probation is not None:
             probation[0] += n
-            probation[1] += failed
+            probation[1] += failed - policy_failed if s.probation_base else failed
         pausing = s.enabled and not paused and (
             sum(last) >= math.ceil(s.pause_share * s.pause_window)
             or (probation is not None and probation[1] >= math.ceil(s.pause_share * s.probation)))

@@ -358,6 +358,33 @@ def test_with_probation_first_a_new_author_is_held_to_the_probation_from_its_fir
     assert verdicts.record("b", 2, 2) == first  # new again
 
 
+@pytest.mark.parametrize("base", [True, False])
+def test_with_probation_base_a_probation_counts_only_failures_the_base_read_fails_too(base):
+    """With ``probation_base``, a probation counts ``failed - policy_failed``: a new author (``probation_first``)
+    whose first 4 completions all fail by the policy's read alone is not paused (mutation: the flag ignored, or
+    ``policy_failed`` not subtracted, pauses it at its second), one whose failures the base's read fails too is;
+    the usual count still takes every failure, so the first is paused once 4 of its last 8 failed (mutation: the
+    subtraction in the usual count too leaves it unpaused); and a returning author's probation counts the same
+    way."""
+    settings = ScreenSettings(pause_window=8, pause_share=0.5, pause_steps=2, probation=4, probation_first=True,
+                              probation_base=base)
+    verdicts = AuthorVerdicts(settings, max_authors=4)
+    verdicts.step = 1
+    assert not verdicts.record("drifted", 1, 1, policy_failed=1)
+    assert verdicts.record("drifted", 1, 1, policy_failed=1) == (not base)  # 2 of its first 4, the policy's read alone
+    assert not verdicts.record("attacker", 1, 1, policy_failed=0)
+    assert verdicts.record("attacker", 1, 1, policy_failed=0)  # the base fails it too: paused either way
+    if base:
+        assert not verdicts.record("drifted", 2, 0)  # probation passed: 0 of its first 4 counted
+        assert verdicts.summary("drifted")["probation"] == 0
+        assert verdicts.record("drifted", 2, 2, policy_failed=2)  # 4 of its last 6 failed: the usual count pauses
+        verdicts.step = 1 + 2  # its pause over: on probation again, counted on the base's read
+        assert not verdicts.record("drifted", 1, 1, policy_failed=1)
+        assert not verdicts.record("drifted", 1, 0)
+        assert verdicts.summary("drifted")["probation"] == 2
+        assert verdicts.record("drifted", 2, 2, policy_failed=0)  # 2 of its 4 back that the base fails too
+
+
 def test_a_new_author_is_on_trial_until_enough_of_its_completions_have_passed():
     """With ``trial`` 3, an author's rows carry weight (it is ``trusted``) once 3 of its completions have passed:
     judged and not failed, so failures do not count toward it (mutation: counting judged completions trusts "b"
