@@ -258,9 +258,10 @@ class AuthorVerdicts:
     base's read fails too (not those of the policy's read alone), where the usual count takes every failure. With
     ``trial``, a new author is on trial until ``trial`` of its completions have passed (judged, not failed;
     ``trusted``): its rows are judged as any other's and carry no weight in the loss, so what an author sends before
-    its first pause teaches nothing. A pause says that this node would not write the author's text, not that the author cheats: an honest peer at another stage
-    of training fails the bounds a node sets from its own answers as often as an attacker does (the weak-from-strong
-    pair, docs/results/sapo-smollm2-pair.md), so a pause is not an offence and the peer book does not ban for it."""
+    its first pause teaches nothing. A pause says that this node would not write the author's text, not that the
+    author cheats: an honest peer at another stage of training fails the bounds a node sets from its own answers as
+    often as an attacker does (the weak-from-strong pair, docs/results/sapo-smollm2-pair.md), so a pause is not an
+    offence and the peer book does not ban for it."""
 
     FIGURES = ("judged", "failed", "dropped", "tokens", "masked", "pushed", "weight", "sequence_failed",
                "policy_failed", "pauses")
