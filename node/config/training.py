@@ -290,10 +290,12 @@ class IngestConfig(Section):
         False, description="on probation (screen_probation), count only the failures that the frozen base's read "
         "fails too, not those of the policy's read alone (screen_reference both; the usual count takes every "
         "failure): a probation is a verdict on a few completions, and the base's read is the one a peer's text "
-        "cannot move nor an honest peer's drift from this node's policy fail. Every adaptive attacker but the wrong "
-        "working fails the base's read (docs/results/poison.md, 'Which reader fails each attacker'); the wrong "
-        "working is still paused by the usual count. Off: measured in docs/results/poison.md, 'A probation on "
-        "the base's read'")
+        "cannot move, where the policy's may read an honest peer's text lower as the node trains away from it. "
+        "Every adaptive attacker but the wrong working fails the base's read (docs/results/poison.md, 'Which reader "
+        "fails each attacker'); the wrong working is still paused by the usual count. Off: with "
+        "screen_probation_first, on seed 0 with no attacker, it let the honest peer through where counting every "
+        "failure paused it (2 of its 7 failures the policy's read alone), but the attackers with it are not "
+        "measured (docs/results/poison.md, 'A probation on the base's read')")
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
         "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "
