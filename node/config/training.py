@@ -232,6 +232,12 @@ class IngestConfig(Section):
         "whose sequence floor has fewer than screen_min_own: the floor is per dataset): the profile is a low quantile over "
         "the last 1,024 read, which a few a step keep current at a fraction of a step's cost (a smollm2 row read "
         "costs about 0.15 s on two CPU cores)")
+    screen_prefix_cache: bool = Field(
+        True, description="with screen_reference=base or both: the base reads the prefix its prompts share (the chat "
+        "template's system turn and worked example, 71 of smollm2's 106 to 132 prompt tokens on smollm2-swarm.yaml) "
+        "once and keeps its keys and values, so each read runs only the rest of a prompt: the base does not change, "
+        "so the log-probs are those of the prompt read whole, up to float rounding (false: every read runs its "
+        "prompts whole, the benchmark's arm)")
     screen_sequence_quantile: float | None = Field(
         0.25, gt=0, lt=1, description="a peer completion the loss pushes up weighs min(1, exp(L - F)) as a whole, L "
         "its log-prob (summed over its tokens but a verified answer's), F this quantile of the node's own "

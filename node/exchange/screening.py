@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from node.exchange.plausibility import AuthorVerdicts, OwnProfile, ScreenSettings
-from node.policy.logprobs import logit_micro_batches, right_pad, shared_prompt_logprobs
+from node.policy.logprobs import FrozenPrefix, logit_micro_batches, right_pad, shared_prompt_logprobs
 from node.policy.model import Policy
 from node.train.groups import TrainGroup
 from node.train.peer_rows import COUNTS
@@ -59,6 +59,8 @@ class ScreenBook:
                            and callable(getattr(model, "disable_adapter", None)))
         # with "both", every bound reads the lower of the base's and the policy's log-prob of each token
         self.lower_of_both = self.base_reads and settings.reference == "both"
+        # the prompts' shared prefix (system turn, worked example) read by the base once, its cache kept
+        self.prefix = FrozenPrefix() if self.base_reads and settings.prefix_cache else None
         if wants_base and not self.base_reads and model is not None:
             logger.warning("ingest.screen_reference=%s needs a LoRA policy; the policy reads peer text instead",
                            settings.reference)
@@ -144,7 +146,8 @@ class ScreenBook:
     @torch.no_grad()
     def base_logprobs(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """The frozen base's log-probs (at the sampling temperature) of each ``(prompt, completion)``: a forward
-        pass of the policy with its adapters switched off, in micro-batches whose logits fit ``anchor_bytes``."""
+        pass of the policy with its adapters switched off, in micro-batches whose logits fit ``anchor_bytes``;
+        with ``prefix_cache``, the prefix the prompts share read from its kept cache."""
         tok, dev, model = self.policy.tokenizer, self.policy.device, self.policy.model
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(tok))
         out: list[list[float]] = []
@@ -153,7 +156,7 @@ class ScreenBook:
                 chunk = rows[r.start : r.stop]
                 ids, mask = (t.to(dev) for t in right_pad([c for _, c in chunk], tok.pad_token_id, torch.long))
                 lps = shared_prompt_logprobs(model, [p for p, _ in chunk], ids, mask, pad_id=tok.pad_token_id,
-                                             temperature=self.temperature)
+                                             temperature=self.temperature, prefix=self.prefix)
                 out += [lps[k, : len(c)].float().cpu().tolist() for k, (_, c) in enumerate(chunk)]
         return out
 

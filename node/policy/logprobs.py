@@ -3,11 +3,15 @@ of a peer's completion (its anchor) and the sampling loop share.
 
 ``sequence_logprobs`` runs prompt and completion in one pass and keeps logits only where a completion token
 is predicted; ``shared_prompt_logprobs`` runs each distinct prompt once and copies its KV cache to the rows
-of its group; ``logit_micro_batches`` splits rows so that their logits fit a memory budget.
+of its group, and with a ``FrozenPrefix`` (a model that does not change: the frozen base the screen reads
+with) runs the prefix its prompts share once for many calls; ``logit_micro_batches`` splits rows so that
+their logits fit a memory budget.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,6 +124,7 @@ def shared_prompt_logprobs(
     *,
     pad_id: int,
     temperature: float = 1.0,
+    prefix: FrozenPrefix | None = None,
 ) -> torch.Tensor:
     """``sequence_logprobs`` with each distinct prompt computed once: ``[B, Tc]`` log-probs of right-padded
     completions ``[B, Tc]`` after ``prompts`` (one token list a row, on the completions' device).
@@ -129,12 +134,24 @@ def shared_prompt_logprobs(
     recomputing it. Here the distinct prompts run once, their KV cache is copied to the rows that share
     them (an indexing, so gradients flow back to the prompt's pass and sum over the group), and only the
     completions run per row. The same log-probs as the full pass, up to float rounding; where the model
-    returns no cache that can copy rows (gradient checkpointing in training), every row runs in full."""
+    returns no cache that can copy rows (gradient checkpointing in training), every row runs in full.
+
+    With ``prefix`` (only for a model whose weights never change, under no gradient), the prompts' shared
+    prefix is read from its cache and only the rest of each distinct prompt runs."""
     device = completion_ids.device
     distinct: dict[tuple[int, ...], int] = {}
     index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     past = None
-    if len(distinct) < len(index):
+    shared = prefix.length(list(distinct)) if prefix is not None else 0
+    if shared and prefix is not None:
+        past = prefix.cache(model, device, len(distinct))
+    if past is not None:
+        rest_ids, rest_mask = (t.to(device) for t in left_pad([list(p[shared:]) for p in distinct], pad_id))
+        p_mask = torch.cat([torch.ones(len(distinct), shared, dtype=torch.long, device=device), rest_mask], dim=1)
+        out = model(input_ids=rest_ids, attention_mask=p_mask, position_ids=positions_from_mask(p_mask)[:, shared:],
+                    past_key_values=past, use_cache=True, logits_to_keep=1)
+        past = out.past_key_values
+    elif len(distinct) < len(index):
         p_ids, p_mask = (t.to(device) for t in left_pad([list(p) for p in distinct], pad_id))
         out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=positions_from_mask(p_mask), use_cache=True,
                     logits_to_keep=1)
@@ -157,3 +174,75 @@ def shared_prompt_logprobs(
         logits = torch.cat([logits, tail], dim=1)
     logits = logits.float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, completion_ids[..., None]).squeeze(-1)
+
+
+class FrozenPrefix:
+    """The keys and values of the prompt prefix that the prompts read so far share (the chat template's system
+    turn and worked example: 71 of smollm2's 106 to 132 prompt tokens on ``configs/smollm2-swarm.yaml``), kept
+    between calls to ``shared_prompt_logprobs``: valid only for a model whose weights never change, as the frozen
+    base the screen reads peer text with (``node.exchange.screening``). The same log-probs as running each prompt
+    whole, up to float rounding (``tests/node/test_logprobs.py``).
+
+    The prefix is the longest that the prompts of the calls so far start with (each prompt keeping at least one
+    token of its own); a call whose prompts share fewer than ``min_tokens`` with it starts it afresh from its own
+    prompts, so a prefix that stops fitting costs one pass of it, never a wrong read. Off where the model's cache
+    cannot copy rows (``batch_select_indices``) and where it attends within a sliding window (Gemma 2 and 3, a
+    Mistral with a window: each prompt's rest is left-padded after the prefix, and the padding would take
+    places in the window that the prompt read whole gives to its tokens)."""
+
+    def __init__(self, min_tokens: int = 16) -> None:
+        self.min_tokens = min_tokens
+        self.tokens: tuple[int, ...] = ()
+        self._cache: Any = None
+        self._key: tuple[int, str] | None = None  # the model and device the cache was computed on
+        self.computed = 0  # how many times the prefix ran (a test's and a benchmark's figure)
+        self.off = False  # the model's cache cannot copy rows
+
+    def length(self, prompts: Sequence[Sequence[int]]) -> int:
+        """The prefix length to read ``prompts`` with (0: none), the kept prefix shortened or started afresh."""
+        if not prompts or self.off:
+            return 0
+        cap = min(len(p) for p in prompts) - 1
+        kept = _common_length([self.tokens, *prompts]) if self.tokens else 0
+        if kept < self.min_tokens:  # no prefix yet, or one these prompts do not share: start from theirs
+            kept = _common_length(prompts)
+            self.tokens, self._cache = tuple(prompts[0][:kept]), None
+        kept = min(kept, cap)
+        if kept < self.min_tokens:
+            return 0
+        if kept < len(self.tokens):
+            self.tokens, self._cache = self.tokens[:kept], None
+        return kept
+
+    def cache(self, model: nn.Module, device: torch.device, rows: int) -> Any:
+        """A copy of the prefix's cache for ``rows`` rows (a forward pass appends to the one it is given); None
+        where the model's cache cannot copy rows (the prefix then stays off)."""
+        key = (id(model), str(device))
+        if self._key is None and sliding_window(model):
+            self.off = True  # the rest of a prompt is padded after the prefix: the padding would sit in the window
+            return None
+        if self._cache is None or self._key != key:
+            ids = torch.tensor([self.tokens], dtype=torch.long, device=device)
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1,
+                        position_ids=torch.arange(ids.shape[1], device=device)[None])
+            self._cache, self._key = out.past_key_values, key
+            self.computed += 1
+        if not hasattr(self._cache, "batch_select_indices"):
+            self.off, self._cache = True, None
+            return None
+        past = copy.deepcopy(self._cache)
+        past.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=device))
+        return past
+
+
+def _common_length(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every one of ``sequences`` shares."""
+    return len(os.path.commonprefix([list(s) for s in sequences]))
+
+
+def sliding_window(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` attends within a sliding window: a window in its config (Mistral's), or a
+    layer type other than full attention (Gemma's; Qwen2's and Qwen3's configs name their layers so)."""
+    config = getattr(model, "config", None)
+    types = set(getattr(config, "layer_types", None) or ()) - {"full_attention"}
+    return getattr(config, "sliding_window", None) is not None or bool(types)

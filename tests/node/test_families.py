@@ -223,6 +223,50 @@ def test_the_sampling_loops_logprobs_are_the_training_passs(name, family_folder)
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_bases_read_from_a_kept_prefix_is_the_read_of_each_prompt_whole(name, family_folder):
+    """The screen's frozen base reads peer and own text with the prefix its prompts share kept between reads
+    (``ingest.screen_prefix_cache``): on each family, adapters moved off zero so that reading through them would
+    show, the log-probs equal those of the same reads with every prompt run whole, over three reads: the prefix
+    run once for the first two, and started afresh by prompts that do not share it; off on a family with a sliding
+    window (Gemma 2 and 3 here), where each prompt's padding after the prefix would take places in the window.
+    Mutations seen failing: the rest of each prompt run at positions from 0 (five families); the kept cache
+    handed to the pass, not a copy, so that each read extends it (five); the window not switched off (Gemma 2
+    and 3)."""
+    from node.exchange.ingest import IngestLimits
+    from node.exchange.plausibility import ScreenSettings
+    from node.exchange.screening import ScreenBook
+
+    policy = _policy(family_folder(name))
+    _adapter_moved(policy)
+    tok = policy.tokenizer
+    books = [ScreenBook(policy, ScreenSettings(prefix_cache=kept), temperature=0.7, micro_batch_size=8,
+                        anchor_bytes=IngestLimits().anchor_bytes, max_authors=8) for kept in (False, True)]
+    prefix = books[1].prefix
+    assert prefix is not None and books[0].prefix is None
+    system = ("You are a careful problem solver. Think it through step by step if you need to, then give only "
+              "the final answer inside answer tags, as in the example before. ")
+    asked = [_prompt(policy, system + q) for q in ("What is 12+7?", "Add 3 and 40, please.", "Hi")]
+    words = tok.encode(" The sum is 19, so the answer is <answer>19</answer> and that is all.", add_special_tokens=False)
+    other = "Answer in one word and nothing else, whatever the question is and however long it looks to you. "
+    later = [_prompt(policy, other + q) for q in ("Hi", "Hello there")]
+    reads = [[(asked[0], words[:12]), (asked[0], words[2:14]), (asked[1], words[:3]), (asked[0], words[5:6])],
+             [(asked[1], words[1:13]), (asked[0], words[:9])],
+             [(later[0], words[:10]), (later[1], words[3:12])]]
+    windowed = name in ("gemma2", "gemma3")
+    for i, rows in enumerate(reads):
+        whole, kept = (book.base_logprobs(rows) for book in books)
+        assert [len(r) for r in whole] == [len(c) for _, c in rows] == [len(r) for r in kept]
+        gap = max(abs(a - b) for w, k in zip(whole, kept) for a, b in zip(w, k))
+        assert gap <= 1e-5, (i, gap)
+        if i == 1 and not windowed:
+            assert prefix.computed == 1 and len(prefix.tokens) >= 16, "the first two reads share one prefix run"
+    if windowed:
+        assert prefix.off and prefix.computed == 0
+    else:
+        assert prefix.computed == 2 and prefix.tokens == tuple(os.path.commonprefix(later)), "started afresh"
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("greedy", [False, True])
 def test_the_mask_holds_with_an_output_layer_wider_than_the_tokenizer(name, greedy, family_folder):
     """The output layer has ids past the tokenizer (as Qwen2.5's and Phi-3's have): pushed towards those and
