@@ -1,7 +1,7 @@
 """What reading every peer completion with the node's own model costs a step (ingest.screen).
 
 Usage: python scripts/bench/bench_screen.py [--config configs/smollm2-swarm.yaml] [--steps 8] [--threads 2]
-                                            [key=value ...]
+                                            [--arm NAME:key=value,...] [key=value ...]
 
 Two victims of the same config and seed, one with the screen on (the default) and one with it off, members of
 one in-memory swarm with an honest peer of the same config: every batch the peer publishes reaches both, so
@@ -11,7 +11,9 @@ publishing, ingestion, and the frozen base's read of the peer groups the step tr
 median steps; then each step's seconds and peer groups trained on side by side, with the screened victim's
 base reads (own completions for the profile, peer completions the loss pushes up: rows and seconds), and the
 ratio over the steps while the profile fills (the base reads more own completions than
-``ingest.screen_profile_rows``) and over those after.
+``ingest.screen_profile_rows``) and over those after. Each ``--arm NAME:key=value,...`` adds a screened victim
+with those keys (``--arm whole:ingest.screen_prefix_cache=false``: the base reading every prompt whole), stepped
+and reported beside the others, its ratios against the unscreened victim.
 """
 
 from __future__ import annotations
@@ -32,8 +34,16 @@ def main() -> int:
     p.add_argument("--config", default="configs/smollm2-swarm.yaml")
     p.add_argument("--steps", type=int, default=8, help="steps measured (after one warm-up step)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--arm", action="append", default=[], metavar="NAME:key=value,...",
+                   help="another screened victim, with these keys set (repeatable)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_args()
+    arms = {}
+    for text in args.arm:
+        name, sep, keys = text.partition(":")
+        if not sep or not name or name in ("screen", "no screen") or name in arms or not keys:
+            p.error(f"--arm {text!r}: expected NAME:key=value,... with a new NAME")
+        arms[name] = keys.split(",")
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
@@ -54,6 +64,8 @@ def main() -> int:
 
         peer = node("peer", 1)
         victims = {"screen": node("screen", 0), "no screen": node("plain", 0, "ingest.screen=false")}
+        for i, (name, keys) in enumerate(arms.items()):
+            victims[name] = node(f"arm{i}", 0, *keys)
         records: dict[str, list[dict]] = {k: [] for k in victims}
         load = [os.getloadavg()[0]]
         try:
@@ -81,25 +93,34 @@ def main() -> int:
         masked = records[k][-1].get("screen_tokens_masked", 0)
         print(f"| {k} | {med[k]:.2f} | {train[k]:.2f} | {exchange[k]:.2f} ({ing[k]:.3f}) | {peer_groups[k]:.2f} | "
               f"{masked} |")
-    print(f"step ratio, screen / no screen: {med['screen'] / med['no screen']:.3f}")
+    screened = [k for k in victims if k != "no screen"]
+    for k in screened:
+        print(f"step ratio, {k} / no screen: {med[k] / med['no screen']:.3f}")
+    for k in screened:
+        _by_step(k, records[k], records["no screen"], victims[k].cfg.ingest.screen_profile_rows)
+    return 0
+
+
+def _by_step(name: str, screened: list[dict], plain: list[dict], rows: int) -> None:
+    """One screened victim's steps beside the unscreened one's, with the base's reads, and the step ratio while
+    its profile fills (the base reading more own completions than ``rows``) and after."""
+    print(f"\n{name}:")
     print("| step | screened s | unscreened s | peer groups trained on | own rows read | own read s | peer rows read "
           "| peer read s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for k, (a, b) in enumerate(zip(records["screen"], records["no screen"]), start=2):
+    for k, (a, b) in enumerate(zip(screened, plain), start=2):
         print(f"| {k} | {a['step_seconds']:.2f} | {b['step_seconds']:.2f} | {a['n_peer_groups']} / "
               f"{b['n_peer_groups']} | {a.get('screen_read_own_rows', 0)} | "
               f"{a.get('screen_read_own_seconds', 0.0):.2f} | {a.get('screen_read_peer_rows', 0)} | "
               f"{a.get('screen_read_peer_seconds', 0.0):.2f} |")
-    rows = victims["screen"].cfg.ingest.screen_profile_rows
     for phase, keep in (("profile filling", lambda n: n > rows), ("profile full", lambda n: n <= rows)):
-        pairs = [(a, b) for a, b in zip(records["screen"], records["no screen"]) if keep(a.get("screen_read_own_rows", 0))]
+        pairs = [(a, b) for a, b in zip(screened, plain) if keep(a.get("screen_read_own_rows", 0))]
         if pairs:
             ratio = statistics.median(a["step_seconds"] for a, _ in pairs) / statistics.median(
                 b["step_seconds"] for _, b in pairs)
             print(f"{phase}: {len(pairs)} steps, step ratio {ratio:.3f}, base reads a step "
                   f"{statistics.median(a.get('screen_read_own_seconds', 0.0) for a, _ in pairs):.2f} s own, "
                   f"{statistics.median(a.get('screen_read_peer_seconds', 0.0) for a, _ in pairs):.2f} s peer")
-    return 0
 
 
 if __name__ == "__main__":
