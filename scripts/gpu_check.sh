@@ -12,8 +12,9 @@
 #             peft's modules on CUDA in float32 and bfloat16 on each family it takes, the special-token mask
 #             and the captured decode step (its host reads counted), ReMix across devices; before the silo,
 #             so that a short lease keeps them; on CUDA none may skip
-#   family-matrix  the family matrix's training, sampling and mask rows (tests/node/test_families.py) with
-#             each family's tiny policy on the card (SWARM_NODE_TEST_DEVICE=cuda)
+#   family-matrix  the family matrix's training, sampling and mask rows and the screen's base read from a kept
+#             prefix (tests/node/test_families.py) with each family's tiny policy on the card
+#             (SWARM_NODE_TEST_DEVICE=cuda)
 #   silo      smollm2 in bfloat16, 30 steps, with the base's own evaluation first (scripts/dev/gpu_silo.py)
 #   gpu-config  configs/smollm2-gpu.yaml (32 groups of 8 a step, 256 x 48) for 8 steps: its step and tokens/s
 #   profile   one silo step under the profiler (scripts/bench/profile_step.py): the training phase's kernel
@@ -143,9 +144,9 @@ fi
 if [[ $DEVICE == cuda ]]; then
   step doctor 90 "$PY" -m node.cli doctor --device cuda
   step gpu-tests 180 "$PY" -m pytest -q -rfEs -p no:cacheprovider -m gpu tests/node
-  # The family matrix's training, sampling and mask rows with every family's policy on the card.
+  # The family matrix's training, sampling, mask and kept-prefix rows with every family's policy on the card.
   step family-matrix 240 env SWARM_NODE_TEST_DEVICE=cuda "$PY" -m pytest -q -rfE -p no:cacheprovider \
-    tests/node/test_families.py -k "step_with_signal or logprobs_are or mask_holds"
+    tests/node/test_families.py -k "step_with_signal or logprobs_are or mask_holds or kept_prefix"
   # The node tests whose policies or nodes run on the device (model.device=auto).
   TESTS=(tests/node/test_remix_devices.py tests/node/test_hf_merged.py tests/node/test_trainer.py
          tests/node/test_generation.py tests/node/test_silo.py tests/node/test_remix.py tests/node/test_losses.py
