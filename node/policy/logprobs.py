@@ -181,7 +181,7 @@ class FrozenPrefix:
     turn and worked example: 71 of smollm2's 106 to 132 prompt tokens on ``configs/smollm2-swarm.yaml``), kept
     between calls to ``shared_prompt_logprobs``: valid only for a model whose weights never change, as the frozen
     base the screen reads peer text with (``node.exchange.screening``). The same log-probs as running each prompt
-    whole, up to float rounding (``tests/node/test_logprobs.py``).
+    whole, up to float rounding (``tests/node/test_families.py``, on each family).
 
     The prefix is the longest that the prompts of the calls so far start with (each prompt keeping at least one
     token of its own); a call whose prompts share fewer than ``min_tokens`` with it starts it afresh from its own
@@ -196,7 +196,7 @@ class FrozenPrefix:
         self._cache: Any = None
         self._key: tuple[int, str] | None = None  # the model and device the cache was computed on
         self.computed = 0  # how many times the prefix ran (a test's and a benchmark's figure)
-        self.off = False  # the model's cache cannot copy rows
+        self.off = False  # the model attends within a sliding window, or its cache cannot copy rows
 
     def length(self, prompts: Sequence[Sequence[int]]) -> int:
         """The prefix length to read ``prompts`` with (0: none), the kept prefix shortened or started afresh."""
