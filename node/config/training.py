@@ -300,8 +300,10 @@ class IngestConfig(Section):
         "Every adaptive attacker but the wrong working fails the base's read (docs/results/poison.md, 'Which reader "
         "fails each attacker'); the wrong working is still paused by the usual count. Off: with "
         "screen_probation_first, on seed 0 with no attacker, it let the honest peer through where counting every "
-        "failure paused it (2 of its 7 failures the policy's read alone), but the attackers with it are not "
-        "measured (docs/results/poison.md, 'A probation on the base's read')")
+        "failure paused it (2 of its 7 failures the policy's read alone); with both keys on three seeds the five "
+        "adaptive attackers were paused at the same steps as counting every failure (1 to 3, the wrong working 8 to "
+        "16) and the honest peer never was, but the whole suite with it is not measured (docs/results/poison.md, "
+        "'The new-author probation on the base's read against the five adaptive attackers')")
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
         "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "
