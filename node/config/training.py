@@ -234,10 +234,11 @@ class IngestConfig(Section):
         "costs about 0.15 s on two CPU cores)")
     screen_prefix_cache: bool = Field(
         True, description="with screen_reference=base or both: the base reads the prefix its prompts share (the chat "
-        "template's system turn and worked example, 71 of smollm2's 106 to 132 prompt tokens on smollm2-swarm.yaml) "
-        "once and keeps its keys and values, so each read runs only the rest of a prompt: the base does not change, "
-        "so the log-probs are those of the prompt read whole, up to float rounding (false: every read runs its "
-        "prompts whole, the benchmark's arm)")
+        "template's system turn and worked example, which open every prompt of a node's tasks) once and keeps its "
+        "keys and values, so each read runs only the rest of a prompt: the base does not change, so the log-probs are "
+        "those of the prompt read whole, up to float rounding; in the on-top setting it took about a third off the "
+        "base's reads (docs/results/poison.md, 'The base's reads with the prompts' shared prefix kept'; false: every "
+        "read runs its prompts whole, the benchmark's arm)")
     screen_sequence_quantile: float | None = Field(
         0.25, gt=0, lt=1, description="a peer completion the loss pushes up weighs min(1, exp(L - F)) as a whole, L "
         "its log-prob (summed over its tokens but a verified answer's), F this quantile of the node's own "

@@ -178,10 +178,10 @@ def shared_prompt_logprobs(
 
 class FrozenPrefix:
     """The keys and values of the prompt prefix that the prompts read so far share (the chat template's system
-    turn and worked example: 71 of smollm2's 106 to 132 prompt tokens on ``configs/smollm2-swarm.yaml``), kept
-    between calls to ``shared_prompt_logprobs``: valid only for a model whose weights never change, as the frozen
-    base the screen reads peer text with (``node.exchange.screening``). The same log-probs as running each prompt
-    whole, up to float rounding (``tests/node/test_families.py``, on each family).
+    turn and worked example, which open every prompt of the node's tasks), kept between calls to
+    ``shared_prompt_logprobs``: valid only for a model whose weights never change, as the frozen base the screen
+    reads peer text with (``node.exchange.screening``). The same log-probs as running each prompt whole, up to
+    float rounding (``tests/node/test_families.py``, on each family).
 
     The prefix is the longest that the prompts of the calls so far start with (each prompt keeping at least one
     token of its own); a call whose prompts share fewer than ``min_tokens`` with it starts it afresh from its own
