@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from node.fused.ops import GateUp, Linear, Qkv, RmsNorm, signed_sin
 from node.fused.projections import Family, LoraLayout, make_family
 from node.policy.families import FAMILIES
+from node.policy.logprobs import sliding_window
 from node.policy.special import output_bias
 
 _LAYERS = {f.decoder_layer for f in FAMILIES if f.fused}  # node.policy.families says which families it takes
@@ -84,8 +85,8 @@ def _describe(model: nn.Module) -> tuple[Any, list[_Layer]]:
         raise ValueError(f"hidden_act {getattr(config, 'hidden_act', None)!r}: only silu MLPs are fused")
     # Mistral's attention reads its window from the config, Qwen2's and Qwen3's from the layer's type
     # (their configs set sliding_window to None unless use_sliding_window)
-    windows = {"full_attention"} | set(getattr(config, "layer_types", None) or ())
-    if getattr(config, "sliding_window", None) is not None or windows != {"full_attention"}:
+    if sliding_window(lm):
+        windows = {"full_attention"} | set(getattr(config, "layer_types", None) or ())
         raise ValueError(f"sliding-window attention (sliding_window {getattr(config, 'sliding_window', None)}, "
                          f"layer types {sorted(windows)}) is not fused")
     if getattr(config, "attention_dropout", 0.0):

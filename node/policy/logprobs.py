@@ -195,7 +195,7 @@ class FrozenPrefix:
         self.tokens: tuple[int, ...] = ()
         self._cache: Any = None
         self._key: tuple[int, str] | None = None  # the model and device the cache was computed on
-        self.computed = 0  # how many times the prefix ran (a test's and a benchmark's figure)
+        self.computed = 0  # how many times the prefix ran (what the family test counts)
         self.off = False  # the model attends within a sliding window, or its cache cannot copy rows
 
     def length(self, prompts: Sequence[Sequence[int]]) -> int:
