@@ -324,8 +324,10 @@ def test_a_peer_row_dropped_by_the_span_bound_is_not_trained_on_and_is_counted(f
         _, alone, alone_grads = _lever_trainer(fused=fused)
         alone.step([_screened_group(keep=(0,), advantages=(advantage,))])
         assert alone_grads[0] and len(alone_grads[0]) == len(grads[0])
-        for a, b in zip(alone_grads[0], grads[0], strict=True):  # up to the rounding of a padded batch
-            assert torch.allclose(a, b, atol=1e-7, rtol=1e-3)
+        for a, b in zip(alone_grads[0], grads[0], strict=True):
+            # up to the rounding of a padded batch, which moves an entry near 0 by more than rtol of itself
+            # (1.7e-7 of 3.8e-5 on two threads): atol is a millionth of the tensor's largest entry
+            assert torch.allclose(a, b, atol=1e-6 * float(b.abs().max()), rtol=1e-3)
     # rows, rows dropped, tokens, tokens masked, tokens pushed up (the kept row's 3), their weights (no floor: 1),
     # rows the span bound held (both: both are pushed up), of those the rows that failed (the dropped one)
     assert screened.screened == {"p": [2, 1, 6, 3, 3, 3.0, 2, 1, 0, 0]} and stats["n_sequences"] == 2.0
@@ -371,7 +373,12 @@ def test_peer_tokens_below_the_floor_stay_in_the_context_but_out_of_the_loss(fus
     group = _screened_group()
     lps = _row_logprobs(policy, group)
     _, mask = right_pad(group.completions, 0, torch.long)
-    floor = float(lps[mask].median())  # about half the tokens below it
+    # half the tokens below the floor, which sits halfway between two tokens' log-probs: on a token's own
+    # value, which side the trainer's pass puts that token rides on float rounding (the thread count moves it)
+    ordered = lps[mask].sort().values
+    half = len(ordered) // 2
+    assert float(ordered[half] - ordered[half - 1]) > 1e-3
+    floor = float(ordered[half - 1] + ordered[half]) / 2
     keep = mask & (lps >= floor)
     assert 0 < int(keep.sum()) < int(mask.sum())
     expected, _ = policy_loss(lps, torch.full_like(lps, -1.0), group.advantages, keep, "reinforce")
