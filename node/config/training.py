@@ -286,25 +286,26 @@ class IngestConfig(Section):
         "a returning author'); an honest peer at this node's stage (about 1% failing) reaches 4 of 16 with odds "
         "near 2e-5 (0: no probation)")
     screen_probation_first: bool = Field(
-        False, description="an author first judged is on probation too: screen_pause_share of its first "
+        True, description="an author first judged is on probation too: screen_pause_share of its first "
         "screen_probation completions failing pauses it, where otherwise its first pause waits for "
-        "screen_pause_share of screen_pause_window (13 failures). Off: on three seeds it paused the adaptive "
-        "attackers (the wrong working aside) at steps 1 to 3 rather than 3 to 9 and let about 45% fewer of their "
-        "completions in, but their payloads' words did not fall, and with no attacker it paused the honest peer on "
-        "one run of two, at 4 failures among its first completions (docs/results/poison.md, 'A new author on "
-        "probation')")
+        "screen_pause_share of screen_pause_window (13 failures). With screen_probation_base, over the whole suite "
+        "of fourteen attacks on three seeds, 53 of 54 attacker identity-runs were first paused within 10 steps "
+        "(39 of 54 without the two keys), no sentence's words rose above +0.13 nats a token over the silo's in "
+        "three-seed mean, the honest peer was never paused in six runs (three beside the attackers, three alone), "
+        "and a 100-step sharing run of four honest nodes replayed with both would have paused none of its twelve "
+        "authors (docs/results/poison.md, 'The whole suite with the new-author probation on the base's read'). Off: the first pause of an attacker whose completions fail one in four or five waits "
+        "until 13 have failed; on without screen_probation_base it paused the honest peer on one run of two "
+        "('A new author on probation')")
     screen_probation_base: bool = Field(
-        False, description="on probation (screen_probation), count only the failures that the frozen base's read "
+        True, description="on probation (screen_probation), count only the failures that the frozen base's read "
         "fails too, not those of the policy's read alone (screen_reference both; the usual count takes every "
         "failure): a probation is a verdict on a few completions, and the base's read is the one a peer's text "
         "cannot move, where the policy's may read an honest peer's text lower as the node trains away from it. "
         "Every adaptive attacker but the wrong working fails the base's read (docs/results/poison.md, 'Which reader "
         "fails each attacker'); the wrong working is still paused by the usual count. Off: with "
-        "screen_probation_first, on seed 0 with no attacker, it let the honest peer through where counting every "
-        "failure paused it (2 of its 7 failures the policy's read alone); with both keys on three seeds the five "
-        "adaptive attackers were paused at the same steps as counting every failure (1 to 3, the wrong working 8 to "
-        "16) and the honest peer never was, but the whole suite with it is not measured (docs/results/poison.md, "
-        "'The new-author probation on the base's read against the five adaptive attackers')")
+        "screen_probation_first, on seed 0 with no attacker, counting every failure paused the honest peer (2 of "
+        "its 7 failures the policy's read alone), where the base's count let it through ('The new-author "
+        "probation on the base's read against the five adaptive attackers')")
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
         "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "

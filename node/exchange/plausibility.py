@@ -68,8 +68,8 @@ class ScreenSettings:
     pause_window: int = 64
     pause_steps: int = 32  # the first pause of an author; each next one twice the last
     probation: int = 16  # completions judged after a pause ends among which fewer failures pause again; 0: none
-    probation_first: bool = False  # a new author's first completions on probation too, as after a pause
-    probation_base: bool = False  # on probation, only failures the frozen base's read fails too count (reference both)
+    probation_first: bool = True  # a new author's first completions on probation too, as after a pause
+    probation_base: bool = True  # on probation, only failures the frozen base's read fails too count (reference both)
     trial: int = 0  # a new author's rows carry no weight in the loss until this many of its completions passed; 0: off
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"

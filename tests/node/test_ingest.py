@@ -372,14 +372,14 @@ def test_an_author_is_judged_once_a_row_and_paused_when_its_rows_keep_failing(ch
     """A training step's screen reports, per author, the rows it judged (those the loss pushed up by default) and
     those that failed (dropped, or with a token below the floor: 8 rows dropped here); each judged row is one
     verdict, and an author with ``ceil(pause_share * pause_window)`` failures among its last ``pause_window`` is
-    paused (7 of 32 at 0.2), the rows the bound did not hold aside; a pause is no offence. Its figures reach the
-    metrics by peer id."""
+    paused (7 of 32 at 0.2; a new author's probation off here), the rows the bound did not hold aside; a pause is no
+    offence. Its figures reach the metrics by peer id."""
     from node.exchange.plausibility import ScreenSettings
 
     policy = SimpleNamespace(tokenizer=char_tok, tokenizer_fingerprint=tokenizer_fingerprint(char_tok),
                              context_length=None)
     ingestor = Ingestor(policy, SOURCE, temperature=1.0, max_completion_tokens=16,  # type: ignore[arg-type]
-                        screen=ScreenSettings(pause_window=32, pause_share=0.2))
+                        screen=ScreenSettings(pause_window=32, pause_share=0.2, probation_first=False))
     ingestor.record_screened({"a": [24, min(failed, 8), 200, 80, 40, 30.0, held, failed, failed // 2, failed // 4]}, 1)
     assert ingestor.verdicts.judged["a"] == held and ingestor.paused("a") == paused
     metrics = ingestor.metrics()

@@ -314,9 +314,10 @@ def test_an_author_back_from_a_pause_is_paused_again_at_a_lower_count_until_its_
     do (mutation: no probation, or ``probation`` 0 ignored). The verdicts given during the pause are of text sent
     before it and do not count toward the probation (mutation: counting them pauses "a" at its first failure
     back); a probation passed is over (mutation: one that never ends pauses "a" at 3 failures of 6), and a
-    forgotten author's probation goes with it."""
-    verdicts = AuthorVerdicts(ScreenSettings(pause_window=8, pause_share=0.5, pause_steps=2, probation=probation),
-                              max_authors=2)
+    forgotten author's probation goes with it; a new author is held to the usual count here
+    (``probation_first`` off: its own test below)."""
+    verdicts = AuthorVerdicts(ScreenSettings(pause_window=8, pause_share=0.5, pause_steps=2, probation=probation,
+                                             probation_first=False), max_authors=2)
     verdicts.step = 1
     assert verdicts.record("a", 4, 4) and verdicts.paused_until("a") == 3
     assert not verdicts.record("a", 2, 1)  # judged during the pause: in its window, not in its probation
