@@ -350,6 +350,24 @@ def test_the_screen_defaults_are_the_configs() -> None:
     assert screen_settings(IngestConfig()) == ScreenSettings()
 
 
+@pytest.mark.parametrize("keys", [{}, {"screen_probation_first": False}, {"screen_probation_base": False}])
+def test_at_the_defaults_a_new_author_is_paused_by_4_base_failures_among_its_first_16(keys: dict) -> None:
+    """At the node's defaults a new author is on probation from its first completion (``screen_probation_first``):
+    4 failures the frozen base's read fails too among its first 16 pause it, where the usual count needs 13 of
+    64; failures of the policy's read alone do not count on probation (``screen_probation_base``). Mutations
+    seen failing: either key's default off, or the setup not passing it on."""
+    from node.exchange.plausibility import AuthorVerdicts
+
+    verdicts = AuthorVerdicts(screen_settings(IngestConfig(**keys)), max_authors=4)
+    verdicts.step = 1
+    for _ in range(3):
+        assert not verdicts.record("attacker", 4, 1) and not verdicts.record("drifted", 4, 1, policy_failed=1)
+    paused = verdicts.record("attacker", 4, 1)  # 4 failures of its first 16
+    assert paused == ("screen_probation_first" not in keys)
+    drifted = verdicts.record("drifted", 4, 1, policy_failed=1)  # 4 of 16, each the policy's read alone
+    assert drifted == ("screen_probation_base" in keys)
+
+
 def test_every_screen_key_reaches_the_screen() -> None:
     """Each ``ingest.screen*`` key set away from its default changes the settings the screen is built with
     (mutation: a key the config reads and ``screen_settings`` does not pass on, as ``screen_probation`` would be
