@@ -293,9 +293,10 @@ class IngestConfig(Section):
         "(39 of 54 without the two keys), no sentence's words rose above +0.13 nats a token over the silo's in "
         "three-seed mean, the honest peer was never paused in six runs (three beside the attackers, three alone), "
         "and a 100-step sharing run of four honest nodes replayed with both would have paused none of its twelve "
-        "authors (docs/results/poison.md, 'The whole suite with the new-author probation on the base's read'). Off: the first pause of an attacker whose completions fail one in four or five waits "
-        "until 13 have failed; on without screen_probation_base it paused the honest peer on one run of two "
-        "('A new author on probation')")
+        "authors (docs/results/poison.md, 'The whole suite with the new-author probation on the base's read'). "
+        "Off: the first pause of an attacker whose completions fail one in four or five waits until 13 have "
+        "failed; on without screen_probation_base it paused the honest peer on one run of two ('A new author on "
+        "probation')")
     screen_probation_base: bool = Field(
         True, description="on probation (screen_probation), count only the failures that the frozen base's read "
         "fails too, not those of the policy's read alone (screen_reference both; the usual count takes every "
