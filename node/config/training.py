@@ -232,6 +232,11 @@ class IngestConfig(Section):
         "whose sequence floor has fewer than screen_min_own: the floor is per dataset): the profile is a low quantile over "
         "the last 1,024 read, which a few a step keep current at a fraction of a step's cost (a smollm2 row read "
         "costs about 0.15 s on two CPU cores)")
+    screen_profile_every: int = Field(
+        1, ge=1, description="with screen_reference=base or both: once the profile holds screen_min_own, the base reads "
+        "screen_profile_rows own completions on one step of each this many and none on the others (the reads while "
+        "it fills, and those of a dataset whose sequence floor is not set, every step): the profile turns over more "
+        "slowly, for fewer of the base's passes")
     screen_prefix_cache: bool = Field(
         True, description="with screen_reference=base or both: the base reads the prefix its prompts share (the chat "
         "template's system turn and worked example, which open every prompt of a node's tasks) once and keeps its "

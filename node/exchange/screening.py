@@ -51,6 +51,7 @@ class ScreenBook:
         self.step_authors: list[str] = []
         # the base's reads this step (reset by observe_own, the first call of a step): rows and seconds, own and peer
         self.reads = {"own_rows": 0, "own_seconds": 0.0, "peer_rows": 0, "peer_seconds": 0.0}
+        self.own_steps = 0  # observe_own's calls once the profile held min_own spans (profile_every counts them)
         # The frozen base reads peer text: the adapters switched off for a forward pass (a plain-LoRA policy;
         # ReMix's routed adapters have no such switch).
         model = getattr(policy, "model", None)
@@ -88,11 +89,15 @@ class ScreenBook:
 
     def _own_reads(self, groups: list[TrainGroup]) -> list[tuple[TrainGroup, int]]:
         """The own completions the base reads this step, a completion of each group in turn: ``profile_rows``
-        (``min_own`` while the profile's spans are fewer), and besides those every completion of a dataset whose
-        sequence floor still lacks ``min_own`` of them (the floor is per dataset: a few reads a step shared among
-        several datasets would leave it unset for tens of steps)."""
+        (``min_own`` while the profile's spans are fewer; once they are not, on one step of each ``profile_every``
+        and none on the others), and besides those every completion of a dataset whose sequence floor still lacks
+        ``min_own`` of them (the floor is per dataset: a few reads a step shared among several datasets would leave
+        it unset for tens of steps)."""
         s = self.settings
-        want = s.profile_rows if len(self.profile.spans) >= s.min_own else s.min_own
+        want = s.min_own
+        if len(self.profile.spans) >= s.min_own:
+            want = s.profile_rows if self.own_steps % max(1, s.profile_every) == 0 else 0
+            self.own_steps += 1
         missing: dict[str, int] = {}
         if s.sequence_quantile is not None:
             for g in groups:

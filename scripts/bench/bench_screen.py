@@ -11,9 +11,11 @@ publishing, ingestion, and the frozen base's read of the peer groups the step tr
 median steps; then each step's seconds and peer groups trained on side by side, with the screened victim's
 base reads (own completions for the profile, peer completions the loss pushes up: rows and seconds), and the
 ratio over the steps while the profile fills (the base reads more own completions than
-``ingest.screen_profile_rows``) and over those after. Each ``--arm NAME:key=value,...`` adds a screened victim
-with those keys (``--arm whole:ingest.screen_prefix_cache=false``: the base reading every prompt whole), stepped
-and reported beside the others, its ratios against the unscreened victim.
+``ingest.screen_profile_rows``) and over those after (the reads' medians and means: with
+``ingest.screen_profile_every`` above 1 the own reads come every few steps), and its bounds after the last step.
+Each ``--arm NAME:key=value,...`` adds a screened victim with those keys (``--arm
+whole:ingest.screen_prefix_cache=false``: the base reading every prompt whole), stepped and reported beside the
+others, its ratios against the unscreened victim.
 """
 
 from __future__ import annotations
@@ -118,9 +120,15 @@ def _by_step(name: str, screened: list[dict], plain: list[dict], rows: int) -> N
         if pairs:
             ratio = statistics.median(a["step_seconds"] for a, _ in pairs) / statistics.median(
                 b["step_seconds"] for _, b in pairs)
-            print(f"{phase}: {len(pairs)} steps, step ratio {ratio:.3f}, base reads a step "
-                  f"{statistics.median(a.get('screen_read_own_seconds', 0.0) for a, _ in pairs):.2f} s own, "
-                  f"{statistics.median(a.get('screen_read_peer_seconds', 0.0) for a, _ in pairs):.2f} s peer")
+            own = [a.get("screen_read_own_seconds", 0.0) for a, _ in pairs]
+            peer = [a.get("screen_read_peer_seconds", 0.0) for a, _ in pairs]
+            print(f"{phase}: {len(pairs)} steps, step ratio {ratio:.3f}, base reads a step (median; mean) "
+                  f"{statistics.median(own):.2f}; {statistics.fmean(own):.2f} s own, "
+                  f"{statistics.median(peer):.2f}; {statistics.fmean(peer):.2f} s peer; of the unscreened median step "
+                  f"{statistics.median(b['step_seconds'] for _, b in pairs):.2f} s")
+    last = screened[-1]
+    print(f"bounds at the end: span floor {last.get('screen_span_floor')}, sequence floors "
+          f"{last.get('screen_sequence_floor')}, length bounds {last.get('screen_length_bound')}")
 
 
 if __name__ == "__main__":

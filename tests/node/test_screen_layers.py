@@ -320,6 +320,31 @@ def test_the_base_reads_each_datasets_own_completions_until_its_sequence_floor_i
     assert book.metrics()["screen_read_peer_rows"] == 0
 
 
+def test_with_profile_every_the_full_profile_is_read_on_one_step_of_that_many(small_base: Any) -> None:
+    """``profile_every`` (3): while the profile fills (``min_own``, 8: two steps of six own completions) the base
+    reads every step; once it holds them, ``profile_rows`` (2) on one step of each three and none on the others,
+    and a dataset whose sequence floor is not set is still read each step. Mutations caught: the count ignored (2
+    every step), and the skipped steps applied while the profile fills (2 rows at the second step, not 6)."""
+    from node.config import IngestConfig
+    from node.run.setup import screen_settings
+
+    assert screen_settings(IngestConfig(screen_profile_every=3)).profile_every == 3
+    policy, _, book = _victim(small_base, reference="base", min_own=8, profile_rows=2, profile_every=3)
+    prompt = _prompt(policy)
+    rows = [_continuation(policy, prompt, 3, t) for t in (-1.0, -2.0)]
+
+    def step(dataset: str = "d") -> int:
+        book.observe_own([TrainGroup(key="k", peer_id="", epoch=0, prompt_ids=prompt, completions=rows,
+                                     anchor_logprobs=[[-1.0] * 3] * 2, rewards=[1.0, 0.0], dataset=dataset)
+                          for _ in range(3)])
+        return book.metrics()["screen_read_own_rows"]
+
+    assert [step(), step()] == [6, 6] and len(book.profile.spans) == 12
+    assert [step() for _ in range(7)] == [2, 0, 0, 2, 0, 0, 2]
+    assert step("e") == 6  # a new dataset's sequence floor unset: its completions read, the profile's turn or not
+    assert len(book.profile.spans) == 24
+
+
 def test_the_lower_of_both_by_hand() -> None:
     """``peer_rows._reference``: a row that carries the base's log-probs is read at them, or with ``lower_of_both``
     at the lower of them and the training pass's, token by token; a row that carries none at the training pass's."""
