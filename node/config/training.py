@@ -315,6 +315,11 @@ class IngestConfig(Section):
         "screen_probation_first, on seed 0 with no attacker, counting every failure paused the honest peer (2 of "
         "its 7 failures the policy's read alone), where the base's count let it through ('The new-author "
         "probation on the base's read against the five adaptive attackers')")
+    screen_probation_weight: float = Field(
+        1.0, ge=0, le=1, description="the pushed-up rows of a new author, and of one on probation (screen_probation), "
+        "weigh this much in the loss (its verified answer's tokens spared): what an identity sends before its "
+        "first pause, which the probation makes a few steps' groups, teaches less. A measured arm at 0.5 "
+        "(docs/results/poison.md, 'Half weight on probation') (1: off)")
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
         "have passed the screen: they are judged as any other's (and may pause it), so what an author sends before "

@@ -70,6 +70,7 @@ class ScreenSettings:
     probation: int = 16  # completions judged after a pause ends among which fewer failures pause again; 0: none
     probation_first: bool = True  # a new author's first completions on probation too, as after a pause
     probation_base: bool = True  # on probation, only failures the frozen base's read fails too count (reference both)
+    probation_weight: float = 1.0  # the pushed-up rows of an author new or on probation weigh this much in the loss
     trial: int = 0  # a new author's rows carry no weight in the loss until this many of its completions passed; 0: off
     history: int = 1024
     reference: str = "both"  # which model reads peer text: "base" (frozen, read at ingestion), "policy" or "both"
@@ -258,6 +259,8 @@ class AuthorVerdicts:
     each return lets fewer of an attacker's completions in); with ``probation_first``, a new author's first
     completions are held so too; with ``probation_base``, a probation counts only the failures that the frozen
     base's read fails too (not those of the policy's read alone), where the usual count takes every failure. With
+    ``probation_weight`` below 1, the pushed-up rows of an author not ``settled`` (new, or on probation) weigh that
+    much in the loss, so what an author sends before its probation passes teaches less. With
     ``trial``, a new author is on trial until ``trial`` of its completions have passed (judged, not failed;
     ``trusted``): its rows are judged as any other's and carry no weight in the loss, so what an author sends before
     its first pause teaches nothing. A pause says that this node would not write the author's text, not that the
@@ -329,6 +332,15 @@ class AuthorVerdicts:
                 self._until.pop(gone, None)  # a forgotten author's pause and probation with it
                 self._probation.pop(gone, None)
         return pausing
+
+    def settled(self) -> frozenset[str] | None:
+        """The authors kept that are not on probation, whose rows carry their full weight; None when
+        ``probation_weight`` is 1 (or there is no probation, or the screen is off): every author's do. An author
+        not yet judged is not among them (with ``probation_first`` off, it is once first judged)."""
+        s = self.settings
+        if not s.enabled or s.probation <= 0 or s.probation_weight >= 1:
+            return None
+        return frozenset(a for a in self.figures if a not in self._probation)
 
     def trusted(self) -> frozenset[str] | None:
         """The authors kept that are past their trial (``trial`` of their completions passed); None with no trial

@@ -173,7 +173,8 @@ class ScreenBook:
         return PeerScreen(s.token_floor, s.window, self.profile.span_floor(), s.positive_floor, s.span_all,
                           s.share_dropped, self.profile.sequence_floors() if s.sequence_quantile is not None else None,
                           s.sequence_fail, s.group_cap, s.author_cap,
-                          lower_of_both=self.lower_of_both, trusted=self.verdicts.trusted())
+                          lower_of_both=self.lower_of_both, trusted=self.verdicts.trusted(),
+                          settled=self.verdicts.settled(), probation_weight=s.probation_weight)
 
     def record(self, by_peer: dict[str, list[float]], step: int) -> dict[str, int]:
         """Training step ``step``'s ``Trainer.screened`` (per author, ``node.train.peer_rows.COUNTS``): each judged

@@ -83,7 +83,8 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     counts of the first ``count_rows`` rows (all of them by default; ReMix repeats rows down the batch), on the
     device. The bounds read ``reference`` log-probs: a row's own where it carries them, else the training pass's. The
     rows of a peer not in ``screen.trusted`` (an author on trial) are judged and counted, and left out of the loss
-    mask, the tokens pushed up and their weights."""
+    mask, the tokens pushed up and their weights; the pushed-up rows of a peer not in ``screen.settled`` (new, or
+    on probation) weigh ``screen.probation_weight`` (their verified answer's tokens spared)."""
     verified = _verified_tokens(rows, mask) if any(r[6] for r in rows) else None
     both = screen.lower_of_both and any(r[8] is not None for r in rows)
     base = _reference(rows, logprobs) if both else None  # the frozen base's read alone, for the counts
@@ -102,6 +103,11 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     if sequence is not None:  # the whole row against the node's own, on top of its tokens' weights
         lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)
         factor = torch.where(lifted, 1.0, sequence[:, None])
+        weights = factor if weights is None else weights * factor
+    held = _on_probation(rows, screen, mask, peer & (advantages > 0))
+    if held is not None:  # a new author's, or one back from a pause: its pushed-up rows teach less
+        lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)
+        factor = torch.where(held[:, None] & ~lifted, screen.probation_weight, 1.0)
         weights = factor if weights is None else weights * factor
     trial = _on_trial(rows, screen.trusted, mask)
     n = count_rows or len(rows)
@@ -130,6 +136,15 @@ def _on_trial(rows: list[Row], trusted: frozenset[str] | None, mask: torch.Tenso
         return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     flags = [not r[4] and r[5] not in trusted for r in rows]
     return torch.tensor(flags, dtype=torch.bool).to(mask.device).repeat(mask.shape[0] // len(rows))
+
+
+def _on_probation(rows: list[Row], screen: PeerScreen, mask: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """``[B]``: the pushed-up (``up``) rows of peers not in ``screen.settled``, repeated down the batch as ReMix's
+    routings repeat the rows; None when every row carries its full weight."""
+    if screen.settled is None or screen.probation_weight >= 1:
+        return None
+    flags = [not r[4] and r[5] not in screen.settled for r in rows]
+    return torch.tensor(flags, dtype=torch.bool).to(mask.device).repeat(mask.shape[0] // len(rows)) & up
 
 
 def _sequence(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,

@@ -57,7 +57,9 @@ class PeerScreen:
     ``group_cap``, ``author_cap``: ``cap_peer_advantages``'s (None: no cap); ``lower_of_both``: a row that carries
     the base's log-probs is read at the lower of those and the training pass's, token by token (False: the base's
     alone); ``trusted``: the authors past their trial, the only peers whose rows carry weight in the loss (the
-    others' rows are judged and kept out of it; None: no trial, every peer's rows carry weight)."""
+    others' rows are judged and kept out of it; None: no trial, every peer's rows carry weight); ``settled``: the
+    authors past their probation, the others' pushed-up rows weighing ``probation_weight`` in the loss (their
+    verified answer's tokens spared; None: every row its full weight)."""
 
     token_floor: float
     window: int
@@ -71,6 +73,8 @@ class PeerScreen:
     author_cap: float | None = None
     lower_of_both: bool = False
     trusted: frozenset[str] | None = None
+    settled: frozenset[str] | None = None
+    probation_weight: float = 1.0
 
 
 def least_plausible_spans(logprobs: Tensor, mask: Tensor, window: int) -> Tensor:
