@@ -318,7 +318,9 @@ class IngestConfig(Section):
     screen_probation_weight: float = Field(
         1.0, ge=0, le=1, description="the pushed-up rows of a new author, and of one on probation (screen_probation), "
         "weigh this much in the loss (its verified answer's tokens spared): what an identity sends before its "
-        "first pause, which the probation makes a few steps' groups, teaches less. A measured arm at 0.5 "
+        "first pause, which the probation makes a few steps' groups, teaches less. Off: at 0.5, over three seeds, "
+        "the plausible sentence still rose +0.10 and +0.34 nats a token over sharing alone (+0.30 and +0.48 by "
+        "default), and with no attacker the honest peer was paused on seed 0, its probation failed "
         "(docs/results/poison.md, 'Half weight on probation') (1: off)")
     screen_trial: int = Field(
         0, ge=0, description="a new author's rows carry no weight in the loss until this many of its completions "
