@@ -100,13 +100,12 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     if screen.positive_floor is not None:
         weights = positive_peer_weights(logprobs, mask & keep, peer, advantages, screen.positive_floor, verified)
     sequence = _sequence(rows, logprobs, mask, peer, advantages, screen, verified)
+    lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)  # spared the row weights
     if sequence is not None:  # the whole row against the node's own, on top of its tokens' weights
-        lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)
         factor = torch.where(lifted, 1.0, sequence[:, None])
         weights = factor if weights is None else weights * factor
     held = _on_probation(rows, screen, mask, peer & (advantages > 0))
     if held is not None:  # a new author's, or one back from a pause: its pushed-up rows teach less
-        lifted = verified if verified is not None else torch.zeros_like(mask, dtype=torch.bool)
         factor = torch.where(held[:, None] & ~lifted, screen.probation_weight, 1.0)
         weights = factor if weights is None else weights * factor
     trial = _on_trial(rows, screen.trusted, mask)
