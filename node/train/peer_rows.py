@@ -128,22 +128,25 @@ def screen_rows(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, pee
     return mask & keep & ~trial[:, None], weights, advantages, counts
 
 
-def _on_trial(rows: list[Row], trusted: frozenset[str] | None, mask: torch.Tensor) -> torch.Tensor:
-    """``[B]``: the rows of peers not in ``trusted`` (all False when it is None), repeated down the batch as
-    ReMix's routings repeat the rows."""
-    if trusted is None:  # no trial: nothing to build on the host
-        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
-    flags = [not r[4] and r[5] not in trusted for r in rows]
+def _peers_outside(rows: list[Row], authors: frozenset[str], mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the rows of peers not in ``authors``, repeated down the batch as ReMix's routings repeat the rows."""
+    flags = [not r[4] and r[5] not in authors for r in rows]
     return torch.tensor(flags, dtype=torch.bool).to(mask.device).repeat(mask.shape[0] // len(rows))
 
 
+def _on_trial(rows: list[Row], trusted: frozenset[str] | None, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the rows of peers not in ``trusted`` (all False when it is None)."""
+    if trusted is None:  # no trial: nothing to build on the host
+        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    return _peers_outside(rows, trusted, mask)
+
+
 def _on_probation(rows: list[Row], screen: PeerScreen, mask: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """``[B]``: the pushed-up (``up``) rows of peers not in ``screen.settled``, repeated down the batch as ReMix's
-    routings repeat the rows; None when every row carries its full weight."""
+    """``[B]``: the pushed-up (``up``) rows of peers not in ``screen.settled``; None when every row carries its full
+    weight."""
     if screen.settled is None or screen.probation_weight >= 1:
         return None
-    flags = [not r[4] and r[5] not in screen.settled for r in rows]
-    return torch.tensor(flags, dtype=torch.bool).to(mask.device).repeat(mask.shape[0] // len(rows)) & up
+    return _peers_outside(rows, screen.settled, mask) & up
 
 
 def _sequence(rows: list[Row], logprobs: torch.Tensor, mask: torch.Tensor, peer: torch.Tensor,

@@ -429,7 +429,8 @@ def test_a_new_authors_pushed_up_rows_carry_the_probation_weight_until_its_proba
     """With ``screen_probation_weight`` 0.5, a new author's pushed-up tokens weigh half in the loss: on the first
     step (the same policy, the same reads) its mean weight is exactly half the full run's, and over six steps its
     payload rises less (0.54 nats a token against 0.72 here). Once its probation passes (4 completions: two steps)
-    its rows weigh in full again (0.62), and it is among the ``settled``. Mutations caught: the weight ignored; the weight held after the probation passed."""
+    its rows weigh in full again (0.62), and it is among the ``settled``. Mutations caught: the weight ignored; the
+    weight held after the probation passed."""
     own = [[-0.2, -4.8]] * 4
     held = {"target": -1.8, "n": 8, "sequence_quantile": None, "probation": 100}
     _, full = _attacked(small_base, own, steps=1, **held)
@@ -438,7 +439,7 @@ def test_a_new_authors_pushed_up_rows_carry_the_probation_weight_until_its_proba
     assert half.verdicts.summary("attacker")["mean_weight"] == pytest.approx(0.5 * weight, rel=1e-5), weight
     assert full.bounds().settled is None and half.bounds().settled == frozenset()
     learned, _ = _attacked(small_base, own, steps=6, **held)
-    halved, book = _attacked(small_base, own, steps=6, probation_weight=0.5, **held)
+    halved, _ = _attacked(small_base, own, steps=6, probation_weight=0.5, **held)
     assert 0.0 < halved < learned - 0.1, (halved, learned)
     passed, book = _attacked(small_base, own, steps=6, probation_weight=0.5, **{**held, "probation": 4})
     assert halved < passed - 0.04 and book.bounds().settled == {"attacker"}, (halved, passed)
