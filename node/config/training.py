@@ -247,6 +247,14 @@ class IngestConfig(Section):
         "those of the prompt read whole, up to float rounding; in the on-top setting it took about a third off the "
         "base's reads (docs/results/poison.md, 'The base's reads with the prompts' shared prefix kept'; false: every "
         "read runs its prompts whole, the benchmark's arm)")
+    screen_read_dtype: Literal["model", "bfloat16"] = Field(
+        "model", description="with screen_reference=base or both: the dtype of the base's reads (the profile's own rows "
+        "and the peer rows the loss pushes up). model: the policy's own dtype; bfloat16: a float32 policy reads them "
+        "under bfloat16 autocast on its device (the policy's weights unchanged, no copy), faster where the processor "
+        "has bfloat16 matrix units (0.75x the read time for smollm2 on a 2-core Xeon with AMX; slower on the tiny test "
+        "models, whose products are too small to gain), each token's log-prob moved by 0.04 nats in mean. Off: the "
+        "attack suite and the on-top pair have not been run with it (docs/results/poison.md, 'The base's reads in "
+        "bfloat16')")
     screen_sequence_quantile: float | None = Field(
         0.25, gt=0, lt=1, description="a peer completion the loss pushes up weighs min(1, exp(L - F)) as a whole, L "
         "its log-prob (summed over its tokens but a verified answer's), F this quantile of the node's own "

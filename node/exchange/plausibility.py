@@ -77,6 +77,7 @@ class ScreenSettings:
     profile_rows: int = 4  # with the base as reference: own completions it reads a step for the profile
     profile_every: int = 1  # once the profile has min_own, those reads on every this many steps (the others none)
     prefix_cache: bool = True  # the base reads the prompts' shared prefix once and keeps its cache
+    read_dtype: str = "model"  # the base's reads in the policy's dtype, or "bfloat16" (autocast) for a float32 one
     sequence_quantile: float | None = 0.25  # the sequence weight's floor, a quantile of own totals; None: off
     sequence_fail: float = 3.0  # nats below that floor at which a pushed-up row counts as failed
     group_cap: float | None = None  # a peer group's positive advantage at most this share of its rows' count

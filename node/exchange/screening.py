@@ -15,6 +15,7 @@ fails if the base would not say it, or the node no longer would.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -156,7 +157,7 @@ class ScreenBook:
         tok, dev, model = self.policy.tokenizer, self.policy.device, self.policy.model
         vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or len(tok))
         out: list[list[float]] = []
-        with model.disable_adapter():  # type: ignore[operator]
+        with model.disable_adapter(), self._read_precision():  # type: ignore[operator]
             for r in logit_micro_batches([len(c) for _, c in rows], vocab, self.anchor_bytes, self.micro_batch_size):
                 chunk = rows[r.start : r.stop]
                 ids, mask = (t.to(dev) for t in right_pad([c for _, c in chunk], tok.pad_token_id, torch.long))
@@ -164,6 +165,16 @@ class ScreenBook:
                                              temperature=self.temperature, prefix=self.prefix)
                 out += [lps[k, : len(c)].float().cpu().tolist() for k, (_, c) in enumerate(chunk)]
         return out
+
+    def _read_precision(self) -> contextlib.AbstractContextManager[Any]:
+        """With ``read_dtype="bfloat16"`` and a float32 policy, bfloat16 autocast on the policy's device for the
+        base's reads (the weights are not copied: each matrix product casts its inputs); else nothing. Every read of
+        one book runs the same way, the prefix cache's too, so the bounds and the reads they judge agree."""
+        model = self.policy.model
+        first = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+        if self.settings.read_dtype != "bfloat16" or first is None or first.dtype != torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.policy.device.type, dtype=torch.bfloat16)
 
     def bounds(self) -> PeerScreen | None:
         """The bounds the trainer holds peers' tokens to this step (None with the screen off)."""

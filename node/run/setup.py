@@ -252,6 +252,7 @@ def screen_settings(ic: IngestConfig, external_shift: float = 0.0) -> ScreenSett
                           positive_floor=ic.screen_positive_floor, answer_full=ic.screen_answer_full,
                           answer_working=ic.screen_answer_working, reference=ic.screen_reference,
                           profile_rows=ic.screen_profile_rows, profile_every=ic.screen_profile_every,
-                          prefix_cache=ic.screen_prefix_cache, sequence_quantile=ic.screen_sequence_quantile,
+                          prefix_cache=ic.screen_prefix_cache, read_dtype=ic.screen_read_dtype,
+                          sequence_quantile=ic.screen_sequence_quantile,
                           sequence_fail=ic.screen_sequence_fail, group_cap=ic.screen_group_positive_cap,
                           author_cap=ic.screen_author_positive_cap)
