@@ -375,7 +375,7 @@ def test_every_screen_key_reaches_the_screen() -> None:
     other = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v / 2}
     changed = {"screen_positive_floor": -1.0, "screen_span_quantile": 0.05, "screen_share_to": "kept",
                "screen_reference": "base", "screen_sequence_quantile": 0.5, "screen_group_positive_cap": 0.25,
-               "screen_author_positive_cap": 0.5}
+               "screen_author_positive_cap": 0.5, "screen_read_dtype": "bfloat16"}
     keys = [k for k in IngestConfig.model_fields if k.startswith("screen")]
     assert "screen_probation" in keys and len(keys) >= 25
     for key in keys:
