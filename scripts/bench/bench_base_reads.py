@@ -73,8 +73,10 @@ def main() -> int:
                               micro_batch_size=cfg.train.micro_batch_rows(policy.device.type), max_authors=8)
 
         # passes: the config's own reads both ways; bfloat16: the policy's dtype against bfloat16 autocast
-        book = new_book(read_dtype="model") if args.compare == "bfloat16" else new_book()
-        other = new_book(read_dtype="bfloat16") if args.compare == "bfloat16" else book
+        if args.compare == "bfloat16":
+            book, other = new_book(read_dtype="model"), new_book(read_dtype="bfloat16")
+        else:
+            book = other = new_book()
         if not book.base_reads:
             p.error(f"{args.config}: the screen reads with the base only for a LoRA policy with "
                     "ingest.screen_reference=base or both")
@@ -90,8 +92,9 @@ def main() -> int:
 
         load = [os.getloadavg()[0]]
         warm = rows(1, 1)
-        for reader in {id(book): book, id(other): other}.values():
-            reader.base_logprobs(warm)  # warm-up, and the prompts' prefix kept
+        book.base_logprobs(warm)  # warm-up, and the prompts' prefix kept
+        if other is not book:
+            other.base_logprobs(warm)
         names = ("two passes", "one pass") if args.compare == "passes" else ("model dtype", "bfloat16")
         first, second, gaps = [], [], []
         for repeat in range(args.repeats):
